@@ -1,0 +1,276 @@
+"""The `dsorch` command. Thin: parse, call the core, print. Domain errors become one paragraph and
+exit code 2 here, and nowhere else."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import DsorchError
+from .layout import RECOMPUTE_LEVELS, RUNTIMES
+
+EPILOG = """\b
+Typical use:
+  dsorch plan examples/llama3-70b.yaml --cluster dgx16 --out plans/llama70b
+  dsorch plan examples/llama3-70b.yaml --cluster dgx16 --out plans/llama70b --check
+  dsorch profiles
+  dsorch validate plans/llama70b
+"""
+
+
+class UserError(click.ClickException):
+    """A DsorchError at the CLI edge: message only, no traceback, exit code 2."""
+
+    exit_code = 2
+
+    def format_message(self) -> str:
+        return self.message
+
+
+def _fail(e: DsorchError) -> UserError:
+    return UserError(str(e))
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    # Wide enough for the layout table when piped into a file or CI log.
+    return Console(stderr=stderr, width=None if sys.stdout.isatty() else 140, highlight=False)
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", "-V", prog_name="dsorch", message="%(prog)s %(version)s")
+def main() -> None:
+    """dsorch plans 3D-parallel LLM training for a SLURM cluster and writes the files to run it.
+
+    Give it a model spec (examples/*.yaml) and a cluster profile (`dsorch profiles`); it searches
+    every legal layout of tensor, pipeline and data parallelism, ZeRO stage, micro-batch,
+    recomputation and sequence parallelism, predicts memory per GPU and step time for each, and
+    writes a validated ds_config.json, Megatron-LM flags, a launch script and an sbatch job.
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# plan
+# --------------------------------------------------------------------------------------------
+
+
+def _plan_options(f):
+    opts = [
+        click.option("--profiles-dir", type=click.Path(file_okay=False), default=None,
+                     help="Directory of your own cluster profiles (NAME.yaml); default $DSORCH_PROFILES_DIR. "
+                          "A profile there wins over a shipped one of the same name."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+@main.command(epilog=EPILOG)
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--cluster", "-c", required=True, metavar="NAME", help="Cluster profile name (see `dsorch profiles`).")
+@click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
+              help="Plan directory to write (ds_config.json, megatron_args.txt, launch.sh, job.sbatch, plan.yaml).")
+@click.option("--check", is_flag=True,
+              help="Regenerate in memory and compare with the files in --out; exit 1 with a diff if they differ.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout (no table).")
+@click.option("--runtime", type=click.Choice(RUNTIMES), default="deepspeed", show_default=True,
+              help="deepspeed: dsorch's entrypoint / Megatron-DeepSpeed on DeepSpeed's pipeline engine (1F1B, "
+                   "ZeRO 0-3). megatron: Megatron-LM's pretrain_gpt.py (interleaved 1F1B, distributed optimizer).")
+@click.option("--nodes", type=click.IntRange(min=1), default=None, help="Override the profile's node count.")
+@click.option("--tp", type=click.IntRange(min=1), default=None, help="Pin the tensor-parallel degree.")
+@click.option("--pp", type=click.IntRange(min=1), default=None, help="Pin the pipeline-parallel degree.")
+@click.option("--dp", type=click.IntRange(min=1), default=None, help="Pin the data-parallel degree.")
+@click.option("--vpp", type=click.IntRange(min=1), default=None,
+              help="Pin virtual pipeline stages per rank (interleaved schedule; megatron runtime only).")
+@click.option("--zero", type=click.IntRange(0, 3), default=None,
+              help="Pin the ZeRO stage (megatron runtime: 1 = distributed optimizer).")
+@click.option("--mbs", type=click.IntRange(min=1), default=None, help="Pin the micro-batch size (sequences).")
+@click.option("--recompute", type=click.Choice(RECOMPUTE_LEVELS), default=None, help="Pin activation recomputation.")
+@click.option("--sp/--no-sp", "sp", default=None, help="Pin sequence parallelism on or off.")
+@click.option("--memory-margin", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="GIB",
+              help="Headroom to keep free on every GPU, in GiB.")
+@click.option("--top", type=click.IntRange(min=1), default=8, show_default=True, help="Rows in the table.")
+@_plan_options
+def plan(spec, cluster, out, check, as_json, runtime, nodes, tp, pp, dp, vpp, zero, mbs, recompute, sp,
+         memory_margin, top, profiles_dir):
+    """Search every legal layout for SPEC on a cluster, show the best, write the plan directory.
+
+    Any part of the layout can be pinned (--tp 8 --pp 4 ...); the rest is searched. With every
+    part pinned, exactly that layout is evaluated, and if it does not fit you are told by how much.
+    """
+    from .plan import make_plan
+    from .render import render_all
+    from .solver import Pins
+    from .specs import load_profile, load_spec, profiles_dir_from_env
+    from .validate.plan_dir import validate_files
+    from .writer import diff_plan_dir, write_plan_dir
+
+    _ds_env()
+    if check and out is None:
+        raise UserError("--check compares against a plan directory: pass it with --out DIR.")
+    try:
+        spec_file, loaded = load_spec(spec)
+        lp = load_profile(cluster, profiles_dir_from_env(profiles_dir))
+        pins = Pins(tp=tp, pp=pp, dp=dp, vpp=vpp, zero_stage=zero, micro_batch_size=mbs, recompute=recompute,
+                    sequence_parallel=sp)
+        the_plan = make_plan(spec_file, _display_path(spec), loaded.sha256, lp, runtime, pins, nodes=nodes,
+                             memory_margin_gib=memory_margin, keep=max(top, 8))
+        files = render_all(the_plan, nodes_overridden=nodes is not None)
+        errors = validate_files(files, dp=the_plan.layout.dp, world_size=the_plan.profile.world_size)
+        if errors:
+            raise UserError("the generated files do not validate (a dsorch bug; please report it with the spec and "
+                            "profile):\n  " + "\n  ".join(errors))
+        if check:
+            if not out.is_dir():
+                raise UserError(f"--check: {out} is not a plan directory; write it first without --check.")
+            diff = diff_plan_dir(out, files)
+            if diff:
+                click.echo(diff, nl=False)
+                click.echo(f"dsorch plan --check: {out} differs from what dsorch {__version__} generates for these "
+                           f"inputs; rerun without --check to update it.", err=True)
+                sys.exit(1)
+            click.echo(f"{out}: up to date ({len(files)} files).")
+            return
+        if out is not None:
+            write_plan_dir(out, files)
+    except DsorchError as e:
+        raise _fail(e)
+
+    if as_json:
+        from .render.report import render_json
+
+        click.echo(render_json(the_plan), nl=False)
+        return
+    _print_plan(the_plan, top, out, files)
+
+
+def _display_path(p: Path) -> str:
+    """The spec path as written into generated files: relative when possible, never absolute."""
+    if not p.is_absolute():
+        return p.as_posix()
+    try:
+        return p.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return p.name
+
+
+def _print_plan(the_plan, top: int, out: Path | None, files: dict[str, str]) -> None:
+    from rich.table import Table
+
+    con = _console()
+    m = the_plan.spec.model
+    p = the_plan.profile
+    r = the_plan.result
+    con.print(f"[bold]{the_plan.spec.name}[/]: {m.num_params / 1e9:.2f}B parameters, seq {the_plan.spec.training.seq_length}, "
+              f"global batch {the_plan.spec.training.global_batch_size}, {the_plan.spec.training.precision}")
+    con.print(f"[bold]{p.name}[/]: {p.nodes} nodes x {p.gpus_per_node} {p.gpu.name} ({p.gpu.memory_gib:g} GiB), "
+              f"runtime {the_plan.runtime}")
+    con.print(f"searched {r.evaluated} legal layouts: {r.feasible} fit, {r.rejected_memory} exceed "
+              f"{r.capacity_gib:g} GiB per GPU")
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("", "TP", "PP", "VPP", "DP", "ZeRO", "MBS", "GAS", "recompute", "SP", "GiB/GPU", "step s",
+                "tokens/s", "MFU"):
+        t.add_column(col, justify="left" if col in ("", "recompute") else "right")
+    for i, s in enumerate(r.ranked[:top]):
+        L = s.layout
+        t.add_row("*" if i == 0 else "", str(L.tp), str(L.pp), str(L.vpp), str(L.dp), str(L.zero_stage),
+                  str(L.micro_batch_size), str(L.grad_accum_steps), L.recompute, "yes" if L.sequence_parallel else "no",
+                  f"{s.memory_gib['total']:.1f}", f"{s.step_time_s:.3g}", f"{s.tokens_per_s:,.0f}",
+                  f"{100 * s.mfu:.1f}%")
+    con.print(t)
+    best = the_plan.chosen
+    mem = best.memory_gib
+    con.print(f"* chosen: {best.layout.short()}: {mem['total']:.1f} GiB per GPU (params {mem['params']:.1f}, grads "
+              f"{mem['grads']:.1f}, optimizer {mem['optimizer']:.1f}, activations {mem['activations']:.1f}, overhead "
+              f"{mem['overhead']:.1f}), {best.step_time_s:.3g} s per step")
+    if the_plan.spec.training.train_steps:
+        days = the_plan.spec.training.train_steps * best.step_time_s / 86400
+        con.print(f"  {the_plan.spec.training.train_tokens:.3g} tokens in {the_plan.spec.training.train_steps} steps: "
+                  f"{days:.1f} days")
+    if out is not None:
+        con.print(f"wrote {out}/: {', '.join(files)}")
+
+
+# --------------------------------------------------------------------------------------------
+# profiles
+# --------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_plan_options
+def profiles(name, as_json, profiles_dir):
+    """List cluster profiles, or show one (NAME) with `extends` resolved."""
+    import yaml
+
+    from .specs import discover_profiles, load_profile, profiles_dir_from_env
+
+    pdir = profiles_dir_from_env(profiles_dir)
+    try:
+        if name:
+            lp = load_profile(name, pdir)
+            doc = {"source": {"origin": lp.source.origin, "path": str(lp.source.path)},
+                   **lp.profile.model_dump(mode="json")}
+            if as_json:
+                click.echo(json.dumps(doc, indent=2))
+            else:
+                click.echo(yaml.safe_dump(doc, sort_keys=False), nl=False)
+            return
+        rows = []
+        for pname, src in sorted(discover_profiles(pdir).items()):
+            p = load_profile(pname, pdir).profile
+            rows.append({"name": pname, "origin": src.origin, "path": str(src.path), "nodes": p.nodes,
+                         "gpus_per_node": p.gpus_per_node, "gpu": p.gpu.name, "gpu_memory_gib": p.gpu.memory_gib,
+                         "description": p.description})
+    except DsorchError as e:
+        raise _fail(e)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    from rich.table import Table
+
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("name", "origin", "nodes", "GPUs/node", "GPU", "GiB", "description"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r["origin"], str(r["nodes"]), str(r["gpus_per_node"]), r["gpu"],
+                  f"{r['gpu_memory_gib']:g}", r["description"])
+    _console().print(t)
+
+
+# --------------------------------------------------------------------------------------------
+# validate
+# --------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--dp", type=click.IntRange(min=1), default=None,
+              help="Data-parallel size to check a single ds_config.json at (a plan directory records its own).")
+def validate(path, dp):
+    """Re-validate a plan directory (or one ds_config.json) with DeepSpeed's own config classes and
+    Megatron-LM's argument definitions."""
+    from .validate.plan_dir import validate_path
+
+    _ds_env()
+    try:
+        errors = validate_path(path, dp)
+    except DsorchError as e:
+        raise _fail(e)
+    if errors:
+        raise UserError(f"{path}: {len(errors)} problem(s):\n  " + "\n  ".join(errors))
+    click.echo(f"{path}: valid")
+
+
+def _ds_env() -> None:
+    # DeepSpeed picks an accelerator at import; on a CPU-only login node that is the CPU one, and
+    # saying so up front silences its warning. Validation needs no accelerator either way.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+

@@ -1,0 +1,106 @@
+"""Per-GPU memory of a layout, vectorized over many layouts at once.
+
+Every function takes numpy arrays (or plain scalars: the same code serves one layout) and
+returns bytes. No I/O, no state.
+
+Sources:
+* Model states: Rajbhandari et al. 2020 (ZeRO), Sec. 3.1 and Fig. 1: mixed-precision Adam keeps
+  2 + 2 + K bytes per parameter with K = 12, sharded over the data-parallel degree N_d by stage.
+  Megatron-LM's distributed optimizer (docs/source/api-guide/dist_optimizer.md) keeps fp32 main
+  gradients for bf16 (2 + 4 + 12 bytes, 6 + 12/d when distributed).
+* Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+  Models", Sec. 4 and Table 2, generalized to GQA, SwiGLU and FlashAttention term by term (see
+  ``activation_bytes_per_layer``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+GIB = float(1 << 30)
+
+# Bytes per parameter: (weights, gradients, optimizer states) before any sharding.
+# DeepSpeed mixed precision: 2 + 2 + 12 (ZeRO paper, K = 12: fp32 master, momentum, variance).
+# fp32 training: 4 + 4 + 8 (momentum and variance; the weights are the master copy).
+STATE_BYTES = {
+    ("deepspeed", "bf16"): (2, 2, 12),
+    ("deepspeed", "fp16"): (2, 2, 12),
+    ("deepspeed", "fp32"): (4, 4, 8),
+    # Megatron-LM: bf16 reduces and accumulates gradients in fp32 (validate_args sets
+    # accumulate_allreduce_grads_in_fp32 for bf16); fp16 keeps fp16 grads plus an fp32 main-grad
+    # copy inside the optimizer (16 = master 4 + main grad 4 + Adam 8).
+    ("megatron", "bf16"): (2, 4, 12),
+    ("megatron", "fp16"): (2, 2, 16),
+    ("megatron", "fp32"): (4, 4, 8),
+}
+
+
+def model_state_bytes(params, dp, zero_stage, weight_b, grad_b, opt_b):
+    """(weights, grads, optimizer) bytes per GPU for ``params`` parameters on this GPU before DP
+    sharding. ZeRO-1 shards optimizer states, ZeRO-2 also gradients, ZeRO-3 also weights
+    (ZeRO paper, Fig. 1); Megatron's distributed optimizer is zero_stage 1."""
+    params = np.asarray(params, dtype=np.float64)
+    dp = np.asarray(dp, dtype=np.float64)
+    z = np.asarray(zero_stage)
+    w = params * weight_b / np.where(z >= 3, dp, 1.0)
+    g = params * grad_b / np.where(z >= 2, dp, 1.0)
+    o = params * opt_b / np.where(z >= 1, dp, 1.0)
+    return w, g, o
+
+
+def activation_bytes_per_layer(s, b, h, f, a, kv, t, sp, recompute, *, swiglu=True, flash=True,
+                               hidden_dropout=False, attention_dropout=False, act_bytes=2):
+    """Activation bytes one transformer layer keeps for one micro-batch, Korthikanti et al. 2022.
+
+    ``recompute`` is 0 (none), 1 (selective) or 2 (full); ``sp`` is sequence parallelism.
+    With GeLU, f = 4h, a = kv, no FlashAttention and both dropouts this is exactly Table 2:
+    sbh(34 + 5as/h) without parallelism, sbh(10 + 24/t + 5as/(ht)) with TP, sbh/t(34 + 5as/h)
+    with TP+SP, sbh(10 + 24/t) with selective recompute, and 2sbh with full recompute.
+
+    The 34 decomposes (Sec. 4.1) into terms that stay replicated across TP ranks unless SP
+    shards them (layer-norm inputs 4, QKV input 2, MLP input 2, two dropout masks 1+1) and terms
+    TP always shards (Q and K 4, V 2, output-projection input 2, MLP 16). Generalized:
+    * GQA: K and V are kv/a of the query size.
+    * MLP: GeLU stores its input and output, 2 x 2sbf; SwiGLU stores the fused gate/up output
+      (2f wide) and the down-projection input, 2 x 2sbf + 2sbf.
+    * Attention scores: 2as^2b softmax output, plus as^2b mask and 2as^2b dropout output with
+      attention dropout. FlashAttention stores none of them, only the softmax log-sum-exp in fp32
+      (4asb); selective recompute recomputes them.
+    """
+    s = np.asarray(s, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    t = np.asarray(t, dtype=np.float64)
+    sp = np.asarray(sp, dtype=bool)
+    rc = np.asarray(recompute)
+    sbh = s * b * h
+    scale = act_bytes / 2.0  # the paper assumes 16-bit activations
+    mask = 1.0 if hidden_dropout else 0.0
+    replicated = (4 + 2 + 2) * sbh * scale + 2 * mask * sbh  # dropout masks are 1 byte each
+    q_k_v_o = (2 + 2 * kv / a + 2 * kv / a + 2) * sbh * scale
+    mlp = (6.0 if swiglu else 4.0) * s * b * f * scale
+    sharded = q_k_v_o + mlp
+    if flash:
+        scores = 4.0 * a * s * b  # fp32 log-sum-exp per query row and head
+    else:
+        scores = (2 + (3 if attention_dropout else 0)) * a * s * s * b * scale
+    scores = np.where(rc >= 1, 0.0 if not flash else scores, scores)
+    per_layer = np.where(sp, replicated / t, replicated) + sharded / t + scores / t
+    # Full recompute keeps only the layer input: 2sbh, sharded along the sequence with SP.
+    full = np.where(sp, 2 * sbh * scale / t, 2 * sbh * scale)
+    return np.where(rc == 2, full, per_layer)
+
+
+def in_flight_micro_batches(pp, vpp, m, stage):
+    """Micro-batches whose activations a pipeline stage holds at peak.
+
+    1F1B (PipeDream-Flush) stashes at most pp micro-batches on the first stage and pp - i on
+    stage i (Narayanan et al. 2021, Sec. 2.2.1); never more than the m that exist. The interleaved
+    schedule holds (1 + (pp-1)/(pp*vpp)) times more on the first stage (Korthikanti et al. 2022,
+    Sec. 4.2.3).
+    """
+    pp = np.asarray(pp, dtype=np.float64)
+    vpp = np.asarray(vpp, dtype=np.float64)
+    m = np.asarray(m, dtype=np.float64)
+    base = np.minimum(pp - stage, m)
+    interleave = np.where(vpp > 1, 1 + (pp - 1) / (pp * vpp), 1.0)
+    return np.maximum(base * interleave, 1.0)

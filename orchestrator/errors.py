@@ -1,0 +1,29 @@
+"""Domain errors. The CLI turns each into one readable paragraph and exit code 2."""
+
+
+class DsorchError(Exception):
+    """Base class: a problem with the user's input or environment, not a bug."""
+
+
+class SpecError(DsorchError):
+    """A model spec or cluster profile is malformed or inconsistent."""
+
+
+class ProfileNotFound(DsorchError):
+    """A cluster profile name that no profile directory provides."""
+
+
+class LayoutError(DsorchError):
+    """A pinned layout that breaks a legality rule."""
+
+
+class NoFeasibleLayout(DsorchError):
+    """Every legal layout exceeds the GPU memory."""
+
+
+class ValidationError(DsorchError):
+    """A generated or user-supplied config that DeepSpeed or Megatron would reject."""
+
+
+class OutputError(DsorchError):
+    """The output directory cannot be written."""

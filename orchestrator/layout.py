@@ -1,0 +1,83 @@
+"""A parallel layout: degrees and batch arithmetic, nothing else (cf. torchtitan's ParallelDims).
+
+The solver produces Layouts; the renderers and the training entrypoint consume them. Legality
+rules that depend on the model, the cluster or the runtime live in ``orchestrator.rules``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_LEVELS: tuple[str, ...] = ("none", "selective", "full")
+RUNTIMES: tuple[str, ...] = ("deepspeed", "megatron")
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+    vpp: int
+    zero_stage: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    recompute: str
+    sequence_parallel: bool
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "vpp", "micro_batch_size", "grad_accum_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.recompute not in RECOMPUTE_LEVELS:
+            raise ValueError(f"recompute must be one of {RECOMPUTE_LEVELS}, got {self.recompute!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.grad_accum_steps * self.dp
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Micro-batches each pipeline processes per step (m in Narayanan et al. 2021)."""
+        return self.grad_accum_steps
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def short(self) -> str:
+        sp = "+sp" if self.sequence_parallel else ""
+        v = f" vpp{self.vpp}" if self.vpp > 1 else ""
+        return (f"tp{self.tp}{sp} pp{self.pp}{v} dp{self.dp} zero{self.zero_stage} "
+                f"mbs{self.micro_batch_size} gas{self.grad_accum_steps} rc={self.recompute}")
+
+
+def divisors(n: int) -> list[int]:
+    """All positive divisors of n, ascending."""
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i != n // i:
+                large.append(n // i)
+        i += 1
+    return small + large[::-1]

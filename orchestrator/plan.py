@@ -1,0 +1,91 @@
+"""From inputs to a chosen layout: the one object every renderer reads.
+
+``make_plan`` is pure given its inputs (specs already loaded); the CLI does the loading and the
+writing around it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import __version__
+from .errors import LayoutError, NoFeasibleLayout
+from .layout import Layout
+from .rules import check_precision
+from .solver import Pins, Scored, SearchResult, explain_pins, minimum_nodes, search
+from .specs import ClusterProfile, LoadedProfile, SpecFile
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: SpecFile
+    spec_path: str  # as shown in generated files: relative, never absolute
+    spec_sha256: str
+    profile: ClusterProfile  # with --nodes applied
+    profile_origin: str
+    profile_sha256: str
+    runtime: str
+    pins: Pins
+    memory_margin_gib: float
+    result: SearchResult
+    chosen: Scored
+    version: str = __version__
+
+    @property
+    def layout(self) -> Layout:
+        return self.chosen.layout
+
+    @property
+    def alternatives(self) -> list[Scored]:
+        return self.result.ranked[1:]
+
+
+def _pins_text(pins: Pins) -> str:
+    items = [f"{k}={v}" for k, v in vars(pins).items() if v is not None]
+    return f" with {', '.join(items)} pinned" if items else ""
+
+
+def make_plan(spec: SpecFile, spec_path: str, spec_sha256: str, loaded: LoadedProfile, runtime: str,
+              pins: Pins, *, nodes: int | None = None, memory_margin_gib: float = 0.0, keep: int = 8) -> Plan:
+    profile = loaded.profile.with_nodes(nodes) if nodes else loaded.profile
+    problems = check_precision(spec.training, profile, runtime)
+    if problems:
+        raise LayoutError(f"{spec_path}: " + "; ".join(problems) + ".")
+    result = search(spec.model, spec.training, profile, runtime, pins, memory_margin_gib=memory_margin_gib,
+                    keep=keep)
+    if result.evaluated == 0:
+        reasons = explain_pins(spec.model, spec.training, profile, runtime, pins)
+        if not reasons:
+            reasons = [f"no layout of {profile.world_size} GPUs satisfies the pinned values and the batch arithmetic "
+                       f"(global_batch_size {spec.training.global_batch_size} must divide by dp x micro-batch)"]
+        raise LayoutError(f"no legal layout for {spec.name} on {profile.name} ({profile.nodes} nodes){_pins_text(pins)}: "
+                          + "; ".join(reasons) + ".")
+    if result.best is None:
+        raise NoFeasibleLayout(_nothing_fits(spec, profile, runtime, pins, result, memory_margin_gib))
+    return Plan(spec, spec_path, spec_sha256, profile, loaded.source.origin, loaded.sha256, runtime, pins,
+                memory_margin_gib, result, result.best)
+
+
+def _nothing_fits(spec: SpecFile, profile: ClusterProfile, runtime: str, pins: Pins, result: SearchResult,
+                  margin: float) -> str:
+    closest = result.closest[0]
+    L = closest.layout
+    cap = result.capacity_gib
+    lines = [
+        f"{spec.name} does not fit on {profile.nodes} {profile.name} nodes{_pins_text(pins)}: all {result.evaluated} legal "
+        f"layouts exceed the {cap:g} GiB per GPU. The smallest, {L.short()}, needs {closest.memory_gib['total']:.1f} GiB "
+        f"({closest.over_gib:.1f} GiB more)."
+    ]
+    if pins.all_pinned():
+        return lines[0] + " Unpin some of the layout (drop --tp/--pp/--mbs/...) or use more nodes (--nodes)."
+    more = minimum_nodes(spec.model, spec.training, profile, runtime, pins, memory_margin_gib=margin)
+    if more is not None:
+        n, best = more
+        B = best.layout
+        lines.append(f"It needs at least {n} {profile.name} nodes (rerun with --nodes {n}): there {B.short()} takes "
+                     f"{best.memory_gib['total']:.1f} GiB per GPU.")
+    else:
+        lines.append("No node count up to 64x the profile's makes it fit; use GPUs with more memory, a shorter "
+                     "seq_length or a smaller global batch.")
+    return " ".join(lines)
+

@@ -1,0 +1,103 @@
+"""Megatron-LM launch flags for the chosen layout, one flag per line in a fixed order.
+
+The flag names are Megatron-LM's (megatron/training/arguments.py); they are checked against the
+argument table extracted from the real file (orchestrator/validate/megatron.py). The file has no
+comment lines so that ``pretrain_gpt.py $(cat megatron_args.txt)`` works as it is; its provenance
+is in plan.yaml.
+"""
+
+from __future__ import annotations
+
+from ..plan import Plan
+from ..rules import stage_split
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return repr(v) if v != int(v) or abs(v) >= 1e16 else f"{v:.1f}"
+    return str(v)
+
+
+def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
+    L = plan.layout
+    m = plan.spec.model
+    t = plan.spec.training
+    opt = t.optimizer
+    f: list[tuple[str, str | None]] = []
+    add = lambda flag, value=None: f.append((flag, None if value is None else _fmt(value)))  # noqa: E731
+
+    # --- layout ---
+    add("--tensor-model-parallel-size", L.tp)
+    add("--pipeline-model-parallel-size", L.pp)
+    split = stage_split(m.num_layers, L.pp)
+    if split is not None and split.kind == "edge-light":
+        # First and last stages hold the embedding and the output layer, so one layer fewer.
+        add("--decoder-first-pipeline-num-layers", split.first)
+        add("--decoder-last-pipeline-num-layers", split.last)
+    if L.vpp > 1:
+        add("--num-layers-per-virtual-pipeline-stage", m.num_layers // L.pp // L.vpp)
+    if L.sequence_parallel:
+        add("--sequence-parallel")
+    if plan.runtime == "megatron" and L.zero_stage == 1:
+        add("--use-distributed-optimizer")
+    add("--micro-batch-size", L.micro_batch_size)
+    add("--global-batch-size", t.global_batch_size)
+    if L.recompute == "selective":
+        add("--recompute-granularity", "selective")
+    elif L.recompute == "full":
+        add("--recompute-granularity", "full")
+        add("--recompute-method", "uniform")
+        add("--recompute-num-layers", 1)
+
+    # --- model ---
+    add("--num-layers", m.num_layers)
+    add("--hidden-size", m.hidden_size)
+    add("--ffn-hidden-size", m.ffn_hidden_size)
+    add("--num-attention-heads", m.num_attention_heads)
+    if m.gqa:
+        add("--group-query-attention")
+        add("--num-query-groups", m.kv_heads)
+    add("--seq-length", t.seq_length)
+    add("--max-position-embeddings", m.max_position_embeddings or t.seq_length)
+    add("--vocab-size", m.vocab_size)
+    if m.position_embedding == "rope":
+        add("--position-embedding-type", "rope")
+        add("--rotary-base", int(m.rope_theta) if m.rope_theta == int(m.rope_theta) else m.rope_theta)
+    else:
+        add("--position-embedding-type", "learned_absolute")
+    add("--normalization", "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm")
+    if m.activation == "swiglu":
+        add("--swiglu")
+    if not m.tied_embeddings:
+        add("--untie-embeddings-and-output-weights")
+    if not m.bias:
+        add("--disable-bias-linear")
+    add("--init-method-std", m.init_method_std)
+    add("--attention-dropout", t.attention_dropout)
+    add("--hidden-dropout", t.hidden_dropout)
+    if t.flash_attention:
+        add("--use-flash-attn")
+
+    # --- precision and optimizer ---
+    if t.precision == "bf16":
+        add("--bf16")
+    elif t.precision == "fp16":
+        add("--fp16")
+    add("--optimizer", "adam")
+    add("--lr", opt.lr)
+    add("--min-lr", opt.min_lr)
+    add("--lr-decay-style", "cosine")
+    add("--lr-warmup-iters", opt.warmup_steps)
+    if t.train_steps is not None:
+        add("--train-iters", t.train_steps)
+    add("--weight-decay", opt.weight_decay)
+    add("--clip-grad", opt.grad_clip)
+    add("--adam-beta1", opt.betas[0])
+    add("--adam-beta2", opt.betas[1])
+    add("--adam-eps", opt.eps)
+    add("--seed", t.seed)
+    return f
+
+
+def render_megatron_args(plan: Plan) -> str:
+    return "".join(f"{k} {v}\n" if v is not None else f"{k}\n" for k, v in megatron_flags(plan))

@@ -1,0 +1,87 @@
+"""launch.sh and job.sbatch, rendered from the jinja2 templates in templates/.
+
+Templates are strict (``StrictUndefined``: a missing value is an error, never an empty string)
+and every value that reaches a shell is quoted with ``shlex.quote`` here, before rendering.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import jinja2
+
+from ..plan import Plan
+from ..resources import templates_dir
+
+MASTER_PORT = 29500
+
+
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _job_name(plan: Plan) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"dsorch-{plan.spec.name}")
+
+
+def _common(plan: Plan) -> dict:
+    p = plan.profile
+    return {
+        "version": plan.version,
+        "spec_name": plan.spec.name,
+        "cluster": p.name,
+        "nodes": p.nodes,
+        "gpus_per_node": p.gpus_per_node,
+        "runtime": plan.runtime,
+        "layout_short": plan.layout.short(),
+    }
+
+
+def launch_env(plan: Plan) -> list[tuple[str, str]]:
+    """Environment of every rank: the profile's, plus one OpenMP thread per rank unless set."""
+    env = dict(plan.profile.slurm.env)
+    cpus = plan.profile.slurm.cpus_per_task
+    # One rank per GPU shares the node's cores; without a cap every rank starts one OpenMP thread
+    # per core and they thrash (PyTorch's torchrun sets 1 for the same reason).
+    env.setdefault("OMP_NUM_THREADS", str(cpus if plan.profile.backend == "nccl" else 1))
+    if plan.profile.backend == "gloo":
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    return [(k, shlex.quote(str(v))) for k, v in sorted(env.items())]
+
+
+def render_launch(plan: Plan) -> str:
+    return _env().get_template("launch.sh.j2").render(
+        **_common(plan), master_port=MASTER_PORT, env=launch_env(plan))
+
+
+def _sbatch_value(v: str) -> str:
+    return v if re.fullmatch(r"[A-Za-z0-9_.,:+@%/=-]+", v) else shlex.quote(v)
+
+
+def sbatch_options(plan: Plan) -> list[tuple[str, str | None]]:
+    s = plan.profile.slurm
+    opts: list[tuple[str, str | None]] = []
+    for key in ("partition", "account", "qos", "constraint", "mem"):
+        value = getattr(s, key)
+        if value is not None:
+            opts.append((key, _sbatch_value(str(value))))
+    if s.exclusive:
+        opts.append(("exclusive", None))
+    for key, value in sorted(s.extra.items()):
+        opts.append((key, _sbatch_value(str(value))))
+    return opts
+
+
+def render_sbatch(plan: Plan) -> str:
+    s = plan.profile.slurm
+    return _env().get_template("job.sbatch.j2").render(
+        **_common(plan), job_name=_job_name(plan), gpus=plan.profile.backend == "nccl",
+        cpus_per_node=s.cpus_per_task * plan.profile.gpus_per_node, slurm=s, sbatch_options=sbatch_options(plan))

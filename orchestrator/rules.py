@@ -1,0 +1,114 @@
+"""Legality rules of a layout for a model, a cluster and a runtime.
+
+Each rule returns a reason that names the conflict and the fix. The solver only enumerates
+degrees these rules allow (see ``orchestrator.solver``); ``check_layout`` explains a pinned
+layout that breaks one. Both read the same helpers so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .layout import Layout
+from .specs import ClusterProfile, ModelSpec, TrainingSpec
+
+
+@dataclass(frozen=True)
+class StageSplit:
+    """Transformer layers per pipeline stage: first, any middle stage, last."""
+
+    first: int
+    middle: int
+    last: int
+    kind: str  # "even" or "edge-light"
+
+
+def stage_split(num_layers: int, pp: int) -> StageSplit | None:
+    """How ``num_layers`` split over ``pp`` stages, or None when they cannot.
+
+    Even splits are the rule. Otherwise, when ``num_layers + 2`` divides by ``pp`` the first and
+    last stages take one layer fewer, because they also hold the embedding and the output layer
+    and loss: Llama 3 405B (126 layers) trains with pp=16 this way (Llama 3 paper, Sec. 3.3.2),
+    and Megatron-LM expresses it with --decoder-first/last-pipeline-num-layers.
+    """
+    if pp == 1:
+        return StageSplit(num_layers, num_layers, num_layers, "even")
+    if pp > num_layers:
+        return None
+    if num_layers % pp == 0:
+        n = num_layers // pp
+        return StageSplit(n, n, n, "even")
+    if pp > 2 and (num_layers + 2) % pp == 0:
+        n = (num_layers + 2) // pp
+        if n >= 2:
+            return StageSplit(n - 1, n, n - 1, "edge-light")
+    return None
+
+
+def tp_degrees(model: ModelSpec, gpus_per_node: int) -> list[int]:
+    from .layout import divisors
+
+    return [t for t in divisors(gpus_per_node)
+            if model.num_attention_heads % t == 0 and model.kv_heads % t == 0]
+
+
+def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, profile: ClusterProfile,
+                 runtime: str) -> list[str]:
+    """Every rule ``layout`` breaks, as sentences with a fix (empty when legal)."""
+    r: list[str] = []
+    L = layout
+    world = profile.world_size
+    if L.tp * L.pp * L.dp != world:
+        r.append(f"tp*pp*dp = {L.tp}*{L.pp}*{L.dp} = {L.world_size} but the cluster has {world} GPUs "
+                 f"({profile.nodes} nodes x {profile.gpus_per_node}); choose degrees whose product is {world}")
+    if L.tp > profile.gpus_per_node or profile.gpus_per_node % L.tp:
+        r.append(f"tp={L.tp} must divide gpus_per_node={profile.gpus_per_node}: tensor parallelism stays inside "
+                 f"one node's NVLink domain (Narayanan et al. 2021, Sec. 3.3)")
+    if model.num_attention_heads % L.tp:
+        r.append(f"tp={L.tp} does not divide num_attention_heads={model.num_attention_heads}; "
+                 f"use a tp that divides the head count")
+    if model.kv_heads % L.tp:
+        r.append(f"tp={L.tp} does not divide num_kv_heads={model.kv_heads}; Megatron-LM shards whole key/value "
+                 f"groups, so use tp <= {model.kv_heads} dividing it")
+    split = stage_split(model.num_layers, L.pp)
+    if split is None:
+        r.append(f"pp={L.pp} cannot split num_layers={model.num_layers} into stages: use a pp that divides "
+                 f"{model.num_layers} (or {model.num_layers + 2}, with one layer fewer on the first and last stage)")
+    if L.vpp > 1:
+        if runtime == "deepspeed":
+            r.append(f"vpp={L.vpp}: DeepSpeed's pipeline engine runs plain 1F1B with no interleaved schedule; "
+                     f"use vpp=1 or --runtime megatron")
+        elif L.pp == 1:
+            r.append(f"vpp={L.vpp} needs pp > 1 (virtual stages interleave pipeline stages); use vpp=1")
+        elif split is not None and (split.kind != "even" or (model.num_layers // L.pp) % L.vpp):
+            r.append(f"vpp={L.vpp} must divide the {model.num_layers // L.pp} layers of each of the pp={L.pp} "
+                     f"stages (an even split); choose a vpp dividing the layers per stage")
+        elif L.grad_accum_steps % L.pp:
+            r.append(f"the interleaved schedule needs the number of micro-batches ({L.grad_accum_steps}) to be a "
+                     f"multiple of pp={L.pp} (Narayanan et al. 2021, Sec. 2.2.2); change the micro-batch size")
+    if L.global_batch_size != training.global_batch_size:
+        r.append(f"micro_batch_size*grad_accum_steps*dp = {L.micro_batch_size}*{L.grad_accum_steps}*{L.dp} = "
+                 f"{L.global_batch_size} but global_batch_size is {training.global_batch_size}; choose a micro-batch "
+                 f"size that divides global_batch_size/dp")
+    if runtime == "deepspeed" and L.pp > 1 and L.zero_stage > 1:
+        r.append(f"zero_stage={L.zero_stage} cannot be combined with pp={L.pp} in DeepSpeed's pipeline engine "
+                 f"(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1")
+    if runtime == "deepspeed" and L.pp > 1 and L.zero_stage == 0 and training.optimizer.grad_clip > 0:
+        # Found by running DeepSpeed 0.19 on CPU: its pipeline engine without ZeRO computes a wrong global
+        # gradient norm for clipping; with ZeRO-1 it is right.
+        r.append(f"zero_stage=0 with pp={L.pp} and gradient clipping computes a wrong global gradient norm in "
+                 f"DeepSpeed's pipeline engine; use zero_stage=1")
+    if runtime == "megatron" and L.zero_stage > 1:
+        r.append(f"zero_stage={L.zero_stage}: Megatron-LM has no ZeRO stages, only its distributed optimizer "
+                 f"(ZeRO-1-like, zero_stage=1); use zero_stage 0 or 1")
+    if L.sequence_parallel and L.tp == 1:
+        r.append("sequence parallelism splits the tensor-parallel region's activations and needs tp > 1; "
+                 "use --no-sp or tp > 1")
+    return r
+
+
+def check_precision(training: TrainingSpec, profile: ClusterProfile, runtime: str) -> list[str]:
+    if profile.backend == "gloo" and training.precision == "fp16":
+        return [f"precision fp16 is refused by DeepSpeed on CPU (profile '{profile.name}' uses gloo); "
+                f"set training.precision to bf16 or fp32"]
+    return []

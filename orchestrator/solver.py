@@ -1,0 +1,194 @@
+"""Layout search: every legal layout -> cost model -> ranked candidates and reasons for rejections.
+
+Exhaustive: every legal (tp, pp, vpp, dp, zero stage, micro-batch, recompute, sp) is evaluated;
+nothing is skipped by heuristics. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .costmodel import RECOMPUTE_CODES, Candidates, Evaluation, evaluate
+from .layout import RECOMPUTE_LEVELS, Layout, divisors
+from .rules import check_layout, stage_split, tp_degrees
+from .specs import ClusterProfile, ModelSpec, TrainingSpec
+
+GIB = float(1 << 30)
+_RC_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Layout fields fixed by the user; None means 'search it'."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    vpp: int | None = None
+    zero_stage: int | None = None
+    micro_batch_size: int | None = None
+    recompute: str | None = None
+    sequence_parallel: bool | None = None
+
+    def all_pinned(self) -> bool:
+        return all(getattr(self, f) is not None for f in self.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A layout with its predicted memory (GiB per GPU) and time stacks."""
+
+    layout: Layout
+    memory_gib: dict[str, float]
+    time_s: dict[str, float]
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    fits: bool
+    capacity_gib: float
+
+    @property
+    def over_gib(self) -> float:
+        return self.memory_gib["total"] - self.capacity_gib
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    ranked: list[Scored]  # feasible layouts, fastest first (at most `keep`)
+    evaluated: int
+    feasible: int
+    rejected_memory: int
+    closest: list[Scored]  # infeasible layouts with the smallest memory, for explanations
+    capacity_gib: float
+    rejected_rules: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def best(self) -> Scored | None:
+        return self.ranked[0] if self.ranked else None
+
+
+def _options(pins: Pins, name: str, values):
+    pinned = getattr(pins, name)
+    return [v for v in values if pinned is None or v == pinned]
+
+
+def enumerate_layouts(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
+                      pins: Pins = Pins()) -> tuple[Candidates, dict[str, int]]:
+    """All legal layouts (honouring pins) as arrays, plus counts of combinations each rule removed."""
+    world = profile.world_size
+    gbs = training.global_batch_size
+    rejected: dict[str, int] = {}
+    rows: list[tuple] = []
+    zero_all = (0, 1, 2, 3) if runtime == "deepspeed" else (0, 1)
+    for tp in _options(pins, "tp", tp_degrees(model, profile.gpus_per_node)):
+        for pp in _options(pins, "pp", [p for p in divisors(world // tp)]):
+            split = stage_split(model.num_layers, pp)
+            if split is None:
+                rejected["layers do not split over pp"] = rejected.get("layers do not split over pp", 0) + 1
+                continue
+            dp = world // (tp * pp)
+            if pins.dp is not None and dp != pins.dp:
+                continue
+            if gbs % dp:
+                rejected["global batch not divisible by dp"] = rejected.get("global batch not divisible by dp", 0) + 1
+                continue
+            if runtime == "deepspeed" or pp == 1 or split.kind != "even":
+                vpps = [1]
+            else:
+                vpps = divisors(model.num_layers // pp)
+            zeros = [z for z in zero_all
+                     if not (runtime == "deepspeed" and pp > 1 and z > 1)
+                     and not (runtime == "deepspeed" and pp > 1 and z == 0 and training.optimizer.grad_clip > 0)]
+            sps = [False, True] if tp > 1 else [False]
+            for mbs in _options(pins, "micro_batch_size", divisors(gbs // dp)):
+                gas = gbs // (dp * mbs)
+                for vpp in _options(pins, "vpp", vpps):
+                    if vpp > 1 and gas % pp:
+                        continue
+                    for z, rc, sp in itertools.product(_options(pins, "zero_stage", zeros),
+                                                       _options(pins, "recompute", RECOMPUTE_LEVELS),
+                                                       _options(pins, "sequence_parallel", sps)):
+                        rows.append((tp, pp, dp, vpp, z, mbs, gas, RECOMPUTE_CODES[rc], sp,
+                                     split.first, split.middle, split.last))
+    arr = np.array(rows, dtype=np.int64).reshape(-1, 12)
+    cols = arr.T
+    cand = Candidates(tp=cols[0], pp=cols[1], dp=cols[2], vpp=cols[3], zero=cols[4], mbs=cols[5], gas=cols[6],
+                      rc=cols[7], sp=cols[8].astype(bool), layers_first=cols[9], layers_middle=cols[10],
+                      layers_last=cols[11])
+    return cand, rejected
+
+
+def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float) -> Scored:
+    layout = Layout(tp=int(c.tp[i]), pp=int(c.pp[i]), dp=int(c.dp[i]), vpp=int(c.vpp[i]),
+                    zero_stage=int(c.zero[i]), micro_batch_size=int(c.mbs[i]), grad_accum_steps=int(c.gas[i]),
+                    recompute=_RC_NAMES[int(c.rc[i])], sequence_parallel=bool(c.sp[i]))
+    mem = {k: float(getattr(ev, k)[i]) / GIB for k in ("params", "grads", "optimizer", "activations", "overhead", "total")}
+    t = {"compute": float(ev.compute[i]), "tp_comm": float(ev.tp_comm[i]), "bubble": float(ev.bubble[i]),
+         "pp_comm": float(ev.pp_comm[i]), "dp_comm": float(ev.dp_comm[i]), "optimizer": float(ev.optimizer_step[i])}
+    return Scored(layout, mem, t, float(ev.step_time[i]), float(ev.tokens_per_s[i]), float(ev.mfu[i]),
+                  bool(mem["total"] <= capacity_gib), capacity_gib)
+
+
+def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
+           pins: Pins = Pins(), *, memory_margin_gib: float = 0.0, keep: int = 10) -> SearchResult:
+    """Evaluate every legal layout and rank those that fit, fastest first.
+
+    Ties in step time are broken by lower memory, then by the layout's fields, so the ranking
+    (and therefore every emitted file) is deterministic.
+    """
+    capacity = profile.gpu.memory_gib - memory_margin_gib
+    cand, rejected = enumerate_layouts(model, training, profile, runtime, pins)
+    n = len(cand)
+    if n == 0:
+        return SearchResult([], 0, 0, 0, [], capacity, rejected)
+    ev = evaluate(model, training, profile, runtime, cand)
+    total_gib = ev.total / GIB
+    fits = total_gib <= capacity
+    keys = (cand.sp, cand.rc, cand.zero, cand.mbs, cand.vpp, cand.pp, cand.tp, ev.total, ev.step_time)
+    order = np.lexsort(keys)  # last key is primary
+    feasible_order = order[fits[order]]
+    ranked = [_scored(cand, ev, int(i), capacity) for i in feasible_order[:keep]]
+    infeasible = np.flatnonzero(~fits)
+    closest_idx = infeasible[np.lexsort((ev.step_time[infeasible], ev.total[infeasible]))][:keep]
+    closest = [_scored(cand, ev, int(i), capacity) for i in closest_idx]
+    return SearchResult(ranked, n, int(fits.sum()), int((~fits).sum()), closest, capacity, rejected)
+
+
+def explain_pins(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
+                 pins: Pins) -> list[str]:
+    """Why pinned values admit no legal layout: the rules a best-effort completion breaks."""
+    world = profile.world_size
+    tp = pins.tp or 1
+    pp = pins.pp or 1
+    if pins.dp is not None:
+        dp = pins.dp
+    else:
+        dp = max(1, world // (tp * pp))
+        if world % (tp * pp):
+            return [f"tp*pp = {tp}*{pp} = {tp * pp} does not divide the cluster's {world} GPUs "
+                    f"({profile.nodes} nodes x {profile.gpus_per_node}); choose degrees whose product divides {world}"]
+    mbs = pins.micro_batch_size or 1
+    gbs = training.global_batch_size
+    gas = max(1, gbs // (mbs * dp))
+    layout = Layout(tp=tp, pp=pp, dp=dp, vpp=pins.vpp or 1, zero_stage=pins.zero_stage if pins.zero_stage is not None else 1,
+                    micro_batch_size=mbs, grad_accum_steps=gas, recompute=pins.recompute or "none",
+                    sequence_parallel=bool(pins.sequence_parallel))
+    return check_layout(layout, model, training, profile, runtime)
+
+
+def minimum_nodes(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
+                  pins: Pins = Pins(), *, memory_margin_gib: float = 0.0, max_factor: int = 64) -> tuple[int, Scored] | None:
+    """The smallest node count (above the profile's) at which some layout fits, with that layout."""
+    start = profile.nodes + 1
+    # Every count just above the profile's, then doublings: a search takes milliseconds, but a
+    # scan of every count up to 64x would not.
+    counts = sorted({*range(start, start + 32), *(profile.nodes * 2 ** k for k in range(1, 7))})
+    for nodes in [n for n in counts if n <= profile.nodes * max_factor]:
+        res = search(model, training, profile.with_nodes(nodes), runtime, pins, memory_margin_gib=memory_margin_gib,
+                     keep=1)
+        if res.best is not None:
+            return nodes, res.best
+    return None

@@ -1,0 +1,441 @@
+"""The three inputs, kept apart: what hardware (ClusterProfile), what model (ModelSpec) and how
+to train it (TrainingSpec). All are frozen pydantic models with ``extra="forbid"`` so that a
+typo is an error rather than a silently ignored key.
+
+YAML loading lives here too, because error messages must name the file and the line of the
+offending key; pydantic only knows the key path, so the loader records the line of every key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ProfileNotFound, SpecError
+from .resources import shipped_profiles_dir
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Model spec
+# --------------------------------------------------------------------------------------------
+
+
+class ModelSpec(BaseModel):
+    """Decoder-only transformer architecture (Llama / GPT family)."""
+
+    model_config = _FROZEN
+
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    ffn_hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    # GQA (Ainslie et al. 2023): equal to num_attention_heads (plain MHA) when omitted.
+    num_kv_heads: int | None = Field(default=None, gt=0)
+    vocab_size: int = Field(gt=0)
+    activation: Literal["swiglu", "gelu"] = "swiglu"
+    tied_embeddings: bool = False
+    normalization: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    position_embedding: Literal["rope", "learned"] = "rope"
+    # Biases on the linear layers (GPT-2/3 style); Llama has none.
+    bias: bool = False
+    max_position_embeddings: int | None = Field(default=None, gt=0)
+    rope_theta: float = Field(default=10000.0, gt=0)
+    init_method_std: float = Field(default=0.02, gt=0)
+
+    @model_validator(mode="after")
+    def _shapes(self) -> "ModelSpec":
+        a, kv = self.num_attention_heads, self.kv_heads
+        if self.hidden_size % a:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {a}; "
+                f"choose heads that divide the hidden size (head_dim = hidden_size / heads)"
+            )
+        if a % kv:
+            raise ValueError(
+                f"num_attention_heads {a} is not divisible by num_kv_heads {kv}; "
+                f"GQA needs every key/value head shared by the same number of query heads"
+            )
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads if self.num_kv_heads is not None else self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def gqa(self) -> bool:
+        return self.kv_heads != self.num_attention_heads
+
+    # ---- parameter counts (exact for the architecture as described) ----
+
+    @property
+    def params_per_layer(self) -> int:
+        h, f = self.hidden_size, self.ffn_hidden_size
+        kv_dim = self.kv_heads * self.head_dim
+        attn = h * h + 2 * h * kv_dim + h * h  # Q, K, V, output projection
+        mlp = (3 if self.activation == "swiglu" else 2) * h * f  # gate+up+down / up+down
+        norms = (2 if self.normalization == "layernorm" else 1) * 2 * h  # two norms per layer
+        bias = (h + 2 * kv_dim + h + (2 * f if self.activation == "swiglu" else f) + h) if self.bias else 0
+        return attn + mlp + norms + bias
+
+    @property
+    def embedding_params(self) -> int:
+        pos = (self.max_position_embeddings or 0) * self.hidden_size if self.position_embedding == "learned" else 0
+        return self.vocab_size * self.hidden_size + pos
+
+    @property
+    def output_params(self) -> int:
+        """Output projection (0 when tied to the input embedding) plus the final norm."""
+        final_norm = (2 if self.normalization == "layernorm" else 1) * self.hidden_size
+        return (0 if self.tied_embeddings else self.vocab_size * self.hidden_size) + final_norm
+
+    @property
+    def num_params(self) -> int:
+        return self.num_layers * self.params_per_layer + self.embedding_params + self.output_params
+
+
+class OptimizerSpec(BaseModel):
+    """AdamW hyper-parameters; written into ds_config.json and the Megatron flags."""
+
+    model_config = _FROZEN
+
+    lr: float = Field(default=3.0e-4, gt=0)
+    min_lr: float = Field(default=3.0e-5, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(default=1.0e-8, gt=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    warmup_steps: int = Field(default=2000, ge=0)
+    grad_clip: float = Field(default=1.0, ge=0)
+
+
+class TrainingSpec(BaseModel):
+    """How to train: sequence length, global batch, precision, optimizer."""
+
+    model_config = _FROZEN
+
+    seq_length: int = Field(gt=0)
+    global_batch_size: int = Field(gt=0, description="sequences per optimizer step")
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    train_tokens: float | None = Field(default=None, gt=0)
+    # FlashAttention (Dao et al. 2022) keeps no s x s score matrix for the backward pass.
+    flash_attention: bool = True
+    hidden_dropout: float = Field(default=0.0, ge=0, lt=1)
+    attention_dropout: float = Field(default=0.0, ge=0, lt=1)
+    seed: int = 1234
+    optimizer: OptimizerSpec = OptimizerSpec()
+
+    @property
+    def train_steps(self) -> int | None:
+        if self.train_tokens is None:
+            return None
+        return max(1, int(round(self.train_tokens / (self.global_batch_size * self.seq_length))))
+
+
+class SpecFile(BaseModel):
+    """A model spec file: name, source, architecture and training settings."""
+
+    model_config = _FROZEN
+
+    name: str = Field(min_length=1)
+    source: str = Field(min_length=1, description="paper or config.json the numbers come from")
+    model: ModelSpec
+    training: TrainingSpec
+
+
+# --------------------------------------------------------------------------------------------
+# Cluster profile
+# --------------------------------------------------------------------------------------------
+
+
+class PeakTflops(BaseModel):
+    model_config = _FROZEN
+    bf16: float = Field(gt=0)
+    fp16: float = Field(gt=0)
+    fp32: float = Field(gt=0)
+
+
+class GpuSpec(BaseModel):
+    model_config = _FROZEN
+    name: str
+    memory_gib: float = Field(gt=0)
+    # Dense (no 2:4 sparsity) peak, TFLOP/s, per device.
+    peak_tflops: PeakTflops
+    hbm_bandwidth_gbps: float = Field(default=2000.0, gt=0, description="GB/s")
+
+
+class IntraNode(BaseModel):
+    model_config = _FROZEN
+    kind: str = "nvlink"
+    # Total bidirectional GB/s per GPU as vendors quote it (H100 NVLink 4: 900 GB/s); the cost
+    # model uses half of it per direction.
+    bandwidth_gbps: float = Field(gt=0)
+    latency_us: float = Field(default=5.0, ge=0)
+
+
+class InterNode(BaseModel):
+    model_config = _FROZEN
+    kind: str = "infiniband"
+    bandwidth_gbps: float = Field(gt=0, description="Gb/s per NIC, per direction")
+    nics_per_node: int = Field(default=1, gt=0)
+    latency_us: float = Field(default=10.0, ge=0)
+
+
+class SlurmSpec(BaseModel):
+    model_config = _FROZEN
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = "24:00:00"
+    constraint: str | None = None
+    exclusive: bool = True
+    cpus_per_task: int = Field(default=8, gt=0)
+    mem: str | None = None
+    setup: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    extra: dict[str, str] = Field(default={}, description="extra #SBATCH --key=value pairs")
+
+
+class Efficiency(BaseModel):
+    """Free parameters of the time model. Physical: fractions in (0, 1]."""
+
+    model_config = _FROZEN
+    # Fraction of dense peak that large GEMMs reach (Megatron-LM reaches 52% of A100 peak
+    # end to end, SC21 Table 1; GEMMs alone run higher).
+    gemm: float = Field(default=0.75, gt=0, le=1)
+    # Fraction of link bandwidth that NCCL collectives reach (bus bandwidth / link bandwidth).
+    intra_node_comm: float = Field(default=0.8, gt=0, le=1)
+    inter_node_comm: float = Field(default=0.8, gt=0, le=1)
+    # Fraction of the data-parallel gradient reduction hidden behind the backward pass.
+    dp_overlap: float = Field(default=0.8, ge=0, le=1)
+
+
+class ClusterProfile(BaseModel):
+    model_config = _FROZEN
+
+    name: str
+    description: str = ""
+    extends: str | None = None
+    nodes: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0)
+    gpu: GpuSpec
+    intra_node: IntraNode
+    inter_node: InterNode
+    # torch.distributed backend: nccl on GPUs, gloo for CPU processes (the `local` profile).
+    backend: Literal["nccl", "gloo"] = "nccl"
+    # CUDA context, NCCL buffers, allocator fragmentation, per GPU.
+    memory_overhead_gib: float = Field(default=3.0, ge=0)
+    efficiency: Efficiency = Efficiency()
+    slurm: SlurmSpec = SlurmSpec()
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def with_nodes(self, nodes: int) -> "ClusterProfile":
+        return self.model_copy(update={"nodes": nodes})
+
+
+# --------------------------------------------------------------------------------------------
+# YAML loading with line numbers
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A parsed YAML document with the line number (1-based) of every key path."""
+
+    data: Any
+    lines: dict[tuple, int]
+    path: Path
+    sha256: str
+
+
+def _compose_lines(node: yaml.Node, prefix: tuple, out: dict[tuple, int]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = (*prefix, key_node.value)
+            out[key] = key_node.start_mark.line + 1
+            _compose_lines(value_node, key, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out[(*prefix, i)] = item.start_mark.line + 1
+            _compose_lines(item, (*prefix, i), out)
+
+
+def load_yaml(path: Path) -> Loaded:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such file. Check the path (it is read relative to the current directory).")
+    except OSError as e:
+        raise SpecError(f"{path}: cannot be read ({e.strerror}).")
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(e, "problem", None) or str(e)
+        raise SpecError(f"{where}: malformed YAML ({problem}). Fix the syntax at that line.")
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a YAML mapping (key: value lines) at the top level, got {type(data).__name__}.")
+    lines: dict[tuple, int] = {}
+    if node is not None:
+        _compose_lines(node, (), lines)
+    return Loaded(data, lines, path, hashlib.sha256(raw).hexdigest())
+
+
+def _valid_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names accepted at ``loc`` (a pydantic error location) of ``model``."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int) or not (isinstance(current, type) and issubclass(current, BaseModel)):
+            continue
+        field = current.model_fields.get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        current = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _format_validation(e: ValidationError, loaded: Loaded, model: type[BaseModel], what: str) -> str:
+    msgs = []
+    for err in e.errors():
+        loc = tuple(err["loc"])
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        line = None
+        for n in range(len(loc), 0, -1):
+            line = loaded.lines.get(loc[:n])
+            if line:
+                break
+        where = f"{loaded.path}:{line}" if line else str(loaded.path)
+        if err["type"] == "extra_forbidden":
+            valid = _valid_keys(model, loc)
+            hint = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            fix = f"did you mean '{hint[0]}'? " if hint else ""
+            msgs.append(f"{where}: unknown key '{key}' in the {what}; {fix}valid keys here: {', '.join(valid)}.")
+        elif err["type"] == "missing":
+            msgs.append(f"{where}: missing required key '{key}' in the {what}; add it.")
+        else:
+            got = err.get("input")
+            got_s = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+            msgs.append(f"{where}: key '{key}': {err['msg']}{got_s}.")
+    return "\n".join(msgs)
+
+
+def load_spec(path: str | Path) -> tuple[SpecFile, Loaded]:
+    """Read and validate a model spec file."""
+    loaded = load_yaml(Path(path))
+    try:
+        spec = SpecFile.model_validate(loaded.data)
+    except ValidationError as e:
+        raise SpecError(_format_validation(e, loaded, SpecFile, "model spec"))
+    return spec, loaded
+
+
+# --------------------------------------------------------------------------------------------
+# Cluster profiles: shipped ones, user directories, `extends`
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileSource:
+    name: str
+    path: Path
+    origin: str  # "shipped" or "user"
+
+
+def discover_profiles(profiles_dir: str | Path | None) -> dict[str, ProfileSource]:
+    """Every profile by name; a user's profile of the same name wins over a shipped one."""
+    found: dict[str, ProfileSource] = {}
+    dirs = [(shipped_profiles_dir(), "shipped")]
+    if profiles_dir:
+        d = Path(profiles_dir)
+        if not d.is_dir():
+            raise SpecError(f"profiles directory {d} does not exist; pass an existing directory to --profiles-dir "
+                            f"(or DSORCH_PROFILES_DIR).")
+        dirs.append((d, "user"))
+    for d, origin in dirs:
+        for p in sorted(d.glob("*.yaml")):
+            found[p.stem] = ProfileSource(p.stem, p, origin)
+    return found
+
+
+def _deep_merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@dataclass(frozen=True)
+class LoadedProfile:
+    profile: ClusterProfile
+    source: ProfileSource
+    sha256: str  # of the profile file and every file it extends, in order
+
+
+def load_profile(name: str, profiles_dir: str | Path | None = None) -> LoadedProfile:
+    known = discover_profiles(profiles_dir)
+    if name not in known:
+        close = difflib.get_close_matches(name, list(known), n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ProfileNotFound(
+            f"unknown cluster profile '{name}'.{hint} Known profiles: {', '.join(sorted(known))}. "
+            f"Add your own as NAME.yaml in a directory passed with --profiles-dir or DSORCH_PROFILES_DIR."
+        )
+    chain: list[Loaded] = []
+    seen: list[Path] = []
+    src = known[name]
+    while True:
+        if src.path in seen:
+            names = " -> ".join(p.stem for p in [*seen, src.path])
+            raise SpecError(f"{known[name].path}: 'extends' forms a cycle: {names}; remove one link.")
+        seen.append(src.path)
+        loaded = load_yaml(src.path)
+        chain.append(loaded)
+        parent = loaded.data.get("extends")
+        if parent is None:
+            break
+        shipped = shipped_profiles_dir() / f"{parent}.yaml"
+        if parent == src.name and src.origin == "user" and shipped.exists():
+            # A user's profile may extend the shipped profile it overrides (same name).
+            src = ProfileSource(parent, shipped, "shipped")
+        elif parent in known:
+            src = known[parent]
+        else:
+            raise SpecError(
+                f"{src.path}:{loaded.lines.get(('extends',), '?')}: key 'extends' names unknown profile '{parent}'; "
+                f"known profiles: {', '.join(sorted(known))}."
+            )
+    merged: dict = {}
+    for loaded in reversed(chain):
+        merged = _deep_merge(merged, loaded.data)
+    merged["name"] = name
+    try:
+        profile = ClusterProfile.model_validate(merged)
+    except ValidationError as e:
+        raise SpecError(_format_validation(e, chain[0], ClusterProfile, "cluster profile"))
+    digest = hashlib.sha256("".join(ld.sha256 for ld in chain).encode()).hexdigest() if len(chain) > 1 else chain[0].sha256
+    return LoadedProfile(profile, known[name], digest)
+
+
+def profiles_dir_from_env(cli_value: str | None) -> str | None:
+    """The launch edge reads the environment; nothing below the CLI does."""
+    return cli_value or os.environ.get("DSORCH_PROFILES_DIR") or None

@@ -1,0 +1,495 @@
+"""Validate emitted Megatron-LM launch flags against Megatron-LM's real argument table.
+
+The table (``megatron_args.json``, next to this file) is generated from the pinned megatron-core
+wheel by ``scripts/refresh_megatron_args.py``; see its header for the version and sha256.
+
+Two layers of checks, all returning human-readable error strings (never raising):
+
+1. Per flag, what Megatron's argparse parser would reject or silently mis-read: unknown names
+   (the parser is built with ``allow_abbrev=False`` in megatron/training/arguments.py
+   ``parse_args``, so prefixes are not accepted), a value given to a switch or missing for an
+   option, ints/floats that do not parse, values outside ``choices``, a flag given twice.
+2. The layout cross-checks that Megatron performs after parsing -- in
+   ``megatron/training/arguments.py:validate_args``, in
+   ``megatron/core/transformer/transformer_config.py:TransformerConfig.__post_init__`` and in
+   ``megatron/core/num_microbatches_calculator.py`` -- and that a parallel-layout planner can
+   get wrong.  Where Megatron only warns or silently changes a setting (e.g. turns
+   ``--sequence-parallel`` off when tp == 1) we report an error: dsorch should not emit a flag
+   that Megatron ignores.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import shlex
+from importlib import resources
+from typing import Any
+
+_TABLE_FILE = "megatron_args.json"
+
+# argparse actions that consume no value (argparse.BooleanOptionalAction included).
+_SWITCH_ACTIONS = {"store_true", "store_false", "store_const", "append_const", "count",
+                   "BooleanOptionalAction"}
+
+Flags = list[tuple[str, "str | None"]]
+
+
+# --------------------------------------------------------------------------- the table
+
+@functools.lru_cache(maxsize=1)
+def load_table() -> dict[str, Any]:
+    """The checked-in argument table (works for editable and regular installs)."""
+    text = resources.files(__package__).joinpath(_TABLE_FILE).read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@functools.lru_cache(maxsize=1)
+def _by_option() -> dict[str, dict[str, Any]]:
+    return {opt: rec for rec in load_table()["arguments"] for opt in rec["option_strings"]}
+
+
+def megatron_version() -> str:
+    return load_table()["megatron_core_version"]
+
+
+def known_flags() -> frozenset[str]:
+    return frozenset(_by_option())
+
+
+# --------------------------------------------------------------------------- parsing
+
+def parse_args_lines(text: str) -> list[tuple[str, str | None]]:
+    """Parse megatron_args.txt: one flag per line, ``--flag value`` or ``--flag`` alone.
+
+    Blank lines and lines starting with ``#`` are ignored; ``--flag=value`` is accepted too
+    (argparse accepts it).  Everything after the flag is the value, so multi-value flags
+    (``--rampup-batch-size 16 16 1000``) keep all their tokens in one string.
+    """
+    flags: list[tuple[str, str | None]] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split(None, 1)
+        flag = parts[0]
+        value = parts[1].strip() if len(parts) > 1 else None
+        if value is None and flag.startswith("--") and "=" in flag:
+            flag, value = flag.split("=", 1)
+        flags.append((flag, value or None))
+    return flags
+
+
+def _tokens(value: str) -> list[str]:
+    try:
+        return shlex.split(value)
+    except ValueError:  # unbalanced quotes: fall back to whitespace, the type check reports it
+        return value.split()
+
+
+def _convert(token: str, type_name: str | None):
+    """Apply the argparse ``type`` converters we can reproduce; others pass the string."""
+    if type_name == "int":
+        return int(token)
+    if type_name == "float":
+        return float(token)
+    return token
+
+
+# --------------------------------------------------------------------------- per-flag checks
+
+def _check_one(flag: str, value: str | None, rec: dict[str, Any]) -> tuple[list[str], Any]:
+    """Errors for one flag and its parsed value (True/False for switches, list for nargs)."""
+    action, nargs, type_name = rec["action"], rec["nargs"], rec["type"]
+    if action in _SWITCH_ACTIONS:
+        if value is not None:
+            return [f"{flag} is a switch and takes no value (got {value!r}): "
+                    f"write {flag} alone on its line, or drop it"], None
+        if action == "BooleanOptionalAction":
+            return [], not flag.startswith("--no-")
+        return [], action != "store_false"
+    if value is None:
+        if nargs in ("?", "*"):
+            return [], None
+        return [f"{flag} needs a value: write '{flag} <value>'"], None
+
+    tokens = _tokens(value)
+    if nargs is None and len(tokens) != 1:
+        return [f"{flag} takes exactly one value, got {len(tokens)} ({value!r}): "
+                "pass a single value"], None
+    if isinstance(nargs, int) and len(tokens) != nargs:
+        return [f"{flag} takes exactly {nargs} values, got {len(tokens)} ({value!r})"], None
+
+    errors, parsed = [], []
+    for tok in tokens:
+        try:
+            converted = _convert(tok, type_name)
+        except ValueError:
+            errors.append(f"{flag} expects {'an integer' if type_name == 'int' else 'a number'}, "
+                          f"got {tok!r}: pass a {type_name} value")
+            continue
+        choices = rec.get("choices")
+        if choices is not None and converted not in choices:
+            errors.append(f"{flag} {tok!r} is not one of the allowed values "
+                          f"{', '.join(map(str, choices))}: pick one of them")
+            continue
+        parsed.append(converted)
+    if errors:
+        return errors, None
+    return [], parsed if nargs not in (None, "?") else parsed[0]
+
+
+# --------------------------------------------------------------------------- cross-checks
+
+class _Args:
+    """Parsed values by argparse ``dest``; ``get`` falls back to the table's default."""
+
+    def __init__(self, values: dict[str, Any], given: dict[str, str]):
+        self.values, self.given = values, given
+        self._defaults = {rec["dest"]: rec.get("default") for rec in load_table()["arguments"]}
+
+    def get(self, dest: str, default: Any = None) -> Any:
+        if dest in self.values:
+            return self.values[dest]
+        value = self._defaults.get(dest)
+        return default if value is None else value
+
+    def has(self, dest: str) -> bool:
+        return dest in self.values
+
+    def flag(self, dest: str) -> str:
+        """The flag spelling the user wrote (or the table's first one) for messages."""
+        if dest in self.given:
+            return self.given[dest]
+        for rec in load_table()["arguments"]:
+            if rec["dest"] == dest:
+                return rec["option_strings"][0]
+        return "--" + dest.replace("_", "-")
+
+
+def _cross_checks(a: _Args, world_size: int) -> list[str]:
+    errors: list[str] = []
+    F = a.flag
+
+    # --- deprecated flags validate_args rejects outright (megatron/training/arguments.py
+    # validate_args: "assert args.batch_size is None", warmup, model_parallel_size, and
+    # checkpoint_activations which prints and exit()s).
+    for dest, use in (("batch_size", "--micro-batch-size"), ("warmup", "--lr-warmup-fraction"),
+                      ("model_parallel_size", "--tensor-model-parallel-size"),
+                      ("checkpoint_activations", "--recompute-granularity")):
+        if a.has(dest) and a.get(dest) not in (None, False):
+            errors.append(f"{F(dest)} is no longer valid in Megatron-LM {megatron_version()}: "
+                          f"use {use} instead")
+
+    # --- model-parallel size (validate_args: "world size is not divisible by
+    # total_model_size"; total = tp * pp * cp * gtp_weight_remat_size, the latter derived from
+    # --tensor-parallel-num-weight-shards by model_parallel_config.py
+    # resolve_tensor_parallel_weight_shards).
+    tp = a.get("tensor_model_parallel_size", 1)
+    pp = a.get("pipeline_model_parallel_size", 1)
+    cp = a.get("context_parallel_size", 1)
+    gtp = 1
+    shards = a.get("tensor_parallel_num_weight_shards")
+    if shards is not None:
+        if shards < tp or shards % tp:
+            errors.append(f"{F('tensor_parallel_num_weight_shards')} {shards} must be a multiple "
+                          f"of {F('tensor_model_parallel_size')} {tp}: use {tp} or a multiple")
+        else:
+            gtp = shards // tp
+    model_size = tp * pp * cp * gtp
+    dp = None
+    if world_size <= 0:
+        errors.append(f"world size {world_size} must be positive")
+    elif world_size % model_size:
+        errors.append(
+            f"world size {world_size} is not divisible by {F('tensor_model_parallel_size')} {tp} "
+            f"x {F('pipeline_model_parallel_size')} {pp} x {F('context_parallel_size')} {cp}"
+            + (f" x weight-shard factor {gtp}" if gtp > 1 else "")
+            + f" = {model_size}: choose sizes whose product divides {world_size}")
+    else:
+        # validate_args: args.data_parallel_size = args.world_size // total_model_size
+        dp = world_size // model_size
+
+    # --- batch sizes (validate_args asserts micro_batch_size is set and > 0;
+    # num_microbatches_calculator.py ConstantNumMicroBatchesCalculator asserts
+    # global_batch_size % (micro_batch_size * data_parallel_size) == 0 unless
+    # --decrease-batch-size-if-needed; the ramp-up calculator has its own schedule).
+    mbs, gbs = a.get("micro_batch_size"), a.get("global_batch_size")
+    if mbs is None:
+        errors.append("--micro-batch-size is required by Megatron-LM: add '--micro-batch-size N'")
+    elif mbs <= 0:
+        errors.append(f"{F('micro_batch_size')} {mbs} must be positive")
+    elif (dp is not None and gbs is not None and not a.get("decrease_batch_size_if_needed")
+          and a.get("rampup_batch_size") is None and gbs % (mbs * dp)):
+        errors.append(
+            f"{F('global_batch_size')} {gbs} is not divisible by {F('micro_batch_size')} {mbs} x "
+            f"data-parallel size {dp} = {mbs * dp}: use a multiple of {mbs * dp}")
+
+    # --- required model-size args (validate_args: required_args list).  A hybrid pattern
+    # derives num_layers, encoder_num_layers stands in for num_layers.
+    hybrid = a.get("hybrid_layer_pattern") or a.get("hybrid_override_pattern")
+    for dest in ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings"):
+        if a.get(dest) is None and not (dest == "num_layers" and
+                                         (hybrid or a.get("encoder_num_layers"))):
+            errors.append(f"{F(dest)} is required by Megatron-LM: add '{F(dest)} N'")
+
+    seq, max_pos = a.get("seq_length"), a.get("max_position_embeddings")
+    if seq is not None and max_pos is not None and max_pos < seq:
+        # validate_args: "max_position_embeddings must be greater than or equal to seq_length"
+        errors.append(f"{F('max_position_embeddings')} {max_pos} is smaller than "
+                      f"{F('seq_length')} {seq}: set it to at least {seq}")
+    if seq is not None and cp > 1 and seq % (2 * cp):
+        # validate_args: "seq-length should be a multiple of 2 * context-parallel-size"
+        errors.append(f"{F('seq_length')} {seq} is not a multiple of 2 x "
+                      f"{F('context_parallel_size')} {cp} = {2 * cp}: pick a multiple of {2 * cp}")
+
+    errors += _pipeline_checks(a, pp)
+    errors += _attention_checks(a, tp)
+    errors += _precision_and_recompute_checks(a, tp)
+    return errors
+
+
+def _pipeline_checks(a: _Args, pp: int) -> list[str]:
+    """Layer split over pipeline stages, mirroring validate_args' 'Uneven virtual pipeline
+    parallelism' block and TransformerConfig.__post_init__ '# Uneven PP'."""
+    errors: list[str] = []
+    F = a.flag
+    num_layers = a.get("num_layers")
+    if num_layers is None or a.get("hybrid_layer_pattern") or a.get("hybrid_override_pattern"):
+        return errors  # a hybrid pattern defines the split itself (validated by Megatron)
+    per_vstage = a.get("num_layers_per_virtual_pipeline_stage")
+    vstages = a.get("num_virtual_stages_per_pipeline_rank")
+    layout = a.get("pipeline_model_parallel_layout")
+    first = a.get("decoder_first_pipeline_num_layers")
+    last = a.get("decoder_last_pipeline_num_layers")
+
+    set_ = [d for d, v in (("num_layers_per_virtual_pipeline_stage", per_vstage),
+                           ("num_virtual_stages_per_pipeline_rank", vstages),
+                           ("pipeline_model_parallel_layout", layout)) if v is not None]
+    if len(set_) > 1:
+        return [f"{' and '.join(F(d) for d in set_)} cannot be combined: "
+                "keep only one way of specifying virtual pipeline stages"]
+    if layout is not None:
+        return errors  # free-form layout string; Megatron parses and validates it
+
+    # account_for_* add one pseudo-layer each to the split (validate_args).
+    total = (num_layers + int(bool(a.get("account_for_embedding_in_pipeline_split")))
+             + int(bool(a.get("account_for_loss_in_pipeline_split"))))
+    vpp = None
+    if per_vstage is not None:
+        if first is not None or last is not None:
+            errors.append(f"{F('num_layers_per_virtual_pipeline_stage')} cannot be used with "
+                          "uneven first/last pipeline stages: use "
+                          "--num-virtual-stages-per-pipeline-rank instead")
+        elif total % pp:
+            errors.append(f"{F('num_layers')} {total} is not divisible by "
+                          f"{F('pipeline_model_parallel_size')} {pp}: choose a pipeline size "
+                          f"that divides {total}")
+        elif per_vstage <= 0 or (total // pp) % per_vstage:
+            errors.append(
+                f"{F('num_layers_per_virtual_pipeline_stage')} {per_vstage} does not divide the "
+                f"{total // pp} layers per pipeline stage ({F('num_layers')} {total} / "
+                f"{F('pipeline_model_parallel_size')} {pp}): choose a divisor of {total // pp}")
+        else:
+            vpp = (total // pp) // per_vstage
+    elif vstages is not None:
+        vpp = vstages
+    elif first is None and last is None and total % pp:
+        errors.append(f"{F('num_layers')} {total} is not divisible by "
+                      f"{F('pipeline_model_parallel_size')} {pp}: choose a pipeline size that "
+                      f"divides {total}, or set --decoder-first/last-pipeline-num-layers")
+    if vpp == 1:
+        vpp = None  # validate_args: "if args.virtual_pipeline_model_parallel_size == 1: None"
+
+    if first is not None or last is not None:
+        errors += _uneven_pp_checks(a, num_layers, pp, first, last, vpp)
+
+    if vpp is not None:
+        # validate_args: interleaved schedule needs pp > 1 with p2p overlap (the default,
+        # --no-overlap-p2p-communication turns it off) and pp > 2 without it.
+        overlap = a.get("overlap_p2p_comm", True)
+        minimum = 1 if overlap else 2
+        if pp <= minimum:
+            flag = F("num_layers_per_virtual_pipeline_stage") if per_vstage is not None \
+                else F("num_virtual_stages_per_pipeline_rank")
+            errors.append(
+                f"{flag} enables the interleaved schedule, which needs "
+                f"{F('pipeline_model_parallel_size')} > {minimum}"
+                + ("" if overlap else " when --no-overlap-p2p-communication is set")
+                + f" (got {pp}): drop {flag} or raise the pipeline size")
+    return errors
+
+
+def _uneven_pp_checks(a: _Args, num_layers: int, pp: int, first, last, vpp) -> list[str]:
+    """TransformerConfig.__post_init__ '# Uneven PP' block."""
+    errors, F = [], a.flag
+    if a.get("account_for_embedding_in_pipeline_split") or \
+            a.get("account_for_loss_in_pipeline_split"):
+        errors.append("--decoder-first/last-pipeline-num-layers cannot be combined with "
+                      "--account-for-embedding/loss-in-pipeline-split: use one or the other")
+    middle_layers, middle_stages = num_layers, pp
+    for dest, n in (("decoder_first_pipeline_num_layers", first),
+                    ("decoder_last_pipeline_num_layers", last)):
+        if n is None:
+            continue
+        if n <= 0:
+            errors.append(f"{F(dest)} {n} must be larger than 0")
+        elif vpp is not None and n % vpp:
+            errors.append(f"{F(dest)} {n} is not divisible by the virtual pipeline degree "
+                          f"{vpp}: use a multiple of {vpp}")
+        middle_layers -= n
+        middle_stages -= 1
+    if bool(middle_layers) != bool(middle_stages) or middle_layers < 0 or middle_stages < 0:
+        errors.append(f"uneven pipeline split leaves {middle_layers} layers for {middle_stages} "
+                      f"middle stages ({F('num_layers')} {num_layers}, "
+                      f"{F('pipeline_model_parallel_size')} {pp}): adjust the first/last stage "
+                      "layer counts")
+    elif middle_stages and middle_layers % middle_stages:
+        errors.append(f"the {middle_layers} middle layers are not divisible by the "
+                      f"{middle_stages} middle pipeline stages: adjust the first/last stage "
+                      "layer counts")
+    elif middle_stages and vpp is not None and (middle_layers // middle_stages) % vpp:
+        errors.append(f"{middle_layers // middle_stages} layers per middle pipeline rank are "
+                      f"not divisible by the virtual pipeline degree {vpp}")
+    return errors
+
+
+def _attention_checks(a: _Args, tp: int) -> list[str]:
+    errors, F = [], a.flag
+    heads, hidden = a.get("num_attention_heads"), a.get("hidden_size")
+    if heads is None:
+        return errors
+    if tp and heads % tp:
+        # TransformerConfig.__post_init__: "num_attention_heads must be a multiple of
+        # tensor_model_parallel_size"
+        errors.append(f"{F('num_attention_heads')} {heads} is not divisible by "
+                      f"{F('tensor_model_parallel_size')} {tp}: choose a tensor-parallel size "
+                      f"that divides {heads}")
+    if hidden is not None and a.get("kv_channels") is None and heads and hidden % heads:
+        # validate_args: kv_channels defaults to hidden_size // num_attention_heads and
+        # asserts hidden_size % num_attention_heads == 0.
+        errors.append(f"{F('hidden_size')} {hidden} is not divisible by "
+                      f"{F('num_attention_heads')} {heads}: set --kv-channels or fix the sizes")
+    if a.get("group_query_attention"):
+        groups = a.get("num_query_groups", 1)
+        if groups <= 0 or heads % groups:
+            # megatron/core/transformer/attention.py Attention.__init__ divides
+            # num_attention_heads by num_query_groups.
+            errors.append(f"{F('num_attention_heads')} {heads} is not divisible by "
+                          f"{F('num_query_groups')} {groups}: use a divisor of {heads}")
+        elif groups % tp and tp % groups:
+            # TransformerConfig.__post_init__: "num_query_groups must be a multiple or divisor
+            # of tensor_model_parallel_size"
+            errors.append(f"{F('num_query_groups')} {groups} is neither a multiple nor a "
+                          f"divisor of {F('tensor_model_parallel_size')} {tp}: change one of "
+                          "them")
+    elif a.has("num_query_groups"):
+        # argument_utils.py core_transformer_config_from_args sets num_query_groups = None
+        # unless args.group_query_attention: the value would be silently ignored.
+        errors.append(f"{F('num_query_groups')} has no effect without --group-query-attention: "
+                      "add --group-query-attention or drop the flag")
+    return errors
+
+
+def _precision_and_recompute_checks(a: _Args, tp: int) -> list[str]:
+    errors, F = [], a.flag
+    if a.get("fp16") and a.get("bf16"):
+        # validate_args: "if args.fp16: assert not args.bf16" (and TransformerConfig).
+        errors.append("--fp16 and --bf16 are mutually exclusive: keep only one")
+
+    if a.get("sequence_parallel") and tp == 1:
+        # validate_args: "Disabling sequence parallelism because tensor model parallelism is
+        # disabled" -- Megatron silently turns it off, so emitting it is a planner bug.
+        errors.append(f"{F('sequence_parallel')} requires {F('tensor_model_parallel_size')} > 1 "
+                      "(Megatron silently disables it at tp 1): drop --sequence-parallel")
+    if a.get("tp_comm_overlap") and not (a.get("sequence_parallel") and tp > 1):
+        # validate_args: "Tensor parallel communication/GEMM overlap can happen only when
+        # sequence parallelism is enabled"
+        errors.append(f"{F('tp_comm_overlap')} requires --sequence-parallel with tp > 1: add "
+                      "--sequence-parallel or drop --tp-comm-overlap")
+
+    granularity = a.get("recompute_granularity")
+    if a.get("recompute_activations"):
+        granularity = "selective"  # validate_args maps --recompute-activations to selective
+    method, nlayers = a.get("recompute_method"), a.get("recompute_num_layers")
+    if granularity == "full":
+        # TransformerConfig.__post_init__: full recompute needs recompute_method in
+        # {uniform, block} and recompute_num_layers set.
+        if method is None:
+            errors.append("--recompute-granularity full needs --recompute-method "
+                          "(uniform or block): add '--recompute-method uniform'")
+        if nlayers is None:
+            errors.append("--recompute-granularity full needs --recompute-num-layers: add "
+                          "'--recompute-num-layers 1'")
+        elif nlayers < 1:
+            errors.append(f"{F('recompute_num_layers')} {nlayers} must be at least 1")
+        elif method == "block" and a.get("num_layers"):
+            per_rank = a.get("num_layers") // max(a.get("pipeline_model_parallel_size", 1), 1)
+            if nlayers > per_rank:
+                # TransformerConfig's message: "recompute_num_layers must be between 1 and
+                # num_layers_per_pipeline_rank"
+                errors.append(f"{F('recompute_num_layers')} {nlayers} exceeds the {per_rank} "
+                              "layers per pipeline rank for --recompute-method block: use at "
+                              f"most {per_rank}")
+    elif granularity == "selective":
+        if method is not None:
+            # validate_args: "recompute method is not yet supported for selective
+            # recomputing granularity"
+            errors.append(f"{F('recompute_method')} is not supported with "
+                          "--recompute-granularity selective: drop --recompute-method")
+        if nlayers is not None:
+            # TransformerConfig.__post_init__: selective -> "recompute_num_layers must be None"
+            errors.append(f"{F('recompute_num_layers')} must not be set with "
+                          "--recompute-granularity selective: drop --recompute-num-layers")
+    else:
+        for dest in ("recompute_method", "recompute_num_layers"):
+            if a.has(dest):
+                # Without a granularity TransformerConfig never looks at these.
+                errors.append(f"{F(dest)} has no effect without --recompute-granularity full: "
+                              "add '--recompute-granularity full' or drop the flag")
+    if a.get("distribute_saved_activations") and (tp <= 1 or granularity != "full"):
+        # validate_args: distribute_saved_activations needs tp > 1 and full recompute.
+        errors.append("--distribute-saved-activations needs --tensor-model-parallel-size > 1 "
+                      "and --recompute-granularity full")
+    return errors
+
+
+# --------------------------------------------------------------------------- entry point
+
+def check_megatron_args(flags: list[tuple[str, str | None]], world_size: int) -> list[str]:
+    """Errors for a Megatron-LM flag list (as from ``parse_args_lines``); empty means valid."""
+    index = _by_option()
+    errors: list[str] = []
+    values: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    value_errors = False
+    for flag, value in flags:
+        rec = index.get(flag)
+        if rec is None:
+            close = difflib.get_close_matches(flag, index.keys(), n=1, cutoff=0.6)
+            hint = f": did you mean {close[0]}?" if close else ": remove it"
+            errors.append(f"unknown flag {flag}: not an argument of Megatron-LM "
+                          f"(megatron-core {megatron_version()}){hint}")
+            continue
+        dest = rec["dest"]
+        if dest in given and rec["action"] not in ("append", "append_const", "count"):
+            # argparse would keep the last one silently; two values for one setting is a bug.
+            same = given[dest] == flag
+            errors.append(f"{flag} given more than once" if same else
+                          f"{flag} and {given[dest]} set the same option ({dest}): keep one")
+            continue
+        given[dest] = flag
+        flag_errors, parsed = _check_one(flag, value, rec)
+        errors += flag_errors
+        if not flag_errors and parsed is not None:
+            values[dest] = parsed
+        value_errors = value_errors or bool(flag_errors)
+    # The cross-checks need every value; with a malformed one they would run on Megatron's
+    # default instead and report follow-up noise, so fix the per-flag errors first.
+    if not value_errors:
+        errors += _cross_checks(_Args(values, given), world_size)
+    return errors
+
+
+__all__ = ["check_megatron_args", "parse_args_lines", "load_table", "megatron_version",
+           "known_flags"]

@@ -1,0 +1,80 @@
+"""The one place that writes a plan directory, and the diff behind ``dsorch plan --check``.
+
+Writes are all-or-nothing: a new directory is filled under a temporary name and renamed into
+place; an existing one (which may hold the user's run directories) gets each file written to a
+temporary name first and renamed over the old one only once every file has been written.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .errors import OutputError
+
+GENERATED = ("ds_config.json", "job.sbatch", "launch.sh", "megatron_args.txt", "plan.yaml")
+EXECUTABLE = ("launch.sh", "job.sbatch")
+
+
+def _mode(name: str) -> int:
+    return 0o755 if name in EXECUTABLE else 0o644
+
+
+def write_plan_dir(out: Path, files: dict[str, str]) -> None:
+    out = Path(out)
+    parent = out.parent if str(out.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        if out.exists() and not out.is_dir():
+            raise OutputError(f"--out {out}: exists and is not a directory; choose a directory path.")
+        if not out.exists():
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+            try:
+                for name, text in files.items():
+                    (tmp / name).write_text(text, encoding="utf-8")
+                    os.chmod(tmp / name, _mode(name))
+                os.chmod(tmp, 0o755)
+                os.rename(tmp, out)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            return
+        staged: list[tuple[Path, Path]] = []
+        try:
+            for name, text in files.items():
+                fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", dir=out)
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(text)
+                os.chmod(tmp_name, _mode(name))
+                staged.append((Path(tmp_name), out / name))
+        except BaseException:
+            for tmp_path, _ in staged:
+                tmp_path.unlink(missing_ok=True)
+            raise
+        for tmp_path, final in staged:
+            os.replace(tmp_path, final)
+        for name in GENERATED:
+            if name not in files:
+                (out / name).unlink(missing_ok=True)
+    except OutputError:
+        raise
+    except OSError as e:
+        raise OutputError(f"--out {out}: cannot write the plan directory ({e.strerror or e}); choose a directory you "
+                          f"can write to, or fix its permissions.")
+
+
+def diff_plan_dir(out: Path, files: dict[str, str]) -> str:
+    """A unified diff from the files on disk to ``files`` (empty when identical)."""
+    out = Path(out)
+    chunks: list[str] = []
+    for name in sorted(set(files) | {n for n in GENERATED if (out / n).exists()}):
+        path = out / name
+        old = path.read_text(encoding="utf-8") if path.exists() else ""
+        new = files.get(name, "")
+        if old != new:
+            chunks.extend(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                               fromfile=f"{path} (on disk)", tofile=f"{path} (regenerated)"))
+    return "".join(chunks)
