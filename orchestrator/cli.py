@@ -83,6 +83,8 @@ def _plan_options(f):
               help="deepspeed: dsorch's entrypoint / Megatron-DeepSpeed on DeepSpeed's pipeline engine (1F1B, "
                    "ZeRO 0-3). megatron: Megatron-LM's pretrain_gpt.py (interleaved 1F1B, distributed optimizer).")
 @click.option("--nodes", type=click.IntRange(min=1), default=None, help="Override the profile's node count.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+              help="Override the profile's GPUs (processes) per node, e.g. to plan for part of a node.")
 @click.option("--tp", type=click.IntRange(min=1), default=None, help="Pin the tensor-parallel degree.")
 @click.option("--pp", type=click.IntRange(min=1), default=None, help="Pin the pipeline-parallel degree.")
 @click.option("--dp", type=click.IntRange(min=1), default=None, help="Pin the data-parallel degree.")
@@ -97,7 +99,7 @@ def _plan_options(f):
               help="Headroom to keep free on every GPU, in GiB.")
 @click.option("--top", type=click.IntRange(min=1), default=8, show_default=True, help="Rows in the table.")
 @_plan_options
-def plan(spec, cluster, out, check, as_json, runtime, nodes, tp, pp, dp, vpp, zero, mbs, recompute, sp,
+def plan(spec, cluster, out, check, as_json, runtime, nodes, gpus_per_node, tp, pp, dp, vpp, zero, mbs, recompute, sp,
          memory_margin, top, profiles_dir):
     """Search every legal layout for SPEC on a cluster, show the best, write the plan directory.
 
@@ -120,8 +122,9 @@ def plan(spec, cluster, out, check, as_json, runtime, nodes, tp, pp, dp, vpp, ze
         pins = Pins(tp=tp, pp=pp, dp=dp, vpp=vpp, zero_stage=zero, micro_batch_size=mbs, recompute=recompute,
                     sequence_parallel=sp)
         the_plan = make_plan(spec_file, _display_path(spec), loaded.sha256, lp, runtime, pins, nodes=nodes,
-                             memory_margin_gib=memory_margin, keep=max(top, 8))
-        files = render_all(the_plan, nodes_overridden=nodes is not None)
+                             gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin, keep=max(top, 8))
+        resize = (f" --nodes {nodes}" if nodes else "") + (f" --gpus-per-node {gpus_per_node}" if gpus_per_node else "")
+        files = render_all(the_plan, resize_flags=resize)
         errors = validate_files(files, dp=the_plan.layout.dp, world_size=the_plan.profile.world_size)
         if errors:
             raise UserError("the generated files do not validate (a dsorch bug; please report it with the spec and "

@@ -46,8 +46,8 @@ def _pins_text(pins: Pins) -> str:
 
 
 def make_plan(spec: SpecFile, spec_path: str, spec_sha256: str, loaded: LoadedProfile, runtime: str,
-              pins: Pins, *, nodes: int | None = None, memory_margin_gib: float = 0.0, keep: int = 8) -> Plan:
-    profile = loaded.profile.with_nodes(nodes) if nodes else loaded.profile
+              pins: Pins, *, nodes: int | None = None, gpus_per_node: int | None = None, memory_margin_gib: float = 0.0, keep: int = 8) -> Plan:
+    profile = loaded.profile.resized(nodes, gpus_per_node)
     problems = check_precision(spec.training, profile, runtime)
     if problems:
         raise LayoutError(f"{spec_path}: " + "; ".join(problems) + ".")

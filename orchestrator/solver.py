@@ -187,7 +187,7 @@ def minimum_nodes(model: ModelSpec, training: TrainingSpec, profile: ClusterProf
     # scan of every count up to 64x would not.
     counts = sorted({*range(start, start + 32), *(profile.nodes * 2 ** k for k in range(1, 7))})
     for nodes in [n for n in counts if n <= profile.nodes * max_factor]:
-        res = search(model, training, profile.with_nodes(nodes), runtime, pins, memory_margin_gib=memory_margin_gib,
+        res = search(model, training, profile.resized(nodes=nodes), runtime, pins, memory_margin_gib=memory_margin_gib,
                      keep=1)
         if res.best is not None:
             return nodes, res.best

@@ -243,8 +243,10 @@ class ClusterProfile(BaseModel):
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
 
-    def with_nodes(self, nodes: int) -> "ClusterProfile":
-        return self.model_copy(update={"nodes": nodes})
+    def resized(self, nodes: int | None = None, gpus_per_node: int | None = None) -> "ClusterProfile":
+        """The same hardware with another node count or fewer GPUs per node (--nodes, --gpus-per-node)."""
+        update = {k: v for k, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)) if v is not None}
+        return self.model_copy(update=update) if update else self
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,13 +9,13 @@ from .report import render_plan_yaml
 from .scripts import render_launch, render_sbatch
 
 
-def render_all(plan: Plan, *, nodes_overridden: bool = False) -> dict[str, str]:
+def render_all(plan: Plan, *, resize_flags: str = "") -> dict[str, str]:
     """File name -> content for a plan directory. The Megatron runtime reads no ds_config.json."""
     files = {
         "megatron_args.txt": render_megatron_args(plan),
         "launch.sh": render_launch(plan),
         "job.sbatch": render_sbatch(plan),
-        "plan.yaml": render_plan_yaml(plan, nodes_overridden),
+        "plan.yaml": render_plan_yaml(plan, resize_flags),
     }
     if plan.runtime == "deepspeed":
         files["ds_config.json"] = render_ds_config(plan)

@@ -69,6 +69,8 @@ def plan_doc(plan: Plan) -> dict:
             "world_size": p.world_size,
             "gpu": p.gpu.name,
             "gpu_memory_gib": p.gpu.memory_gib,
+            # Dense peak of the training precision, the denominator of MFU.
+            "peak_tflops": getattr(p.gpu.peak_tflops, t.precision),
             "backend": p.backend,
         },
         **chosen,
@@ -96,9 +98,8 @@ def _pin_flags(plan: Plan) -> str:
     return "".join(" " + x for x in out)
 
 
-def render_plan_yaml(plan: Plan, nodes_overridden: bool) -> str:
-    header = HEADER.format(version=plan.version, spec=plan.spec_path, cluster=plan.profile.name,
-                           nodes=f" --nodes {plan.profile.nodes}" if nodes_overridden else "",
+def render_plan_yaml(plan: Plan, resize_flags: str = "") -> str:
+    header = HEADER.format(version=plan.version, spec=plan.spec_path, cluster=plan.profile.name, nodes=resize_flags,
                            runtime=plan.runtime, pins=_pin_flags(plan))
     return header + yaml.safe_dump(plan_doc(plan), sort_keys=False, default_flow_style=False, width=100)
 
