@@ -40,6 +40,10 @@ class Plan:
         return self.result.ranked[1:]
 
 
+def _nodes(n: int) -> str:
+    return f"{n} node" if n == 1 else f"{n} nodes"
+
+
 def _pins_text(pins: Pins) -> str:
     items = [f"{k}={v}" for k, v in vars(pins).items() if v is not None]
     return f" with {', '.join(items)} pinned" if items else ""
@@ -58,7 +62,7 @@ def make_plan(spec: SpecFile, spec_path: str, spec_sha256: str, loaded: LoadedPr
         if not reasons:
             reasons = [f"no layout of {profile.world_size} GPUs satisfies the pinned values and the batch arithmetic "
                        f"(global_batch_size {spec.training.global_batch_size} must divide by dp x micro-batch)"]
-        raise LayoutError(f"no legal layout for {spec.name} on {profile.name} ({profile.nodes} nodes){_pins_text(pins)}: "
+        raise LayoutError(f"no legal layout for {spec.name} on {profile.name} ({_nodes(profile.nodes)}){_pins_text(pins)}: "
                           + "; ".join(reasons) + ".")
     if result.best is None:
         raise NoFeasibleLayout(_nothing_fits(spec, profile, runtime, pins, result, memory_margin_gib))
@@ -72,7 +76,7 @@ def _nothing_fits(spec: SpecFile, profile: ClusterProfile, runtime: str, pins: P
     L = closest.layout
     cap = result.capacity_gib
     lines = [
-        f"{spec.name} does not fit on {profile.nodes} {profile.name} nodes{_pins_text(pins)}: all {result.evaluated} legal "
+        f"{spec.name} does not fit on {_nodes(profile.nodes)} of {profile.name}{_pins_text(pins)}: all {result.evaluated} legal "
         f"layouts exceed the {cap:g} GiB per GPU. The smallest, {L.short()}, needs {closest.memory_gib['total']:.1f} GiB "
         f"({closest.over_gib:.1f} GiB more)."
     ]
@@ -82,7 +86,7 @@ def _nothing_fits(spec: SpecFile, profile: ClusterProfile, runtime: str, pins: P
     if more is not None:
         n, best = more
         B = best.layout
-        lines.append(f"It needs at least {n} {profile.name} nodes (rerun with --nodes {n}): there {B.short()} takes "
+        lines.append(f"It needs at least {_nodes(n)} of {profile.name} (rerun with --nodes {n}): there {B.short()} takes "
                      f"{best.memory_gib['total']:.1f} GiB per GPU.")
     else:
         lines.append("No node count up to 64x the profile's makes it fit; use GPUs with more memory, a shorter "

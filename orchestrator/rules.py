@@ -60,7 +60,7 @@ def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, profi
     world = profile.world_size
     if L.tp * L.pp * L.dp != world:
         r.append(f"tp*pp*dp = {L.tp}*{L.pp}*{L.dp} = {L.world_size} but the cluster has {world} GPUs "
-                 f"({profile.nodes} nodes x {profile.gpus_per_node}); choose degrees whose product is {world}")
+                 f"({profile.nodes} x {profile.gpus_per_node}); choose degrees whose product is {world}")
     if L.tp > profile.gpus_per_node or profile.gpus_per_node % L.tp:
         r.append(f"tp={L.tp} must divide gpus_per_node={profile.gpus_per_node}: tensor parallelism stays inside "
                  f"one node's NVLink domain (Narayanan et al. 2021, Sec. 3.3)")

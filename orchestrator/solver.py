@@ -169,7 +169,7 @@ def explain_pins(model: ModelSpec, training: TrainingSpec, profile: ClusterProfi
         dp = max(1, world // (tp * pp))
         if world % (tp * pp):
             return [f"tp*pp = {tp}*{pp} = {tp * pp} does not divide the cluster's {world} GPUs "
-                    f"({profile.nodes} nodes x {profile.gpus_per_node}); choose degrees whose product divides {world}"]
+                    f"({profile.nodes} x {profile.gpus_per_node}); choose degrees whose product divides {world}"]
     mbs = pins.micro_batch_size or 1
     gbs = training.global_batch_size
     gas = max(1, gbs // (mbs * dp))

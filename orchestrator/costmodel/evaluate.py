@@ -127,12 +127,13 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
         s, mbs, h, f, a, kv, tp, sp, rc, swiglu=model.activation == "swiglu", flash=training.flash_attention,
         hidden_dropout=training.hidden_dropout > 0, attention_dropout=training.attention_dropout > 0,
         act_bytes=act_bytes)
-    # The layer being recomputed under full recompute holds its complete activations for a moment.
-    act_layer_full = activation_bytes_per_layer(
+    # Backward working set: the layer being back-propagated holds gradient buffers about the size
+    # of its full activations (and, under recomputation, its rematerialized activations). Counted
+    # once per stage, the same for every recompute level, so recompute never looks worse than none.
+    working_layer = activation_bytes_per_layer(
         s, mbs, h, f, a, kv, tp, sp, np.zeros_like(rc), swiglu=model.activation == "swiglu",
         flash=training.flash_attention, hidden_dropout=training.hidden_dropout > 0,
         attention_dropout=training.attention_dropout > 0, act_bytes=act_bytes)
-    working_layer = np.where(rc == 2, act_layer_full, 0.0)
     sbh_local = np.where(sp, s * mbs * h / tp, s * mbs * h) * act_bytes
     # Logits of one micro-batch on the last stage: the 16-bit output and the fp32 copy the
     # vocab-parallel cross-entropy keeps for its backward pass.

@@ -1,0 +1,342 @@
+"""`dsorch` as a user runs it: every shipped pair plans and validates, outputs are deterministic,
+bad input gets one paragraph and exit code 2, --check catches drift."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.cli import main
+from orchestrator.validate.plan_dir import validate_path
+
+from .conftest import EXAMPLES, ROOT, profile_names, spec_paths
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE_GOLDEN = os.environ.get("DSORCH_UPDATE_GOLDEN") == "1"
+
+
+def plan(runner, *args):
+    return runner.invoke(main, ["plan", *map(str, args)], catch_exceptions=False)
+
+
+PAIRS = [(s, p, rt) for s in spec_paths() for p in profile_names() for rt in ("deepspeed", "megatron")]
+
+
+@pytest.mark.parametrize("spec, profile, runtime", PAIRS, ids=[f"{s.stem}-{p}-{rt}" for s, p, rt in PAIRS])
+def test_every_shipped_pair_plans_and_validates(runner, in_tmp, spec, profile, runtime):
+    out = in_tmp / "plan"
+    r = plan(runner, f"examples/{spec.name}", "--cluster", profile, "--runtime", runtime, "--out", out)
+    if r.exit_code == 2 and "does not fit" in r.output:
+        # Too big for this cluster: the error must quantify the gap, and its suggestion must work.
+        assert re.search(r"needs [\d.]+ GiB \([\d.]+ GiB more\)", r.output), r.output
+        assert not out.exists(), "nothing may be written when planning fails"
+        m = re.search(r"rerun with --nodes (\d+)", r.output)
+        if m is None:
+            assert "No node count up to 64x" in r.output
+            return
+        r = plan(runner, f"examples/{spec.name}", "--cluster", profile, "--runtime", runtime, "--out", out,
+                 "--nodes", m.group(1))
+    assert r.exit_code == 0, r.output
+    expected = {"job.sbatch", "launch.sh", "megatron_args.txt", "plan.yaml"} | (
+        {"ds_config.json"} if runtime == "deepspeed" else set())
+    assert {p.name for p in out.iterdir()} == expected
+    assert validate_path(out) == []
+    doc = yaml.safe_load((out / "plan.yaml").read_text())
+    assert doc["runtime"] == runtime
+    assert doc["memory_gib_per_gpu"]["total"] <= doc["cluster"]["gpu_memory_gib"]
+    L = doc["layout"]
+    assert L["tp"] * L["pp"] * L["dp"] == doc["cluster"]["world_size"]
+    for text in (out / n for n in expected):
+        assert str(in_tmp) not in text.read_text(), f"{text.name} contains an absolute path"
+
+
+def test_outputs_are_byte_identical_across_runs_and_directories(runner, in_tmp):
+    a, b = in_tmp / "a", in_tmp / "sub" / "b"
+    assert plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--out", a).exit_code == 0
+    assert plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--out", b).exit_code == 0
+    for f in a.iterdir():
+        assert f.read_bytes() == (b / f.name).read_bytes(), f.name
+    assert os.access(a / "launch.sh", os.X_OK)
+
+
+# Golden files: regenerate with DSORCH_UPDATE_GOLDEN=1 python -m pytest tests/test_cli.py -k golden
+GOLDEN_CASES = {
+    "llama3-70b-dgx16": ["examples/llama3-70b.yaml", "--cluster", "dgx16"],
+    "llama3-405b-dgx16-n32-megatron": ["examples/llama3-405b.yaml", "--cluster", "dgx16", "--nodes", "32",
+                                       "--runtime", "megatron"],
+    "gpt3-175b-a100-pinned": ["examples/gpt3-175b.yaml", "--cluster", "dgx-a100-80gb-hdr", "--nodes", "48",
+                              "--tp", "8", "--pp", "8", "--zero", "1", "--recompute", "selective"],
+    "tiny-local": ["examples/tiny.yaml", "--cluster", "local"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
+def test_golden_files(runner, in_tmp, case):
+    out = in_tmp / "out"
+    r = plan(runner, *GOLDEN_CASES[case], "--out", out)
+    assert r.exit_code == 0, r.output
+    golden = GOLDEN / case
+    if UPDATE_GOLDEN:
+        shutil.rmtree(golden, ignore_errors=True)
+        shutil.copytree(out, golden)
+    assert golden.is_dir(), f"no golden files for {case}; create them with DSORCH_UPDATE_GOLDEN=1"
+    assert sorted(p.name for p in golden.iterdir()) == sorted(p.name for p in out.iterdir())
+    for f in sorted(golden.iterdir()):
+        new = (out / f.name).read_text()
+        assert new == f.read_text(), (
+            f"{case}/{f.name} changed. If intended, regenerate: "
+            f"DSORCH_UPDATE_GOLDEN=1 python -m pytest tests/test_cli.py -k golden")
+
+
+def test_check_passes_on_fresh_plan_and_fails_with_a_diff(runner, in_tmp):
+    out = in_tmp / "p"
+    args = ["examples/tiny.yaml", "--cluster", "local", "--out", out]
+    assert plan(runner, *args).exit_code == 0
+    r = plan(runner, *args, "--check")
+    assert r.exit_code == 0 and "up to date" in r.output
+    cfg = json.loads((out / "ds_config.json").read_text())
+    cfg["gradient_clipping"] = 0.5
+    (out / "ds_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    r = plan(runner, *args, "--check")
+    assert r.exit_code == 1
+    assert '-  "gradient_clipping": 0.5,' in r.output and '+  "gradient_clipping": 1.0,' in r.output
+    assert "differs from what dsorch" in r.stderr
+    # --check never writes
+    assert json.loads((out / "ds_config.json").read_text())["gradient_clipping"] == 0.5
+
+
+def test_json_output_shape(runner, in_tmp):
+    r = plan(runner, "examples/llama3-8b.yaml", "--cluster", "dgx16", "--json")
+    assert r.exit_code == 0
+    doc = json.loads(r.output)
+    assert set(doc["layout"]) == {"tp", "pp", "dp", "vpp", "zero_stage", "micro_batch_size", "grad_accum_steps",
+                                  "recompute", "sequence_parallel"}
+    assert set(doc["memory_gib_per_gpu"]) == {"params", "grads", "optimizer", "activations", "overhead", "total"}
+    assert {"step_time_s", "tokens_per_s", "mfu"} <= set(doc["predicted"])
+    assert doc["layout"]["recompute"] in ("none", "selective", "full")
+    assert len(doc["alternatives"]) >= 3
+    for alt in doc["alternatives"]:
+        assert {"layout", "memory_gib_per_gpu", "predicted"} <= set(alt)
+        assert alt["predicted"]["step_time_s"] >= doc["predicted"]["step_time_s"]
+
+
+def test_table_marks_the_chosen_layout(runner, in_tmp):
+    r = plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16")
+    assert r.exit_code == 0
+    assert "searched" in r.output and "legal layouts" in r.output
+    rows = [ln for ln in r.output.splitlines() if ln.startswith("*")]
+    assert rows and "* chosen:" in r.output
+    assert "70.55B parameters" in r.output
+
+
+def test_everything_pinned_evaluates_exactly_that_layout(runner, in_tmp):
+    pins = ["--tp", "8", "--pp", "2", "--dp", "8", "--zero", "1", "--mbs", "1", "--recompute", "full", "--vpp",
+            "1", "--sp"]
+    r = plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", *pins, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["search"]["evaluated"] == 1
+    assert doc["layout"] == {"tp": 8, "pp": 2, "dp": 8, "vpp": 1, "zero_stage": 1, "micro_batch_size": 1,
+                             "grad_accum_steps": 64, "recompute": "full", "sequence_parallel": True}
+
+
+def test_pinned_layout_that_does_not_fit_says_by_how_much(runner, in_tmp):
+    pins = ["--tp", "1", "--pp", "1", "--dp", "128", "--zero", "0", "--mbs", "1", "--recompute", "none", "--vpp",
+            "1", "--no-sp"]
+    r = plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", *pins, "--out", in_tmp / "p")
+    assert r.exit_code == 2
+    assert re.search(r"tp1 pp1 dp128 zero0 mbs1 gas4 rc=none, needs [\d.]+ GiB \([\d.]+ GiB more\)", r.output)
+    assert "Traceback" not in r.output and not (in_tmp / "p").exists()
+
+
+def test_nothing_fits_suggests_node_count(runner, in_tmp):
+    r = plan(runner, "examples/llama3-405b.yaml", "--cluster", "dgx16", "--nodes", "2")
+    assert r.exit_code == 2
+    m = re.search(r"It needs at least (\d+) nodes of dgx16 \(rerun with --nodes (\d+)\)", r.output)
+    assert m and m.group(1) == m.group(2)
+    assert plan(runner, "examples/llama3-405b.yaml", "--cluster", "dgx16", "--nodes", m.group(1)).exit_code == 0
+    assert plan(runner, "examples/llama3-405b.yaml", "--cluster", "dgx16", "--nodes",
+                int(m.group(1)) - 1).exit_code == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tp", "3"], "tp*pp = 3*1 = 3 does not divide the cluster's 4 GPUs (1 x 4)"),
+    (["--pp", "2", "--zero", "3"], "zero_stage=3 cannot be combined with pp=2 in DeepSpeed's pipeline engine "
+                                   "(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1"),
+    (["--tp", "1", "--sp"], "sequence parallelism splits the tensor-parallel region's activations and needs tp > 1"),
+    (["--vpp", "2", "--pp", "2"], "vpp=2: DeepSpeed's pipeline engine runs plain 1F1B with no interleaved schedule"),
+    (["--pp", "5", "--gpus-per-node", "5"], "pp=5 cannot split num_layers=4 into stages"),
+    (["--pp", "2", "--zero", "0"], "zero_stage=0 with pp=2 and gradient clipping computes a wrong global gradient "
+                                   "norm"),
+    (["--tp", "4"], "tp=4 does not divide num_kv_heads=2"),
+    (["--runtime", "megatron", "--zero", "2"], "Megatron-LM has no ZeRO stages"),
+])
+def test_illegal_pins_name_the_rule(runner, in_tmp, args, message):
+    r = plan(runner, "examples/tiny.yaml", "--cluster", "local", *args, "--out", in_tmp / "p")
+    assert r.exit_code == 2, r.output
+    assert message in " ".join(r.output.split())
+    assert "Traceback" not in r.output and not (in_tmp / "p").exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    ("name: x\nmodel: [1, 2\n", "m.yaml:3: malformed YAML"),
+    ("name: x\nsource: y\nmodel: {num_layers: 2}\ntraining: {seq_length: 8, global_batch_size: 2}\nextra: 1\n",
+     "m.yaml:5: unknown key 'extra' in the model spec; valid keys here: name, source, model, training"),
+    ("- 1\n- 2\n", "expected a YAML mapping"),
+])
+def test_bad_spec_files(runner, in_tmp, content, message):
+    (in_tmp / "m.yaml").write_text(content)
+    r = plan(runner, "m.yaml", "--cluster", "local", "--out", in_tmp / "p")
+    assert r.exit_code == 2
+    assert message in r.output and "Traceback" not in r.output
+    assert not (in_tmp / "p").exists()
+
+
+def test_unknown_cluster(runner, in_tmp):
+    r = plan(runner, "examples/tiny.yaml", "--cluster", "dgx61")
+    assert r.exit_code == 2
+    assert "unknown cluster profile 'dgx61'. Did you mean 'dgx16'?" in r.output
+
+
+def test_unwritable_out(runner, in_tmp):
+    blocker = in_tmp / "file"
+    blocker.write_text("x")
+    r = plan(runner, "examples/tiny.yaml", "--cluster", "local", "--out", blocker / "plan")
+    assert r.exit_code == 2
+    assert f"--out {blocker / 'plan'}: cannot write the plan directory" in r.output
+    r = plan(runner, "examples/tiny.yaml", "--cluster", "local", "--out", blocker)
+    assert r.exit_code == 2 and "exists and is not a directory" in r.output
+
+
+def test_rewrite_keeps_other_files_and_removes_stale_generated_ones(runner, in_tmp):
+    out = in_tmp / "p"
+    assert plan(runner, "examples/tiny.yaml", "--cluster", "local", "--out", out).exit_code == 0
+    (out / "runs").mkdir()
+    assert plan(runner, "examples/tiny.yaml", "--cluster", "local", "--runtime", "megatron", "--out", out).exit_code == 0
+    assert (out / "runs").is_dir() and not (out / "ds_config.json").exists()
+    assert not [p for p in out.iterdir() if p.name.startswith(".")], "temporary files left behind"
+
+
+def test_profiles_list_json_and_user_profile(runner, in_tmp):
+    user = in_tmp / "profiles"
+    user.mkdir()
+    (user / "dgx16.yaml").write_text("extends: dgx16\nnodes: 4\n")
+    (user / "mycluster.yaml").write_text("extends: hgx-h200-ndr\nnodes: 2\n")
+    r = runner.invoke(main, ["profiles", "--json", "--profiles-dir", str(user)])
+    assert r.exit_code == 0
+    rows = {row["name"]: row for row in json.loads(r.output)}
+    assert {"dgx16", "dgx-a100-80gb-hdr", "hgx-h200-ndr", "local", "mycluster"} <= set(rows)
+    assert rows["dgx16"]["origin"] == "user" and rows["dgx16"]["nodes"] == 4
+    assert rows["local"]["origin"] == "shipped"
+    assert rows["mycluster"]["gpu"] == "H200-SXM-141GB" and rows["mycluster"]["gpu_memory_gib"] == 141
+    for row in rows.values():
+        assert {"name", "origin", "nodes", "gpus_per_node", "gpu", "gpu_memory_gib"} <= set(row)
+    r = runner.invoke(main, ["profiles", "dgx16"], env={"DSORCH_PROFILES_DIR": str(user)})
+    assert r.exit_code == 0 and "nodes: 4" in r.output and "origin: user" in r.output
+
+
+def test_validate_command(runner, in_tmp):
+    out = in_tmp / "p"
+    assert plan(runner, "examples/tiny.yaml", "--cluster", "local", "--out", out).exit_code == 0
+    r = runner.invoke(main, ["validate", str(out)])
+    assert r.exit_code == 0 and "valid" in r.output
+    cfg = json.loads((out / "ds_config.json").read_text())
+    dp = yaml.safe_load((out / "plan.yaml").read_text())["layout"]["dp"]
+    r = runner.invoke(main, ["validate", str(out / "ds_config.json"), "--dp", str(dp)])
+    assert r.exit_code == 0, r.output
+    cfg["train_batch_size"] = cfg["train_batch_size"] * 2
+    cfg["zero_optimisation"] = {"stage": 1}
+    cfg["gradient_clipping"] = "1.0"
+    (out / "ds_config.json").write_text(json.dumps(cfg))
+    r = runner.invoke(main, ["validate", str(out)])
+    assert r.exit_code == 2
+    text = " ".join(r.output.split())
+    assert "DeepSpeed's DeepSpeedConfig rejects it at data-parallel size" in text
+    assert "unknown top-level key 'zero_optimisation'" in text and "did you mean 'zero_optimization'?" in text
+    assert "'gradient_clipping' is the string '1.0'" in text
+    r = runner.invoke(main, ["validate", str(out / "ds_config.json")])
+    assert r.exit_code == 2 and "pass --dp N" in r.output
+
+
+def test_validate_catches_bad_megatron_flags(runner, in_tmp):
+    out = in_tmp / "p"
+    assert plan(runner, "examples/tiny.yaml", "--cluster", "local", "--out", out).exit_code == 0
+    with open(out / "megatron_args.txt", "a") as fh:
+        fh.write("--tensor-model-paralel-size 2\n")
+    r = runner.invoke(main, ["validate", str(out)])
+    assert r.exit_code == 2
+    assert "--tensor-model-paralel-size" in r.output
+
+
+def test_version_and_help(runner):
+    from orchestrator import __version__
+
+    r = runner.invoke(main, ["--version"])
+    assert r.output.strip() == f"dsorch {__version__}"
+    r = runner.invoke(main, ["plan", "--help"])
+    assert r.exit_code == 0
+    for opt in ("--cluster", "--out", "--check", "--json", "--runtime", "--nodes", "--tp", "--pp", "--dp", "--zero",
+                "--mbs", "--recompute", "--vpp", "--sp / --no-sp", "--profiles-dir"):
+        assert opt in r.output
+    assert "Typical use" in runner.invoke(main, ["--help"]).output
+
+
+def _surface(cmd, prefix=""):
+    import click
+
+    rows = []
+    for p in cmd.params:
+        if isinstance(p, click.Option):
+            kind = p.type.name if not p.is_flag else "flag"
+            rows.append(f"{prefix}{cmd.name} {'/'.join(p.opts + p.secondary_opts)} {kind}")
+        else:
+            rows.append(f"{prefix}{cmd.name} <{p.name}>")
+    if isinstance(cmd, click.Group):
+        for name in sorted(cmd.commands):
+            rows += _surface(cmd.commands[name], prefix=f"{prefix}{cmd.name} ")
+    return rows
+
+
+def test_cli_surface_snapshot():
+    """A change to what users type must be deliberate: update tests/cli_surface.txt with it."""
+    snapshot = Path(__file__).parent / "cli_surface.txt"
+    current = "\n".join(_surface(main)) + "\n"
+    if UPDATE_GOLDEN:
+        snapshot.write_text(current)
+    assert current == snapshot.read_text(), "CLI surface changed; regenerate with DSORCH_UPDATE_GOLDEN=1"
+
+
+def test_schema_keys_snapshot():
+    from orchestrator.specs import ClusterProfile, SpecFile
+
+    def keys(model, prefix=""):
+        out = []
+        for name, field in model.model_fields.items():
+            out.append(prefix + name)
+            ann = field.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                out += keys(ann, prefix + name + ".")
+        return out
+
+    snapshot = Path(__file__).parent / "schema_keys.txt"
+    current = "\n".join(["# model spec", *keys(SpecFile), "# cluster profile", *keys(ClusterProfile)]) + "\n"
+    if UPDATE_GOLDEN:
+        snapshot.write_text(current)
+    assert current == snapshot.read_text(), "YAML schema changed; regenerate with DSORCH_UPDATE_GOLDEN=1"
+
+
+def test_installed_package_ships_templates_and_profiles():
+    """pyproject maps templates/ and cluster_profiles/ into the package for non-editable installs."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert cfg["package-dir"]["orchestrator._templates"] == "templates"
+    assert cfg["package-dir"]["orchestrator._profiles"] == "cluster_profiles"
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert all(list((ROOT / "templates").glob(pat)) for pat in data["orchestrator._templates"])

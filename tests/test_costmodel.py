@@ -1,0 +1,154 @@
+"""The cost model against published worked examples and its own invariants."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.costmodel import Candidates, evaluate
+from orchestrator.costmodel.memory import activation_bytes_per_layer, model_state_bytes
+from orchestrator.solver import enumerate_layouts, search
+from orchestrator.specs import ModelSpec, TrainingSpec, load_profile, load_spec
+
+from .conftest import EXAMPLES
+
+
+# ---- ZeRO paper, Fig. 1: 7.5B parameters, N_d = 64, K = 12 -> 120 / 31.4 / 16.6 / 1.9 GB per device.
+# The paper prints one decimal; the formula's exact values are 120, 31.406, 16.641 and 1.875 GB.
+@pytest.mark.parametrize("stage, printed, exact", [(0, 120.0, 120.0), (1, 31.4, 31.40625), (2, 16.6, 16.640625),
+                                                    (3, 1.9, 1.875)])
+def test_zero_paper_model_states(stage, printed, exact):
+    w, g, o = model_state_bytes(7.5e9, 64, stage, 2, 2, 12)
+    gb = float(w + g + o) / 1e9
+    assert gb == pytest.approx(exact, rel=1e-12)
+    assert round(gb, 1) == printed
+
+
+# ---- Korthikanti et al. 2022, Table 2 applied to a GPT-3 175B layer (s=2048, b=1, h=12288, a=96, t=8);
+# worked values in ../shared/reference/formulas.md Sec. 2. Exact to the byte.
+GPT3 = dict(s=2048, b=1, h=12288, f=4 * 12288, a=96, kv=96)
+KORTHIKANTI = [
+    # (t, sp, recompute, bytes per layer)
+    (1, False, 0, 2_868_903_936),   # no parallelism: sbh(34 + 5as/h)
+    (8, False, 0, 578_813_952),     # TP: sbh(10 + 24/t + 5as/(ht))
+    (8, True, 0, 358_612_992),      # TP + SP: sbh/t (34 + 5as/h)
+    (8, False, 1, 327_155_712),     # TP + selective: sbh(10 + 24/t)
+    (8, True, 1, 106_954_752),      # TP + SP + selective: 34 sbh/t
+    (8, False, 2, 50_331_648),      # full recompute: 2sbh
+]
+
+
+@pytest.mark.parametrize("t, sp, rc, expected", KORTHIKANTI, ids=["none", "tp", "tp+sp", "tp+sel", "tp+sp+sel", "full"])
+def test_korthikanti_activation_table(t, sp, rc, expected):
+    got = activation_bytes_per_layer(GPT3["s"], GPT3["b"], GPT3["h"], GPT3["f"], GPT3["a"], GPT3["kv"], t, sp, rc,
+                                     swiglu=False, flash=False, hidden_dropout=True, attention_dropout=True)
+    assert float(got) == expected
+
+
+def test_flash_attention_drops_the_score_matrices():
+    kw = dict(swiglu=False, hidden_dropout=True, attention_dropout=True)
+    plain = activation_bytes_per_layer(2048, 1, 12288, 49152, 96, 96, 8, True, 0, flash=False, **kw)
+    flash = activation_bytes_per_layer(2048, 1, 12288, 49152, 96, 96, 8, True, 0, flash=True, **kw)
+    sbh = 2048 * 12288
+    # sbh/t * 34 remain, plus the fp32 log-sum-exp (4 a s b / t) instead of 5as^2b/t.
+    assert float(flash) == 34 * sbh / 8 + 4 * 96 * 2048 / 8
+    assert float(plain) > float(flash)
+
+
+# ---- invariants over many layouts of randomly shaped models
+@st.composite
+def model_and_training(draw):
+    heads = draw(st.sampled_from([8, 16, 32, 64]))
+    kv = draw(st.sampled_from([h for h in (1, 2, 4, 8, heads) if heads % h == 0]))
+    head_dim = draw(st.sampled_from([64, 128]))
+    layers = draw(st.sampled_from([8, 12, 16, 24, 32, 40, 80]))
+    model = ModelSpec(num_layers=layers, hidden_size=heads * head_dim, ffn_hidden_size=draw(st.sampled_from([2, 3, 4])) * heads * head_dim,
+                      num_attention_heads=heads, num_kv_heads=kv, vocab_size=draw(st.sampled_from([32000, 50257, 128256])),
+                      activation=draw(st.sampled_from(["swiglu", "gelu"])))
+    training = TrainingSpec(seq_length=draw(st.sampled_from([1024, 2048, 4096])),
+                            global_batch_size=draw(st.sampled_from([64, 128, 256])),
+                            flash_attention=draw(st.booleans()))
+    return model, training
+
+
+def _profile(nodes):
+    return load_profile("dgx16").profile.resized(nodes=nodes)
+
+
+def _vary(c: Candidates, **changes) -> Candidates:
+    return dataclasses.replace(c, **{k: np.full_like(getattr(c, k), v) for k, v in changes.items()})
+
+
+@settings(max_examples=25, deadline=None)
+@given(model_and_training(), st.sampled_from([1, 2, 4]), st.sampled_from(["deepspeed", "megatron"]))
+def test_invariants(mt, nodes, runtime):
+    model, training = mt
+    profile = _profile(nodes)
+    c, _ = enumerate_layouts(model, training, profile, runtime)
+    if len(c) == 0:
+        return
+    ev = evaluate(model, training, profile, runtime, c)
+    # Step time is never below the compute of the binding stage at 100% of peak.
+    assert np.all(ev.step_time >= ev.compute_at_peak * (1 - 1e-9))
+    # tp = 1 means no tensor-parallel traffic.
+    assert np.all(ev.tp_comm[c.tp == 1] == 0)
+    assert np.all(ev.pp_comm[c.pp == 1] == 0) and np.all(ev.bubble[c.pp == 1] == 0)
+    # Memory is at least the local parameter shard, and every component is non-negative.
+    for k in ("params", "grads", "optimizer", "activations", "overhead"):
+        assert np.all(getattr(ev, k) >= 0)
+    assert np.all(ev.total >= ev.params)
+    # Memory is monotone in ZeRO stage (for stages the runtime allows with that pp).
+    base = c.take(c.pp == 1)
+    if len(base):
+        stages = (0, 1, 2, 3) if runtime == "deepspeed" else (0, 1)
+        states = [evaluate(model, training, profile, runtime, _vary(base, zero=z)) for z in stages]
+        for lo, hi in zip(states, states[1:]):
+            assert np.all(hi.params + hi.grads + hi.optimizer <= lo.params + lo.grads + lo.optimizer + 1e-6)
+    # ... and in recompute level: none >= selective >= full.
+    acts = [evaluate(model, training, profile, runtime, _vary(c, rc=r)).activations for r in (0, 1, 2)]
+    assert np.all(acts[0] >= acts[1] - 1e-6) and np.all(acts[1] >= acts[2] - 1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(model_and_training(), st.sampled_from(["deepspeed", "megatron"]))
+def test_activation_memory_monotone_in_micro_batch(mt, runtime):
+    model, training = mt
+    profile = _profile(2)
+    c, _ = enumerate_layouts(model, training, profile, runtime)
+    if len(c) == 0:
+        return
+    ev = evaluate(model, training, profile, runtime, c)
+    # Group by everything except the micro-batch size; activations must not decrease as it grows.
+    key = np.stack([c.tp, c.pp, c.vpp, c.zero, c.rc, c.sp.astype(int)], axis=1)
+    for k in np.unique(key, axis=0):
+        idx = np.flatnonzero((key == k).all(axis=1))
+        idx = idx[np.argsort(c.mbs[idx])]
+        assert np.all(np.diff(ev.activations[idx]) >= -1e-6)
+
+
+@pytest.mark.parametrize("name", ["llama3-70b", "llama3-405b", "gpt3-175b"])
+def test_no_fitting_layout_exceeds_gpu_memory(name):
+    spec, _ = load_spec(EXAMPLES / f"{name}.yaml")
+    profile = _profile(16)
+    res = search(spec.model, spec.training, profile, "deepspeed", keep=10_000)
+    assert res.feasible == len(res.ranked) or len(res.ranked) == 10_000
+    assert all(s.memory_gib["total"] <= profile.gpu.memory_gib for s in res.ranked)
+    assert all(s.memory_gib["total"] > profile.gpu.memory_gib for s in res.closest)
+    times = [s.step_time_s for s in res.ranked]
+    assert times == sorted(times)
+
+
+def test_zero3_state_below_zero1_state():
+    spec, _ = load_spec(EXAMPLES / "llama3-8b.yaml")
+    profile = _profile(1)
+    c, _ = enumerate_layouts(spec.model, spec.training, profile, "deepspeed")
+    c = c.take(c.pp == 1)
+    z1 = evaluate(spec.model, spec.training, profile, "deepspeed", _vary(c, zero=1))
+    z3 = evaluate(spec.model, spec.training, profile, "deepspeed", _vary(c, zero=3))
+    s1 = z1.params + z1.grads + z1.optimizer
+    s3 = z3.params + z3.grads + z3.optimizer
+    assert np.all(s3[c.dp > 1] < s1[c.dp > 1])
