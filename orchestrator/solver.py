@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costmodel import RECOMPUTE_CODES, Candidates, Evaluation, evaluate
+from .costmodel.evaluate import invariant_violations
 from .layout import RECOMPUTE_LEVELS, Layout, divisors
 from .rules import check_layout, stage_split, tp_degrees
 from .specs import ClusterProfile, ModelSpec, TrainingSpec
@@ -145,6 +146,9 @@ def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, ru
     if n == 0:
         return SearchResult([], 0, 0, 0, [], capacity, rejected)
     ev = evaluate(model, training, profile, runtime, cand)
+    violations = invariant_violations(cand, ev)
+    if violations:  # a bug, never the user's input
+        raise RuntimeError(f"cost model invariant broken for {model}: {'; '.join(violations)}")
     total_gib = ev.total / GIB
     fits = total_gib <= capacity
     keys = (cand.sp, cand.rc, cand.zero, cand.mbs, cand.vpp, cand.pp, cand.tp, ev.total, ev.step_time)

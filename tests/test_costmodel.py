@@ -152,3 +152,17 @@ def test_zero3_state_below_zero1_state():
     s1 = z1.params + z1.grads + z1.optimizer
     s3 = z3.params + z3.grads + z3.optimizer
     assert np.all(s3[c.dp > 1] < s1[c.dp > 1])
+
+
+def test_invariant_checker_catches_a_broken_evaluation():
+    from orchestrator.costmodel.evaluate import invariant_violations
+
+    spec, _ = load_spec(EXAMPLES / "llama3-8b.yaml")
+    profile = _profile(1)
+    c, _ = enumerate_layouts(spec.model, spec.training, profile, "deepspeed")
+    ev = evaluate(spec.model, spec.training, profile, "deepspeed", c)
+    assert invariant_violations(c, ev) == []
+    broken = dataclasses.replace(ev, tp_comm=ev.tp_comm + 1.0, total=ev.params * 0.5)
+    found = invariant_violations(c, broken)
+    assert "tensor-parallel traffic with tp = 1" in found
+    assert "total memory below the local parameter shard" in found

@@ -256,3 +256,24 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     return Evaluation(params_b, grads_b, opt_bytes, act_b, overhead, total,
                       compute, tp_comm, bubble, pp_comm, dp_comm, optimizer_step, step,
                       tokens / step, mfu, compute_at_peak)
+
+
+def invariant_violations(c: Candidates, ev: Evaluation) -> list[str]:
+    """Facts every evaluation must satisfy; a violation is a bug in the cost model, not bad input.
+
+    Checked by the solver after each evaluation (cheap: a few array comparisons).
+    """
+    bad: list[str] = []
+    tp = np.asarray(c.tp)
+    if np.any(ev.tp_comm[tp == 1] != 0):
+        bad.append("tensor-parallel traffic with tp = 1")
+    if np.any(ev.total < ev.params):
+        bad.append("total memory below the local parameter shard")
+    for name in ("params", "grads", "optimizer", "activations", "overhead", "compute", "tp_comm", "bubble",
+                 "pp_comm", "dp_comm", "optimizer_step"):
+        arr = getattr(ev, name)
+        if np.any(~np.isfinite(arr)) or np.any(arr < 0):
+            bad.append(f"{name} negative or not finite")
+    if np.any(ev.step_time < ev.compute_at_peak * (1 - 1e-9)):
+        bad.append("step time below compute at peak")
+    return bad
