@@ -277,3 +277,189 @@ def _ds_env() -> None:
     # saying so up front silences its warning. Validation needs no accelerator either way.
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
+
+
+# --------------------------------------------------------------------------------------------
+# submit / status / logs / cancel
+# --------------------------------------------------------------------------------------------
+
+
+def _registry():
+    from .registry import Registry
+
+    return Registry(Path.cwd())
+
+
+@main.command(epilog="""\b
+Examples:
+  dsorch submit plans/llama70b                  # to the cluster the plan was made for
+  dsorch submit plans/llama70b --dry-run        # print the sbatch script, submit nothing
+  dsorch submit plans/tiny --cluster local --wait
+""")
+@click.argument("plan_dir", type=click.Path(path_type=Path))
+@click.option("--cluster", "-c", default=None, metavar="NAME",
+              help="Cluster to run on; default: the one the plan was made for. `local` runs on this machine.")
+@click.option("--nodes", type=click.IntRange(min=1), default=None,
+              help="Node count you expect; refused when the plan was made for another.")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Training steps (default: the plan's).")
+@click.option("--data", type=click.Path(dir_okay=False), default=None,
+              help="Token file to train on (default: deterministic synthetic tokens).")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where checkpoints and metrics.jsonl go; default runs/<plan>-<key>.")
+@click.option("--dry-run", is_flag=True, help="Print the sbatch script submitit would submit; submit nothing.")
+@click.option("--force", is_flag=True, help="Submit even if a job of this plan is pending or running.")
+@click.option("--wait", is_flag=True, help="Wait for the job to finish and print its final state.")
+@_plan_options
+def submit(plan_dir, cluster, nodes, steps, data, run_dir, dry_run, force, wait, profiles_dir):
+    """Submit PLAN_DIR as a job running dsorch's training entrypoint (SLURM through submitit, or local)."""
+    from . import slurm
+    from .specs import profiles_dir_from_env
+    from .submission import prepare_submission, record_submission
+
+    _ds_env()
+    try:
+        sub = prepare_submission(plan_dir, cluster, nodes, steps, data, run_dir, profiles_dir_from_env(profiles_dir),
+                                 Path.cwd())
+        if dry_run:
+            if sub.spec.kind == "local":
+                click.echo(f"# --cluster local: {sub.spec.tasks_per_node} processes on this machine through "
+                           f"submitit's LocalExecutor (no sbatch script).", err=True)
+            else:
+                click.echo(slurm.sbatch_script(sub.spec, sub.folder), nl=False)
+            return
+        slurm.check_scheduler(sub.spec.kind)
+        record = record_submission(_registry(), sub, force)
+    except DsorchError as e:
+        raise _fail(e)
+    click.echo(f"submitted job {record.job_id} ({record.executor}, cluster {record.cluster}): plan {record.plan_dir}, "
+               f"run dir {record.run_dir}")
+    click.echo(f"  logs: dsorch logs {record.job_id} [--rank N] [--follow]    status: dsorch status")
+    if wait:
+        _wait_for(record.key)
+
+
+def _wait_for(key: int) -> None:
+    import time
+
+    from .submission import refresh
+
+    reg = _registry()
+    while True:
+        rec = refresh(reg, reg.get(str(key)))
+        if not rec.active:
+            break
+        time.sleep(2)
+    click.echo(f"job {rec.job_id}: {rec.state}" + (f" at step {rec.last_step}, loss {rec.last_loss:.4f}"
+                                                    if rec.last_step is not None else ""))
+    if rec.state != "COMPLETED":
+        if rec.error:
+            click.echo(_tail(rec.error, 15), err=True)
+        sys.exit(1)
+
+
+def _tail(text: str, n: int) -> str:
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--all", "show_all", is_flag=True, help="Also show the traceback tail of every failed job.")
+def status(as_json, show_all):
+    """Jobs submitted from this experiment directory: id, plan, state, elapsed, requeues, last step/loss."""
+    from .submission import refresh
+
+    reg = _registry()
+    try:
+        records = [refresh(reg, r) for r in reg.all()]
+    except DsorchError as e:
+        raise _fail(e)
+    if as_json:
+        from dataclasses import asdict
+
+        click.echo(json.dumps([asdict(r) for r in records], indent=2))
+        return
+    if not records:
+        click.echo("no jobs submitted from this directory yet (dsorch submit PLAN_DIR)")
+        return
+    from rich.table import Table
+
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("job", "cluster", "plan", "state", "elapsed", "requeues", "step", "loss", "submitted (UTC)"):
+        t.add_column(col)
+    for r in records:
+        t.add_row(r.job_id, r.cluster, r.plan_dir, r.state, _elapsed(r.elapsed_s), str(r.requeues),
+                  "" if r.last_step is None else str(r.last_step), "" if r.last_loss is None else f"{r.last_loss:.4f}",
+                  r.submitted_at.replace("+00:00", ""))
+    con = _console()
+    con.print(t)
+    for r in records:
+        if r.state not in ("COMPLETED", "CANCELLED") and r.error and (show_all or r is records[-1] or not r.active):
+            con.print(f"\njob {r.job_id} {r.state}: last lines of the error (full log: {r.log_dir}):", markup=False)
+            con.print(_tail(r.error, 8), markup=False, highlight=False)
+
+
+def _elapsed(s: float | None) -> str:
+    if s is None:
+        return ""
+    s = int(s)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+@main.command()
+@click.argument("job")
+@click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True, help="Which task's log.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
+def logs(job, rank, follow):
+    """Print a job's log (stdout, then stderr) for one rank."""
+    import time
+
+    from . import slurm
+    from .submission import refresh
+
+    reg = _registry()
+    try:
+        rec = reg.get(job)
+    except DsorchError as e:
+        raise _fail(e)
+    out, err = slurm.log_paths(Path(rec.log_dir), rec.job_id, rank)
+    if not follow:
+        if not out.exists() and not err.exists():
+            raise UserError(f"no log for rank {rank} of job {rec.job_id} yet in {rec.log_dir} (state {rec.state}); "
+                            f"a pending job has none, and ranks go from 0 to world size - 1.")
+        for path in (out, err):
+            if path.exists():
+                click.echo(f"==> {path} <==")
+                click.echo(path.read_text(errors="replace"), nl=False)
+        return
+    offsets = {out: 0, err: 0}
+    while True:
+        for path in (out, err):
+            if path.exists():
+                with open(path, errors="replace") as fh:
+                    fh.seek(offsets[path])
+                    chunk = fh.read()
+                    offsets[path] = fh.tell()
+                if chunk:
+                    click.echo(chunk, nl=False)
+        rec = refresh(reg, reg.get(job))
+        if not rec.active:
+            break
+        time.sleep(1)
+
+
+@main.command()
+@click.argument("job")
+def cancel(job):
+    """Cancel a pending or running job."""
+    from . import slurm
+
+    reg = _registry()
+    try:
+        rec = reg.get(job)
+        if not rec.active:
+            raise UserError(f"job {rec.job_id} is already {rec.state}; nothing to cancel.")
+        slurm.cancel(rec.executor, rec.job_id)
+        reg.update(rec.key, state="CANCELLED")
+    except DsorchError as e:
+        raise _fail(e)
+    click.echo(f"cancelled job {rec.job_id}")

@@ -192,7 +192,16 @@ class InterNode(BaseModel):
     latency_us: float = Field(default=10.0, ge=0)
 
 
+_NO_LINE_BREAKS = r"^[^\n\r\x00]*$"
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
 class SlurmSpec(BaseModel):
+    """SLURM settings. Values end up in #SBATCH lines and shell scripts: they may not contain line
+    breaks (a line break would start a new, unquoted shell line), and env names must be valid
+    shell variable names. Values are shell-quoted where they reach a shell; `setup` lines are
+    shell commands by design and are run as written."""
+
     model_config = _FROZEN
     partition: str | None = None
     account: str | None = None
@@ -205,6 +214,27 @@ class SlurmSpec(BaseModel):
     setup: tuple[str, ...] = ()
     env: dict[str, str] = {}
     extra: dict[str, str] = Field(default={}, description="extra #SBATCH --key=value pairs")
+
+    @model_validator(mode="after")
+    def _safe(self) -> "SlurmSpec":
+        import re
+
+        for key in ("partition", "account", "qos", "time", "constraint", "mem"):
+            value = getattr(self, key)
+            if value is not None and not re.match(_NO_LINE_BREAKS, value):
+                raise ValueError(f"slurm.{key} contains a line break; write it on one line")
+        for i, line in enumerate(self.setup):
+            if not re.match(_NO_LINE_BREAKS, line):
+                raise ValueError(f"slurm.setup[{i}] contains a line break; give each command its own list item")
+        for k, v in self.env.items():
+            if not re.match(_ENV_NAME, k):
+                raise ValueError(f"slurm.env key {k!r} is not a valid environment variable name "
+                                 f"(letters, digits, underscore; not starting with a digit)")
+        for k, v in self.extra.items():
+            if not re.match(r"^[A-Za-z][A-Za-z0-9-]*$", k) or not re.match(_NO_LINE_BREAKS, v):
+                raise ValueError(f"slurm.extra {k!r}: keys are sbatch option names (letters, digits, '-') and "
+                                 f"values may not contain line breaks")
+        return self
 
 
 class Efficiency(BaseModel):

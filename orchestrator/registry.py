@@ -1,0 +1,182 @@
+"""The job registry of an experiment directory: ``.dsorch/jobs.sqlite``.
+
+One row per submission: the scheduler's job id, the plan directory and a hash of its files, the
+cluster, submit time, last known state, run directory, requeue count and last step/loss. SQLite
+in WAL mode with a busy timeout survives crashes (every change is one transaction) and several
+``dsorch`` processes at once (writers queue on the database lock; ``submit`` checks for a running
+job of the same plan and inserts its row in one ``BEGIN IMMEDIATE`` transaction, so two
+concurrent submits cannot both pass the check).
+
+Schema (``PRAGMA user_version`` = 1)::
+
+    jobs(key INTEGER PRIMARY KEY AUTOINCREMENT,  -- dsorch's own id, stable across requeues
+         job_id TEXT,        -- SLURM job id, or the local controller's pid
+         executor TEXT,      -- 'slurm' | 'local'
+         cluster TEXT, plan_dir TEXT, plan_sha256 TEXT, submitted_at TEXT (UTC ISO 8601),
+         state TEXT,         -- SLURM's state names: PENDING RUNNING COMPLETED FAILED CANCELLED ...
+         run_dir TEXT, log_dir TEXT, requeues INTEGER, last_step INTEGER, last_loss REAL,
+         elapsed_s REAL, error TEXT, updated_at TEXT)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from dataclasses import dataclass, fields
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .errors import DsorchError
+
+SCHEMA_VERSION = 1
+ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING",
+                           "REQUEUE_HOLD", "REQUEUE_FED", "SUBMITTED"})
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    key INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL,
+    executor TEXT NOT NULL,
+    cluster TEXT NOT NULL,
+    plan_dir TEXT NOT NULL,
+    plan_sha256 TEXT NOT NULL,
+    submitted_at TEXT NOT NULL,
+    state TEXT NOT NULL,
+    run_dir TEXT NOT NULL,
+    log_dir TEXT NOT NULL,
+    requeues INTEGER NOT NULL DEFAULT 0,
+    last_step INTEGER,
+    last_loss REAL,
+    elapsed_s REAL,
+    error TEXT,
+    updated_at TEXT NOT NULL,
+    UNIQUE (executor, job_id)
+);
+CREATE INDEX IF NOT EXISTS jobs_plan ON jobs (plan_dir);
+"""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    key: int
+    job_id: str
+    executor: str
+    cluster: str
+    plan_dir: str
+    plan_sha256: str
+    submitted_at: str
+    state: str
+    run_dir: str
+    log_dir: str
+    requeues: int
+    last_step: int | None
+    last_loss: float | None
+    elapsed_s: float | None
+    error: str | None
+    updated_at: str
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+
+_COLUMNS = [f.name for f in fields(JobRecord)]
+
+
+def now_utc() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+
+
+class Registry:
+    def __init__(self, experiment_dir: Path) -> None:
+        self.dir = Path(experiment_dir) / ".dsorch"
+        self.path = self.dir / "jobs.sqlite"
+
+    @contextlib.contextmanager
+    def _connect(self, write: bool = False):
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            con = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        except (OSError, sqlite3.Error) as e:
+            raise DsorchError(f"{self.path}: cannot open the job registry ({e}); run dsorch from a directory you "
+                              f"can write to.")
+        try:
+            con.execute("PRAGMA busy_timeout = 60000")
+            con.execute("PRAGMA journal_mode = WAL")
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                con.execute("BEGIN IMMEDIATE")
+                if con.execute("PRAGMA user_version").fetchone()[0] == 0:
+                    for statement in filter(str.strip, _SCHEMA.split(";")):
+                        con.execute(statement)
+                    con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                con.execute("COMMIT")
+            elif version > SCHEMA_VERSION:
+                raise DsorchError(f"{self.path} was written by a newer dsorch (schema {version}); upgrade dsorch.")
+            if write:
+                con.execute("BEGIN IMMEDIATE")
+            try:
+                yield con
+                if write:
+                    con.execute("COMMIT")
+            except BaseException:
+                if write:
+                    con.execute("ROLLBACK")
+                raise
+        finally:
+            con.close()
+
+    @staticmethod
+    def _record(row) -> JobRecord:
+        return JobRecord(**dict(zip(_COLUMNS, row)))
+
+    def all(self) -> list[JobRecord]:
+        if not self.path.exists():
+            return []
+        with self._connect() as con:
+            rows = con.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs ORDER BY key").fetchall()
+        return [self._record(r) for r in rows]
+
+    def get(self, ref: str) -> JobRecord:
+        """A job by dsorch key ('3'), or by scheduler job id."""
+        with self._connect() as con:
+            row = con.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE job_id = ? ORDER BY key DESC LIMIT 1",
+                              (ref,)).fetchone()
+            if row is None and ref.isdigit():
+                row = con.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE key = ?", (int(ref),)).fetchone()
+        if row is None:
+            known = ", ".join(f"{r.job_id}" for r in self.all()[-10:]) or "none yet"
+            raise DsorchError(f"no job '{ref}' in {self.path}; known job ids: {known}. Run `dsorch status` from the "
+                              f"experiment directory you submitted from.")
+        return self._record(row)
+
+    @contextlib.contextmanager
+    def reserve(self, plan_dir: str, force: bool):
+        """Check that no job of ``plan_dir`` is active and hold the write lock while submitting.
+
+        Yields a function ``insert(**fields) -> key`` to call once the scheduler accepted the job;
+        the check and the insert are one transaction.
+        """
+        with self._connect(write=True) as con:
+            active = con.execute(
+                f"SELECT job_id, state FROM jobs WHERE plan_dir = ? AND state IN ({','.join('?' * len(ACTIVE_STATES))})",
+                (plan_dir, *sorted(ACTIVE_STATES))).fetchall()
+            if active and not force:
+                jobs = ", ".join(f"{j} ({s})" for j, s in active)
+                raise DsorchError(f"plan {plan_dir} already has a job pending or running: {jobs}. Wait for it, "
+                                  f"`dsorch cancel` it, or pass --force to submit another.")
+
+            def insert(**values) -> int:
+                values.setdefault("updated_at", now_utc())
+                cols = ", ".join(values)
+                cur = con.execute(f"INSERT INTO jobs ({cols}) VALUES ({', '.join('?' * len(values))})",
+                                  tuple(values.values()))
+                return int(cur.lastrowid)
+
+            yield insert
+
+    def update(self, key: int, **values) -> None:
+        values["updated_at"] = now_utc()
+        sets = ", ".join(f"{k} = ?" for k in values)
+        with self._connect(write=True) as con:
+            con.execute(f"UPDATE jobs SET {sets} WHERE key = ?", (*values.values(), key))

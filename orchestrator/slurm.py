@@ -1,0 +1,296 @@
+"""The one seam to submitit and SLURM: executors, the job that runs on the nodes, job states,
+logs and cancellation.
+
+A job is submitit's: ``SlurmExecutor`` on a cluster, ``LocalExecutor`` for ``--cluster local``.
+Each task (one per GPU, or one per CPU process for ``local``) runs ``TrainingJob``, which takes
+rank, world size and master address from SLURM through submitit's ``JobEnvironment`` and runs
+dsorch's training entrypoint in-process. ``TrainingJob`` is submitit-``Checkpointable``: on
+SIGUSR2 (SLURM's warning before a time limit or preemption, ``--signal=USR2@90``) every rank
+stops at the same step and takes part in the DeepSpeed checkpoint, then rank 0 hands over to
+submitit, which requeues the job; the requeued job resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import DsorchError
+
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+SIGNAL_DELAY_S = 90  # SLURM sends USR2 this long before the time limit (submitit's default)
+STARTS_FILE = "starts.jsonl"
+
+
+def parse_slurm_time(text: str) -> int:
+    """SLURM time limits ("MM", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS") in minutes."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if not m:
+        raise DsorchError(f"slurm.time '{text}' is not a SLURM time limit; write HH:MM:SS or D-HH:MM:SS.")
+    days, a, b, c = m.groups()
+    parts = [int(x) for x in (a, b, c) if x is not None]
+    if days is not None:
+        hours, minutes, seconds = (parts + [0, 0, 0])[:3]
+        return int(days) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+    if len(parts) == 1:
+        return parts[0]
+    if len(parts) == 2:
+        return parts[0] + (1 if parts[1] else 0)
+    return parts[0] * 60 + parts[1] + (1 if parts[2] else 0)
+
+
+def job_name(spec_name: str) -> str:
+    """SLURM job names go into #SBATCH lines: keep them to a safe alphabet."""
+    return _SAFE_NAME.sub("-", f"dsorch-{spec_name}")[:100]
+
+
+def node_address(hostname: str) -> str:
+    """The address of a SLURM node: its NodeAddr, since node names need not resolve in DNS."""
+    if shutil.which("scontrol") is None:
+        return hostname
+    try:
+        out = subprocess.run(["scontrol", "show", "node", hostname], capture_output=True, text=True, timeout=30,
+                             check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return hostname
+    m = re.search(r"NodeAddr=(\S+)", out)
+    return m.group(1) if m else hostname
+
+
+# --------------------------------------------------------------------------------------------
+# The job that runs on the nodes
+# --------------------------------------------------------------------------------------------
+
+
+class _StopFlag:
+    """Set by SIGUSR2 (preemption / time limit: we requeue) or SIGTERM (scancel, scontrol requeue:
+    SLURM decides) on every rank; the training loop polls it at step boundaries."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.submitit_handler = signal.getsignal(signal.SIGUSR2)
+        signal.signal(signal.SIGUSR2, self._set)
+        signal.signal(signal.SIGTERM, self._set)
+
+    def _set(self, signum, frame) -> None:
+        self.signum = signum
+
+    def __call__(self) -> bool:
+        return self.signum is not None
+
+
+@dataclass
+class TrainingJob:
+    """What every task of a dsorch job runs (picklable; submitit sends it to the nodes)."""
+
+    plan_dir: str
+    run_dir: str
+    steps: int | None = None
+    data: str | None = None
+    use_gpus: bool = False
+
+    def __call__(self) -> dict:
+        import submitit
+        from submitit.helpers import TorchDistributedEnvironment
+
+        env = submitit.JobEnvironment()
+        dist_env = TorchDistributedEnvironment().export(set_cuda_visible_devices=self.use_gpus, overwrite=True)
+        os.environ["MASTER_ADDR"] = node_address(dist_env.master_addr) if env.num_nodes > 1 else "127.0.0.1"
+        run_dir = Path(self.run_dir)
+        if env.global_rank == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            with open(run_dir / STARTS_FILE, "a") as fh:
+                fh.write(json.dumps({"job_id": env.job_id, "restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
+                                     "time": time.time(), "world_size": env.num_tasks}) + "\n")
+        stop = _StopFlag()
+        from .train import run_training
+
+        result = run_training(self.plan_dir, run_dir=self.run_dir, steps=self.steps, data=self.data,
+                              should_stop=stop)
+        if result.get("stopped") and stop.signum == signal.SIGUSR2 and env.global_rank == 0:
+            # Every rank has saved its part of the checkpoint; submitit's own handler now calls
+            # self.checkpoint(), requeues the job with scontrol and exits.
+            if callable(stop.submitit_handler):
+                stop.submitit_handler(signal.SIGUSR2, None)
+        return result
+
+    def checkpoint(self, *args, **kwargs):
+        """submitit's Checkpointable hook: resubmit the same job; it resumes from the run directory."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(TrainingJob(self.plan_dir, self.run_dir, self.steps, self.data,
+                                                              self.use_gpus))
+
+
+# --------------------------------------------------------------------------------------------
+# Executors
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything a submission needs, resolved by the CLI from the plan and the profile."""
+
+    kind: str  # "slurm" | "local"
+    name: str
+    nodes: int
+    tasks_per_node: int
+    use_gpus: bool
+    cpus_per_task: int
+    time_min: int
+    partition: str | None
+    account: str | None
+    qos: str | None
+    constraint: str | None
+    mem: str | None
+    exclusive: bool
+    setup: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    extra: tuple[tuple[str, str], ...]
+
+
+def _setup_lines(spec: JobSpec) -> list[str]:
+    import shlex
+
+    lines = list(spec.setup)
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in spec.env]
+    return lines
+
+
+def make_executor(spec: JobSpec, folder: Path):
+    import submitit
+
+    if spec.kind == "local":
+        ex = submitit.LocalExecutor(folder=str(folder))
+        ex.update_parameters(tasks_per_node=spec.tasks_per_node, nodes=1, timeout_min=spec.time_min,
+                             gpus_per_node=spec.tasks_per_node if spec.use_gpus else 0,
+                             setup=_setup_lines(spec))
+        return ex
+    ex = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=3)
+    params = dict(job_name=spec.name, nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node,
+                  cpus_per_task=spec.cpus_per_task, time=spec.time_min, signal_delay_s=SIGNAL_DELAY_S,
+                  setup=_setup_lines(spec), additional_parameters=dict(spec.extra))
+    if spec.use_gpus:
+        params["gpus_per_node"] = spec.tasks_per_node
+    for key in ("partition", "account", "qos", "constraint", "mem"):
+        if getattr(spec, key) is not None:
+            params[key] = getattr(spec, key)
+    if spec.exclusive:
+        params["exclusive"] = True
+    ex.update_parameters(**params)
+    return ex
+
+
+def sbatch_script(spec: JobSpec, folder: Path) -> str:
+    """The sbatch script submitit would submit for this job (for --dry-run)."""
+    ex = make_executor(spec, folder)
+    command = " ".join([sys.executable, "-u", "-m", "submitit.core._submit", str(folder)])
+    return ex._make_submission_file_text(command, "DRY_RUN")
+
+
+def check_scheduler(kind: str) -> None:
+    if kind == "slurm" and shutil.which("sbatch") is None:
+        raise DsorchError("sbatch is not on PATH, so there is no SLURM cluster to submit to from here. Run on a "
+                          "SLURM login node, or run the job on this machine with --cluster local.")
+
+
+def submit(spec: JobSpec, folder: Path, job: TrainingJob) -> str:
+    ex = make_executor(spec, folder)
+    try:
+        submitted = ex.submit(job)
+    except Exception as e:  # submitit raises FailedJobError / subprocess errors with sbatch's stderr
+        raise DsorchError(f"the scheduler refused the job: {' '.join(str(e).split())[:2000]}")
+    if spec.kind == "local":
+        # The local controller outlives this process; do not let submitit cancel it at exit.
+        submitted._cancel_at_deletion = False
+    return str(submitted.job_id)
+
+
+# --------------------------------------------------------------------------------------------
+# States, logs, cancellation
+# --------------------------------------------------------------------------------------------
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is not running (the controller's parent, dsorch, may have exited without reaping).
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _result(folder: Path, job_id: str) -> tuple[str, object] | None:
+    from submitit.core.utils import JobPaths
+
+    path = JobPaths(folder, job_id=job_id, task_id=0).result_pickle
+    if not path.exists():
+        return None
+    try:
+        with open(path, "rb") as fh:
+            return pickle.load(fh)
+    except Exception:  # a half-written pickle: treat as not yet there
+        return None
+
+
+def job_state(kind: str, folder: Path, job_id: str, last_known: str) -> tuple[str, str | None]:
+    """(state, error text) of a job, in SLURM's state names."""
+    result = _result(folder, job_id)
+    error = None
+    if result is not None and result[0] == "error":
+        error = str(result[1])
+    if kind == "local":
+        if last_known == "CANCELLED":
+            return "CANCELLED", error
+        if _pid_alive(int(job_id)):
+            return "RUNNING", error
+        if result is None:
+            return "FAILED", "the local job ended without a result (killed?)"
+        return ("FAILED" if result[0] == "error" else "COMPLETED"), error
+    import submitit
+
+    job = submitit.SlurmJob(folder=str(folder), job_id=job_id)
+    try:
+        state = job.get_info(mode="force").get("State", "UNKNOWN") or "UNKNOWN"
+    except Exception:
+        state = "UNKNOWN"
+    state = state.split()[0].rstrip("+")  # "CANCELLED by 0" -> CANCELLED
+    if state == "UNKNOWN" and result is not None:
+        state = "FAILED" if result[0] == "error" else "COMPLETED"
+    return state, error
+
+
+def cancel(kind: str, job_id: str) -> None:
+    if kind == "local":
+        try:
+            # submitit's local controller kills its tasks on SIGINT (LocalJob.cancel does the same).
+            os.kill(int(job_id), signal.SIGINT)
+        except ProcessLookupError:
+            pass
+        return
+    check_scheduler("slurm")
+    r = subprocess.run(["scancel", job_id], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise DsorchError(f"scancel {job_id} failed: {r.stderr.strip()}")
+
+
+def log_paths(folder: Path, job_id: str, rank: int) -> tuple[Path, Path]:
+    from submitit.core.utils import JobPaths
+
+    p = JobPaths(folder, job_id=job_id, task_id=rank)
+    return p.stdout, p.stderr

@@ -1,0 +1,170 @@
+"""From a plan directory to a registered job, and from a registered job to its current state.
+
+The CLI calls these; ``orchestrator.slurm`` talks to submitit; ``orchestrator.registry`` stores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from . import slurm
+from .errors import DsorchError
+from .registry import JobRecord, Registry, now_utc
+from .writer import GENERATED
+
+
+@dataclass(frozen=True)
+class Submission:
+    spec: slurm.JobSpec
+    plan_dir: Path  # absolute
+    plan_display: str
+    plan_sha256: str
+    cluster: str
+    folder: Path  # submitit's folder: pickles and logs
+    run_dir: Path
+    job: slurm.TrainingJob
+
+
+def plan_hash(plan_dir: Path) -> str:
+    h = hashlib.sha256()
+    for name in GENERATED:
+        p = plan_dir / name
+        if p.exists():
+            h.update(name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _read_plan(plan_dir: Path) -> dict:
+    if not plan_dir.is_dir():
+        raise DsorchError(f"plan directory {plan_dir} does not exist; write one with `dsorch plan SPEC --cluster NAME "
+                          f"--out {plan_dir}`.")
+    f = plan_dir / "plan.yaml"
+    if not f.exists():
+        raise DsorchError(f"{plan_dir} has no plan.yaml, so it is not a plan directory; write one with `dsorch plan "
+                          f"SPEC --cluster NAME --out {plan_dir}`.")
+    try:
+        doc = yaml.safe_load(f.read_text())
+        doc["cluster"]["name"], doc["layout"]["dp"], doc["model"]["name"]
+    except (yaml.YAMLError, KeyError, TypeError) as e:
+        raise DsorchError(f"{f}: not a dsorch plan ({e}); regenerate it with `dsorch plan`.")
+    return doc
+
+
+def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, steps: int | None, data: str | None,
+                       run_dir: Path | None, profiles_dir: str | None, experiment_dir: Path) -> Submission:
+    from .specs import load_profile
+    from .validate.plan_dir import validate_path
+
+    plan_dir = Path(plan_dir)
+    doc = _read_plan(plan_dir)
+    planned = doc["cluster"]
+    cluster = cluster or planned["name"]
+    if cluster != planned["name"]:
+        raise DsorchError(
+            f"{plan_dir} was planned for cluster '{planned['name']}' ({planned['nodes']} x {planned['gpus_per_node']}), "
+            f"not '{cluster}'; layouts do not carry over between clusters. Re-plan: dsorch plan "
+            f"{doc['inputs']['model_spec']['path']} --cluster {cluster} --out DIR.")
+    if nodes is not None and nodes != planned["nodes"]:
+        raise DsorchError(f"{plan_dir} was planned for {planned['nodes']} nodes, not {nodes}; re-plan with "
+                          f"--nodes {nodes}.")
+    profile = load_profile(cluster, profiles_dir).profile.resized(planned["nodes"], planned["gpus_per_node"])
+    errors = validate_path(plan_dir)
+    if errors:
+        raise DsorchError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
+    if data is not None and not Path(data).exists():
+        raise DsorchError(f"--data {data}: no such file.")
+    if doc.get("runtime") != "deepspeed":
+        raise DsorchError(f"{plan_dir} targets the {doc.get('runtime')} runtime; dsorch submit runs its bundled "
+                          f"DeepSpeed entrypoint. Re-plan with --runtime deepspeed, or submit {plan_dir}/job.sbatch "
+                          f"with sbatch.")
+    kind = "local" if profile.name == "local" else "slurm"
+    s = profile.slurm
+    spec = slurm.JobSpec(
+        kind=kind, name=slurm.job_name(doc["model"]["name"]), nodes=profile.nodes,
+        tasks_per_node=profile.gpus_per_node, use_gpus=profile.backend == "nccl", cpus_per_task=s.cpus_per_task,
+        time_min=slurm.parse_slurm_time(s.time), partition=s.partition, account=s.account, qos=s.qos,
+        constraint=s.constraint, mem=s.mem, exclusive=s.exclusive, setup=tuple(s.setup),
+        env=tuple(sorted({"OMP_NUM_THREADS": str(1 if profile.backend == "gloo" else s.cpus_per_task),
+                          **({"DS_ACCELERATOR": "cpu"} if profile.backend == "gloo" else {}), **s.env}.items())),
+        extra=tuple(sorted(s.extra.items())))
+    plan_abs = plan_dir.resolve()
+    folder = (experiment_dir / ".dsorch" / "jobs" / plan_abs.name).resolve()
+    for p in (plan_abs, folder):
+        if "\n" in str(p) or "\r" in str(p):
+            raise DsorchError(f"{p!r}: a path with a line break cannot go into an sbatch script; rename it.")
+    run = (run_dir or experiment_dir / "runs" / f"{plan_abs.name}-{{key}}")
+    job = slurm.TrainingJob(str(plan_abs), str(run), steps, str(Path(data).resolve()) if data else None,
+                            spec.use_gpus)
+    return Submission(spec, plan_abs, _display(plan_dir, experiment_dir), plan_hash(plan_abs), cluster, folder,
+                      Path(str(run)), job)
+
+
+def _display(p: Path, base: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(base.resolve()))
+    except ValueError:
+        return str(p.resolve())
+
+
+def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
+    sub.folder.mkdir(parents=True, exist_ok=True)
+    with reg.reserve(sub.plan_display, force) as insert:
+        # The run directory is named after dsorch's own key, known only once the row exists; the
+        # row and the submission are one transaction, so a refused submission leaves no row.
+        key = insert(job_id="pending", executor=sub.spec.kind, cluster=sub.cluster, plan_dir=sub.plan_display,
+                     plan_sha256=sub.plan_sha256, submitted_at=now_utc(), state="SUBMITTED", run_dir="",
+                     log_dir=str(sub.folder))
+        run_dir = Path(str(sub.run_dir).replace("{key}", str(key))).resolve()
+        job = slurm.TrainingJob(sub.job.plan_dir, str(run_dir), sub.job.steps, sub.job.data, sub.job.use_gpus)
+        job_id = slurm.submit(sub.spec, sub.folder, job)
+    reg.update(key, job_id=job_id, state="PENDING" if sub.spec.kind == "slurm" else "RUNNING", run_dir=str(run_dir))
+    return reg.get(str(key))
+
+
+def _progress(run_dir: Path) -> tuple[int | None, float | None, int, float | None]:
+    """(last step, last loss, requeues, elapsed seconds) from the run directory's files."""
+    step = loss = None
+    requeues = 0
+    elapsed = None
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists():
+        last = None
+        with open(metrics, "rb") as fh:
+            for line in fh:
+                if line.strip():
+                    last = line
+        if last is not None:
+            try:
+                rec = json.loads(last)
+                step, loss = rec.get("step"), rec.get("loss")
+            except json.JSONDecodeError:
+                pass
+    starts = run_dir / slurm.STARTS_FILE
+    if starts.exists():
+        lines = [json.loads(x) for x in starts.read_text().splitlines() if x.strip()]
+        if lines:
+            requeues = max(len(lines) - 1, max(int(x.get("restart", 0)) for x in lines))
+            import time
+
+            elapsed = time.time() - float(lines[0]["time"])
+    return step, loss, requeues, elapsed
+
+
+def refresh(reg: Registry, rec: JobRecord) -> JobRecord:
+    """Ask the scheduler for an active job's state, read its progress, store and return it."""
+    if not rec.active or rec.job_id == "pending":
+        return rec
+    state, error = slurm.job_state(rec.executor, Path(rec.log_dir), rec.job_id, rec.state)
+    step, loss, requeues, elapsed = _progress(Path(rec.run_dir))
+    values = dict(state=state, last_step=step, last_loss=loss, requeues=requeues)
+    if error:
+        values["error"] = error
+    if elapsed is not None:
+        values["elapsed_s"] = elapsed
+    reg.update(rec.key, **values)
+    return reg.get(str(rec.key))

@@ -1,0 +1,78 @@
+"""The job registry: one transaction per change, consistent under concurrent dsorch processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sqlite3
+
+import pytest
+
+from orchestrator.errors import DsorchError
+from orchestrator.registry import Registry
+
+
+def _fields(job_id, plan="plans/a", state="PENDING"):
+    return dict(job_id=job_id, executor="slurm", cluster="c", plan_dir=plan, plan_sha256="x" * 64,
+                submitted_at="2026-01-01T00:00:00+00:00", state=state, run_dir="runs/r", log_dir="logs")
+
+
+def test_insert_get_update(tmp_path):
+    reg = Registry(tmp_path)
+    with reg.reserve("plans/a", force=False) as insert:
+        key = insert(**_fields("101"))
+    rec = reg.get("101")
+    assert rec.key == key and rec.state == "PENDING" and rec.active
+    assert reg.get(str(key)).job_id == "101"
+    reg.update(key, state="COMPLETED", last_step=5, last_loss=1.5)
+    rec = reg.get("101")
+    assert (rec.state, rec.last_step, rec.last_loss, rec.active) == ("COMPLETED", 5, 1.5, False)
+    assert sqlite3.connect(reg.path).execute("PRAGMA user_version").fetchone()[0] == 1
+
+
+def test_refuses_second_active_job_of_a_plan_unless_forced(tmp_path):
+    reg = Registry(tmp_path)
+    with reg.reserve("plans/a", force=False) as insert:
+        insert(**_fields("1"))
+    with pytest.raises(DsorchError, match=r"plan plans/a already has a job pending or running: 1 \(PENDING\)"):
+        with reg.reserve("plans/a", force=False) as insert:
+            insert(**_fields("2"))
+    with reg.reserve("plans/a", force=True) as insert:
+        insert(**_fields("2"))
+    with reg.reserve("plans/b", force=False) as insert:  # another plan is fine
+        insert(**_fields("3", plan="plans/b"))
+    assert [r.job_id for r in reg.all()] == ["1", "2", "3"]
+
+
+def test_failed_submission_leaves_no_row(tmp_path):
+    reg = Registry(tmp_path)
+    with pytest.raises(RuntimeError):
+        with reg.reserve("plans/a", force=False) as insert:
+            insert(**_fields("1"))
+            raise RuntimeError("sbatch refused")
+    assert reg.all() == []
+
+
+def test_unknown_job_names_known_ones(tmp_path):
+    reg = Registry(tmp_path)
+    with reg.reserve("plans/a", force=False) as insert:
+        insert(**_fields("77"))
+    with pytest.raises(DsorchError, match="no job '78' .* known job ids: 77"):
+        reg.get("78")
+
+
+def _racer(args):
+    path, i = args
+    reg = Registry(path)
+    try:
+        with reg.reserve("plans/same", force=False) as insert:
+            insert(**_fields(f"job{i}", plan="plans/same"))
+        return "accepted"
+    except DsorchError:
+        return "refused"
+
+
+def test_concurrent_submits_of_one_plan_accept_exactly_one(tmp_path):
+    with mp.get_context("spawn").Pool(10) as pool:
+        results = pool.map(_racer, [(tmp_path, i) for i in range(10)])
+    assert results.count("accepted") == 1 and results.count("refused") == 9
+    assert len(Registry(tmp_path).all()) == 1
