@@ -148,7 +148,8 @@ class SpecFile(BaseModel):
 
     model_config = _FROZEN
 
-    name: str = Field(min_length=1)
+    # The name reaches job names and script headers: one line, no control characters.
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
     source: str = Field(min_length=1, description="paper or config.json the numbers come from")
     model: ModelSpec
     training: TrainingSpec

@@ -13,6 +13,7 @@ import jinja2
 
 from ..plan import Plan
 from ..resources import templates_dir
+from ..slurm import job_name
 
 MASTER_PORT = 29500
 
@@ -26,10 +27,6 @@ def _env() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
-
-
-def _job_name(plan: Plan) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"dsorch-{plan.spec.name}")
 
 
 def _common(plan: Plan) -> dict:
@@ -83,5 +80,5 @@ def sbatch_options(plan: Plan) -> list[tuple[str, str | None]]:
 def render_sbatch(plan: Plan) -> str:
     s = plan.profile.slurm
     return _env().get_template("job.sbatch.j2").render(
-        **_common(plan), job_name=_job_name(plan), gpus=plan.profile.backend == "nccl",
+        **_common(plan), job_name=job_name(plan.spec.name), gpus=plan.profile.backend == "nccl",
         cpus_per_node=s.cpus_per_task * plan.profile.gpus_per_node, slurm=s, sbatch_options=sbatch_options(plan))
