@@ -79,6 +79,9 @@ def _plan_options(f):
 @click.option("--check", is_flag=True,
               help="Regenerate in memory and compare with the files in --out; exit 1 with a diff if they differ.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout (no table).")
+@click.option("--explain", is_flag=True,
+              help="Also show, for the chosen layout and each alternative, the memory and time stacks, the layouts "
+                   "memory rejected and by how much, and whether the top two are within the model's error.")
 @click.option("--runtime", type=click.Choice(RUNTIMES), default="deepspeed", show_default=True,
               help="deepspeed: dsorch's entrypoint / Megatron-DeepSpeed on DeepSpeed's pipeline engine (1F1B, "
                    "ZeRO 0-3). megatron: Megatron-LM's pretrain_gpt.py (interleaved 1F1B, distributed optimizer).")
@@ -99,7 +102,7 @@ def _plan_options(f):
               help="Headroom to keep free on every GPU, in GiB.")
 @click.option("--top", type=click.IntRange(min=1), default=8, show_default=True, help="Rows in the table.")
 @_plan_options
-def plan(spec, cluster, out, check, as_json, runtime, nodes, gpus_per_node, tp, pp, dp, vpp, zero, mbs, recompute, sp,
+def plan(spec, cluster, out, check, as_json, explain, runtime, nodes, gpus_per_node, tp, pp, dp, vpp, zero, mbs, recompute, sp,
          memory_margin, top, profiles_dir):
     """Search every legal layout for SPEC on a cluster, show the best, write the plan directory.
 
@@ -151,6 +154,11 @@ def plan(spec, cluster, out, check, as_json, runtime, nodes, gpus_per_node, tp, 
         click.echo(render_json(the_plan), nl=False)
         return
     _print_plan(the_plan, top, out, files)
+    if explain:
+        from .explain import explain_text
+
+        click.echo()
+        click.echo(explain_text(the_plan), nl=False)
 
 
 def _display_path(p: Path) -> str:
@@ -463,3 +471,69 @@ def cancel(job):
     except DsorchError as e:
         raise _fail(e)
     click.echo(f"cancelled job {rec.job_id}")
+
+
+# --------------------------------------------------------------------------------------------
+# calibrate
+# --------------------------------------------------------------------------------------------
+
+
+@main.command(epilog="""\b
+Examples:
+  dsorch calibrate runs/tiny-1 --cluster local --out my-local.yaml
+  dsorch calibrate measured.jsonl --cluster dgx16 --name dgx16-calibrated --out profiles/dgx16-calibrated.yaml
+""")
+@click.argument("metrics", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--cluster", "-c", required=True, metavar="NAME", help="Profile whose efficiencies to fit.")
+@click.option("--plan", "plan_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Plan directory the runs used (default: found next to each metrics.jsonl).")
+@click.option("--name", default=None, help="Name of the calibrated profile (default: NAME-calibrated).")
+@click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the calibrated profile here (default: print it).")
+@click.option("--json", "as_json", is_flag=True, help="Print the fit report as JSON.")
+@_plan_options
+def calibrate(metrics, cluster, plan_dir, name, out, as_json, profiles_dir):
+    """Fit a profile's efficiencies to measured step times and write a calibrated profile.
+
+    METRICS are run directories or metrics.jsonl files written by the training entrypoint, or
+    record files (YAML/JSONL of {layout, model, step_time_s, peak_mem_gib}; see
+    orchestrator/calibrate.py).
+    """
+    from .calibrate import calibrate as fit
+    from .calibrate import calibrated_profile_yaml
+    from .specs import load_profile, profiles_dir_from_env
+
+    try:
+        lp = load_profile(cluster, profiles_dir_from_env(profiles_dir))
+        calibrated, report = fit(list(metrics), lp.profile, plan_dir=plan_dir)
+        text = calibrated_profile_yaml(calibrated, report, name=name)
+        if out is not None:
+            from .writer import write_text_atomic
+
+            write_text_atomic(out, text)
+    except DsorchError as e:
+        raise _fail(e)
+    doc = report.as_dict()
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    elif out is None:
+        click.echo(text, nl=False)
+    if not as_json:
+        click.echo(_calibration_summary(doc, out), err=out is None)
+
+
+def _calibration_summary(doc: dict, out) -> str:
+    before, after = doc["step_time_error_before"], doc["step_time_error_after"]
+    lines = [f"fitted {doc['records']} measurement(s) on profile {doc['profile']}"]
+    for key in sorted(set(before) | set(after)):
+        b, a = before.get(key), after.get(key)
+        if isinstance(b, float) and isinstance(a, float):
+            lines.append(f"  step-time {key.replace('_', ' ')}: {100 * b:.1f}% before, {100 * a:.1f}% after")
+    changed = {k: (doc["efficiency_before"].get(k), v) for k, v in doc["efficiency_after"].items()
+               if doc["efficiency_before"].get(k) != v}
+    for k, (b, a) in sorted(changed.items()):
+        lines.append(f"  efficiency.{k}: {b} -> {a}")
+    lines += [f"  note: {n}" for n in doc.get("notes", [])]
+    if out is not None:
+        lines.append(f"wrote {out}")
+    return "\n".join(lines)

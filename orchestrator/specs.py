@@ -239,17 +239,34 @@ class SlurmSpec(BaseModel):
 
 
 class Efficiency(BaseModel):
-    """Free parameters of the time model. Physical: fractions in (0, 1]."""
+    """Free parameters of the time model, all physical fractions in [0, 1].
+
+    A value left out (None) comes from dsorch's calibration table for the profile's GPU and
+    interconnect (``orchestrator/costmodel/calibration.yaml``, fitted to published Megatron-LM
+    runs by ``scripts/fit_calibration.py``); a value given here overrides it. A profile that
+    ``extends`` another inherits the values that one states, like any other key.
+    """
 
     model_config = _FROZEN
-    # Fraction of dense peak that large GEMMs reach (Megatron-LM reaches 52% of A100 peak
-    # end to end, SC21 Table 1; GEMMs alone run higher).
-    gemm: float = Field(default=0.75, gt=0, le=1)
+    # Fraction of dense peak that large GEMMs reach; smaller shapes lose more to their operand
+    # traffic (the cost model adds it at the HBM bandwidth below).
+    gemm: float | None = Field(default=None, gt=0, le=1)
+    # Fraction of dense peak that fused attention kernels (FlashAttention) reach: below large
+    # GEMMs, and far below on Hopper for FlashAttention-2 (Shah et al. 2024, FlashAttention-3, Sec. 1:
+    # "only 35% utilization" on H100).
+    attention: float | None = Field(default=None, gt=0, le=1)
+    # Fraction of HBM bandwidth that memory-bound kernels (norms, activations, softmax, optimizer)
+    # and GEMM operand traffic reach.
+    hbm: float | None = Field(default=None, gt=0, le=1)
     # Fraction of link bandwidth that NCCL collectives reach (bus bandwidth / link bandwidth).
-    intra_node_comm: float = Field(default=0.8, gt=0, le=1)
-    inter_node_comm: float = Field(default=0.8, gt=0, le=1)
-    # Fraction of the data-parallel gradient reduction hidden behind the backward pass.
-    dp_overlap: float = Field(default=0.8, ge=0, le=1)
+    intra_node_comm: float | None = Field(default=None, gt=0, le=1)
+    inter_node_comm: float | None = Field(default=None, gt=0, le=1)
+    # Fraction of the data-parallel reduction that overlaps compute where the engine overlaps it
+    # (DeepSpeed overlap_comm without pipelining, Megatron --overlap-grad-reduce).
+    dp_overlap: float | None = Field(default=None, ge=0, le=1)
+    # Fraction of tensor-parallel collectives hidden behind GEMMs where the engine overlaps them
+    # (Megatron-Core --tp-comm-overlap); 0 elsewhere.
+    tp_overlap: float | None = Field(default=None, ge=0, le=1)
 
 
 class ClusterProfile(BaseModel):

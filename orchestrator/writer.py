@@ -78,3 +78,17 @@ def diff_plan_dir(out: Path, files: dict[str, str]) -> str:
             chunks.extend(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                                fromfile=f"{path} (on disk)", tofile=f"{path} (regenerated)"))
     return "".join(chunks)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write one file all-or-nothing (temporary file in the same directory, then rename)."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise OutputError(f"{path}: cannot write ({e.strerror or e}); choose a path you can write to.")

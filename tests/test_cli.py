@@ -340,3 +340,39 @@ def test_installed_package_ships_templates_and_profiles():
     assert cfg["package-dir"]["orchestrator._profiles"] == "cluster_profiles"
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert all(list((ROOT / "templates").glob(pat)) for pat in data["orchestrator._templates"])
+
+
+def test_explain_shows_stacks_rejections_and_the_close_call_verdict(runner, in_tmp):
+    r = plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--explain")
+    assert r.exit_code == 0, r.output
+    for text in ("Memory per GPU (GiB", "Time per step (s; exposed communication only)", "Rejected by memory:",
+                 "GiB over)", "Model step-time error on its calibration set"):
+        assert text in r.output
+    assert ("more than the model's max error" in r.output) or ("within the model's" in r.output)
+    out = in_tmp / "p"
+    assert plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--out", out).exit_code == 0
+    doc = yaml.safe_load((out / "plan.yaml").read_text())
+    assert {"layouts", "rejected_by_memory", "top_two"} <= set(doc["explain"])
+
+
+def test_calibrate_command_end_to_end(runner, in_tmp):
+    # Measurements of two layouts, 30% slower than the shipped local profile predicts: the fit must
+    # move the efficiencies and write a profile that extends `local` and plans.
+    out = in_tmp / "p"
+    assert plan(runner, "examples/tiny.yaml", "--cluster", "local", "--out", out, "--json").exit_code == 0
+    records = []
+    for args in (["--tp", "1", "--pp", "1", "--mbs", "4", "--zero", "1"], ["--tp", "2", "--pp", "2", "--mbs", "2"]):
+        doc = json.loads(plan(runner, "examples/tiny.yaml", "--cluster", "local", "--json", *args).output)
+        records.append({"layout": doc["layout"], "model": "examples/tiny.yaml",
+                        "step_time_s": doc["predicted"]["step_time_s"] * 1.3})
+    (in_tmp / "measured.yaml").write_text(yaml.safe_dump({"records": records}))
+    r = runner.invoke(main, ["calibrate", "measured.yaml", "--cluster", "local", "--name", "local-fit", "--out",
+                             "profiles/local-fit.yaml"])
+    assert r.exit_code == 0, r.output
+    text = (in_tmp / "profiles" / "local-fit.yaml").read_text()
+    assert "extends: local" in text and "name: local-fit" in text
+    assert "after" in r.output
+    r = plan(runner, "examples/tiny.yaml", "--cluster", "local-fit", "--profiles-dir", "profiles", "--json", "--tp",
+             "1", "--pp", "1", "--mbs", "4", "--zero", "1")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["predicted"]["step_time_s"] == pytest.approx(records[0]["step_time_s"], rel=0.1)

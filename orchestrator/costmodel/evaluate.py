@@ -2,23 +2,35 @@
 
 Pure: arrays in, arrays out. ``Candidates`` holds one entry per layout; ``evaluate`` returns the
 memory stack (bytes per GPU on the most loaded pipeline stage) and the time stack (seconds per
-step) of every one of them.
+step) of every one of them. The efficiencies come from the profile, completed by the fitted
+calibration table (``calibration.resolve_efficiency``); all of them are physical fractions.
 
-Time model (all per optimizer step, on the slowest pipeline stage):
-  compute       GEMM FLOPs / (peak x efficiency), efficiency capped by a roofline on the GEMM's
-                arithmetic intensity (small hidden sizes and micro-batches run below peak), plus
-                memory-bound element-wise work at HBM bandwidth;
+Time model (per optimizer step, on the slowest pipeline stage):
+  compute       every GEMM of a layer (QKV, output projection, MLP, logits; fwd, dgrad, wgrad) costs
+                its FLOPs at peak x ``gemm`` plus its operand and result bytes at HBM bandwidth x
+                ``hbm`` (an additive roofline: small hidden sizes and micro-batches have little
+                reuse per byte and run far below peak); attention scores likewise (without
+                FlashAttention the s x s matrices go through HBM and softmax/dropout over them are
+                memory-bound; FlashAttention keeps them on chip, skips the causal half and
+                recomputes S in its backward, 2.5x the forward FLOPs: Dao 2023, Sec. 3.1, at
+                peak x ``attention``);
+                element-wise work (norms, residual adds, activation, rotary, dropout,
+                cross-entropy) at HBM bandwidth; recomputation adds forward passes;
   tp_comm       4 ring all-reduces (or reduce-scatter + all-gather with SP, same volume) of
                 b*s*h per layer and micro-batch, 6 with full recompute (Narayanan et al. 2021,
-                Sec. 4: 8bsh(t-1)/t bytes per layer per device), over NVLink, not overlapped;
+                Sec. 4: 8bsh(t-1)/t bytes per layer per device), over NVLink with latency; the
+                part the engine hides behind GEMMs (``tp_overlap``) is not counted;
   bubble        (pp-1)/vpp micro-batch times (Narayanan et al. 2021, Sec. 2.2: bubble fraction
                 (pp-1)/(m*vpp) of m micro-batch times);
-  pp_comm       point-to-point activations b*s*h (b*s*h/t with SP) per micro-batch and chunk,
-                forward and backward, over InfiniBand when neighbouring stages sit on other nodes;
-  dp_comm       gradient reduction (ring, 2(d-1)/d of the gradient bytes; ZeRO-3 gathers weights
-                each micro-batch, 3(d-1)/d, ZeRO paper Sec. 7), minus the part hidden behind the
-                backward pass;
-  optimizer     Adam reads and writes ~32 bytes per local parameter at HBM bandwidth.
+  pp_comm       point-to-point activations b*s*h (b*s*h/t with SP or Megatron's scatter/gather)
+                per micro-batch and chunk, forward and backward, over InfiniBand when
+                neighbouring stages sit on other nodes;
+  dp_comm       gradient reduction, hierarchical when the group spans nodes: ring inside the node
+                over NVLink, then across nodes over each GPU's share of the node's NICs carrying
+                1/k of the bytes (k = group members per node); ZeRO-3 gathers weights each
+                micro-batch (3(d-1)/d, ZeRO paper Sec. 7); minus the part hidden behind compute
+                where the engine overlaps it (``dp_overlap``);
+  optimizer     Adam reads and writes ~34 bytes per local parameter at HBM bandwidth x ``hbm``.
 """
 
 from __future__ import annotations
@@ -28,7 +40,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from ..specs import ClusterProfile, ModelSpec, TrainingSpec
-from .flops import layer_forward_flops_per_token, logits_forward_flops_per_token, model_flops_per_step
+from .calibration import Resolved, resolve_efficiency
+from .flops import model_flops_per_step
 from .memory import STATE_BYTES, activation_bytes_per_layer, in_flight_micro_batches, model_state_bytes
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
@@ -38,7 +51,38 @@ RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 ZERO_BUCKET_ELEMENTS = 200_000_000
 # DeepSpeed ZeRO-3 keeps at most this many gathered parameters alive (stage3_max_live_parameters).
 ZERO3_MAX_LIVE_PARAMETERS = 1_000_000_000
-OPTIMIZER_BYTES_PER_PARAM = 32.0
+# Megatron-LM's DDP bucket (distributed/distributed_data_parallel.py: bucket_size default
+# max(40M, 1M x dp) elements); only its count of collectives (latency) matters here.
+MEGATRON_BUCKET_ELEMENTS = 40_000_000
+# Adam step per parameter: read fp32 master, momentum, variance, fp32 gradient (16 B), write the
+# first three (12 B) and the 16-bit weight copy (2 B); plus the gradient norm and unscale reads.
+OPTIMIZER_BYTES_PER_PARAM = 34.0
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What the training engine overlaps and how it sends activations; the runtime's defaults are
+    ``ENGINES``, calibration rows pass the settings of the published run."""
+
+    dp_overlap: bool  # gradient reduction overlaps the last micro-batch's backward
+    dp_overlap_with_pp: bool  # ... also when pp > 1
+    param_gather_overlap: bool  # distributed optimizer's weight all-gather overlaps the next forward
+    tp_overlap: bool  # TP collectives overlap GEMMs (Megatron-Core --tp-comm-overlap)
+    p2p_scatter_gather: bool  # stage boundaries send b*s*h/t (Megatron scatter/gather, Sec. 4.1)
+
+
+ENGINES = {
+    # DeepSpeed: ZeRO overlap_comm (dsorch's ds_config sets it) overlaps the reduction with the
+    # backward pass, but the pipeline engine reduces only after the pipeline flush
+    # (PipelineEngine._exec_reduce_grads is the last instruction of its TrainSchedule), and it
+    # sends whole activation tensors between stages.
+    "deepspeed": Engine(dp_overlap=True, dp_overlap_with_pp=False, param_gather_overlap=False,
+                        tp_overlap=False, p2p_scatter_gather=False),
+    # Megatron-LM as dsorch launches it: --overlap-grad-reduce / --overlap-param-gather with the
+    # distributed optimizer, no --tp-comm-overlap (it needs Transformer Engine userbuffers).
+    "megatron": Engine(dp_overlap=True, dp_overlap_with_pp=True, param_gather_overlap=True,
+                       tp_overlap=False, p2p_scatter_gather=True),
+}
 
 
 @dataclass(frozen=True)
@@ -72,20 +116,25 @@ class Evaluation:
     grads: np.ndarray
     optimizer: np.ndarray
     activations: np.ndarray
-    overhead: np.ndarray
+    overhead: np.ndarray  # comm_buffers + framework
     total: np.ndarray
     # time, seconds per step
     compute: np.ndarray
-    tp_comm: np.ndarray
+    tp_comm: np.ndarray  # exposed
     bubble: np.ndarray
     pp_comm: np.ndarray
-    dp_comm: np.ndarray
+    dp_comm: np.ndarray  # exposed
     optimizer_step: np.ndarray
     step_time: np.ndarray
     # derived
     tokens_per_s: np.ndarray
     mfu: np.ndarray
-    compute_at_peak: np.ndarray  # model+recompute FLOPs on the binding stage at 100% of peak
+    compute_at_peak: np.ndarray  # FLOPs the binding stage executes (recompute included) at 100% of peak
+    # splits, for explanations
+    comm_buffers: np.ndarray  # DeepSpeed's reduce/all-gather buckets, ZeRO-3 gathered layers
+    framework: np.ndarray  # the profile's memory_overhead_gib (CUDA context, NCCL, fragmentation)
+    tp_comm_total: np.ndarray  # before overlap
+    dp_comm_total: np.ndarray  # before overlap
 
     def take(self, idx) -> "Evaluation":
         return Evaluation(**{f.name: np.asarray(getattr(self, f.name))[idx] for f in fields(self)})
@@ -96,24 +145,44 @@ def _peak_flops(profile: ClusterProfile, precision: str) -> float:
 
 
 def _ring_time(nbytes, n, bw, latency, factor):
-    """Ring collective: ``factor * (n-1)/n * bytes / bw`` plus a latency per step of a tree."""
+    """Ring collective over n ranks: ``factor * (n-1)/n * bytes / bw`` plus one latency per ring
+    step (factor = 2 for an all-reduce: reduce-scatter then all-gather, n-1 steps each)."""
     n = np.asarray(n, dtype=np.float64)
-    steps = np.where(n > 1, np.ceil(np.log2(np.maximum(n, 2))), 0.0)
-    return np.where(n > 1, factor * (n - 1) / n * nbytes / bw + 2 * steps * latency, 0.0)
+    return np.where(n > 1, factor * (n - 1) / n * nbytes / bw + factor * (n - 1) * latency, 0.0)
+
+
+def _hierarchical_time(nbytes, d, k, bw_intra, lat_intra, bw_inter, lat_inter, factor):
+    """A collective over d ranks, k of them per node: ring over NVLink inside the node, then a ring
+    across the d/k nodes where each member carries 1/k of the bytes over its own NIC share
+    (NCCL's multi-channel rings and 2D all-reduce give this bus bandwidth)."""
+    d = np.asarray(d, dtype=np.float64)
+    k = np.minimum(np.asarray(k, dtype=np.float64), d)
+    nodes = np.maximum(1.0, np.ceil(d / k))
+    inside = _ring_time(nbytes, k, bw_intra, lat_intra, factor)
+    across = _ring_time(nbytes / k, nodes, bw_inter, lat_inter, factor)
+    return inside + across
 
 
 def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
-             c: Candidates) -> Evaluation:
+             c: Candidates, *, efficiency: Resolved | None = None, engine: Engine | None = None) -> Evaluation:
+    """Memory and time stacks of every layout in ``c``.
+
+    ``efficiency`` overrides the profile's resolved efficiencies and ``engine`` the runtime's
+    overlap settings (calibration uses both); plain callers pass neither.
+    """
+    eff = resolve_efficiency(profile) if efficiency is None else efficiency
+    eng = ENGINES[runtime] if engine is None else engine
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
     tp, pp, dp, vpp = f64(c.tp), f64(c.pp), f64(c.dp), f64(c.vpp)
     mbs, gas, zero, rc, sp = f64(c.mbs), f64(c.gas), np.asarray(c.zero), np.asarray(c.rc), np.asarray(c.sp, dtype=bool)
     s = float(training.seq_length)
     h, f, a, kv, V = (float(model.hidden_size), float(model.ffn_hidden_size), float(model.num_attention_heads),
                       float(model.kv_heads), float(model.vocab_size))
+    d_head = float(model.head_dim)
+    swiglu = model.activation == "swiglu"
     precision = training.precision
     act_bytes = 4 if precision == "fp32" else 2
     weight_b, grad_b, opt_b = STATE_BYTES[(runtime, precision)]
-
     # ---------------- memory -----------------
     norms = (2 if model.normalization == "layernorm" else 1) * 2 * h
     layer_params_local = (model.params_per_layer - norms) / tp + norms
@@ -163,7 +232,8 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
         buffers = buffers + np.where(zero == 3, gathered, 0.0)
     else:
         buffers = np.zeros_like(tp)
-    overhead = profile.memory_overhead_gib * (1 << 30) + buffers
+    framework = np.full_like(tp, profile.memory_overhead_gib * (1 << 30))
+    overhead = framework + buffers
 
     totals = [st[0] + st[1] + st[2] + st[3] for st in (first, middle, last)]
     stacked = np.stack(totals)
@@ -174,37 +244,77 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
 
     # ---------------- time -----------------
     peak = _peak_flops(profile, precision)
-    eff = profile.efficiency
-    hbm = profile.gpu.hbm_bandwidth_gbps * 1e9
-    w_flops, sc_flops = layer_forward_flops_per_token(model, training.seq_length)
-    tokens_mb = s * mbs
-    # Roofline on the MLP up-projection GEMM (M = tokens, N = f/t, K = h, 16-bit operands):
-    # intensity = MNK / (MK + KN + MN) FLOP per byte; below the ridge point peak/HBM the GEMM is
-    # memory bound.
-    M, N, K = tokens_mb, f / tp, h
-    intensity = M * N * K / (M * K + K * N + M * N)
-    gemm_eff = eff.gemm * np.minimum(1.0, intensity * hbm / peak)
-    rc_extra = np.where(rc == 2, 1.0, 0.0)  # full recompute: one more forward of each layer
-    sel_extra = np.where(rc == 1, 1.0, 0.0)  # selective: one more forward of the score GEMMs
-    layer_flops_mb = tokens_mb * ((3 + rc_extra) * w_flops + (3 + rc_extra + sel_extra) * sc_flops) / tp
-    # Element-wise work (norms, rotary, activation, residual adds, dropout): ~ (24h + 6f) bytes
-    # read+written per token per forward, 3x with backward, sharded by TP (norms only with SP).
-    elem_bytes_mb = 3 * tokens_mb * (np.where(sp, 24 * h / tp, 24 * h) + 6 * f / tp) * act_bytes / 2
-    layer_time_mb = layer_flops_mb / (peak * gemm_eff) + elem_bytes_mb / hbm
-    logit_flops_mb = 3 * tokens_mb * logits_forward_flops_per_token(model) / tp
-    logit_time_mb = logit_flops_mb / (peak * gemm_eff)
+    flop_rate = peak * eff.gemm
+    hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * eff.hbm
+    e = float(act_bytes)
+    T = s * mbs  # tokens per micro-batch
+
+    def gemm(m, n, k, count=1.0):
+        """(time, FLOPs) of ``count`` GEMMs (m x k) @ (k x n): FLOPs at the GEMM rate plus operand
+        and result bytes at the HBM rate. Symmetric in m, n, k, so the two backward GEMMs of a
+        linear layer (dgrad, wgrad: the same three dimensions permuted) cost what its forward does."""
+        flops = 2.0 * m * n * k * count
+        return flops / flop_rate + (m * k + k * n + m * n) * e * count / hbm, flops
+
+    kv_dim = kv * d_head
+    dense = [gemm(T, (h + 2 * kv_dim) / tp, h),  # QKV (column parallel)
+             gemm(T, h, h / tp),  # attention output projection (row parallel)
+             gemm(T, (2 * f if swiglu else f) / tp, h),  # MLP up (+gate)
+             gemm(T, h, f / tp)]  # MLP down
+    dense_t = sum(g[0] for g in dense)
+    dense_flops = sum(g[1] for g in dense)
+    heads_local = a / tp
+    if training.flash_attention:
+        # FlashAttention: QK^T and PV of the causal half on chip; only Q, K, V, O cross HBM.
+        # Backward recomputes S and runs 5 GEMMs to the forward's 2 (Dao 2023, Sec. 3.1.2).
+        sc_flops_f = 0.5 * 4.0 * mbs * heads_local * s * s * d_head
+        sc_bytes_f = T * (2 * h + 2 * kv_dim) / tp * e
+        score_f = sc_flops_f / (peak * eff.attention) + sc_bytes_f / hbm
+        score_b, sc_flops_b = 2.5 * score_f, 2.5 * sc_flops_f
+        score_elem_f = 0.0
+    else:
+        # Batched per head: (s x d) @ (d x s) and (s x s) @ (s x d), full s x s computed.
+        t1, fl1 = gemm(s, s, d_head, mbs * heads_local)
+        t2, fl2 = gemm(s, d_head, s, mbs * heads_local)
+        score_f, sc_flops_f = t1 + t2, fl1 + fl2
+        score_b, sc_flops_b = 2 * score_f, 2 * sc_flops_f
+        # Fused scale-mask-softmax reads and writes the scores; attention dropout reads them,
+        # writes its output and a 1-byte mask (Korthikanti et al. 2022, Sec. 4.1).
+        drop = (2 * e + 1) if training.attention_dropout > 0 else 0.0
+        score_elem_f = mbs * heads_local * s * s * (2 * e + drop) / hbm
+    # Element-wise bytes per token of a layer's forward: two norms (read + write h), two residual
+    # adds (read 2h, write h), rotary on Q and K, the activation (GeLU reads and writes f, SwiGLU
+    # reads 2f and writes f), dropout masks. Norms and residuals are sharded by SP only.
+    replicated = (2 * 2 * h + 2 * 3 * h) * e + (2 * h if training.hidden_dropout > 0 else 0.0)
+    rotary = 2 * (h + kv_dim) * e if model.position_embedding == "rope" else 0.0
+    sharded = ((3 * f if swiglu else 2 * f) * e + rotary) / tp
+    elem_f = T * (np.where(sp, replicated / tp, replicated) + sharded) / hbm + score_elem_f
+    # Backward: about twice the forward's traffic (gradient in and out, saved input read).
+    layer_f = dense_t + score_f + elem_f
+    layer_b = 2 * dense_t + score_b + 2 * elem_f
+    full_rc = rc == 2
+    sel_rc = rc == 1
+    layer_rc = np.where(full_rc, layer_f, np.where(sel_rc, score_f + score_elem_f, 0.0))
+    layer_time_mb = layer_f + layer_b + layer_rc
+    layer_flops_mb = (3 * dense_flops + sc_flops_f + sc_flops_b
+                      + np.where(full_rc, dense_flops + sc_flops_f, np.where(sel_rc, sc_flops_f, 0.0)))
+    # Logits on the last stage (vocab-parallel): one GEMM three times, and the fused cross-entropy
+    # reading the 16-bit logits and writing fp32 softmax and its gradient.
+    logit_t, logit_flops = gemm(T, V / tp, h)
+    logit_time_mb = 3 * logit_t + T * V / tp * (e + 3 * 4) / hbm
+    logit_flops_mb = 3 * logit_flops
 
     # Tensor-parallel collectives, per layer per micro-batch.
     nvlink = profile.intra_node.bandwidth_gbps * 1e9 / 2 * eff.intra_node_comm  # one direction
     lat_intra = profile.intra_node.latency_us * 1e-6
-    n_coll = 4 + 2 * rc_extra
-    tp_layer_mb = n_coll * _ring_time(tokens_mb * h * act_bytes, tp, nvlink, lat_intra, 1.0)
+    n_coll = 4 + 2 * full_rc
+    tp_layer_mb = n_coll * _ring_time(T * h * e, tp, nvlink, lat_intra, 2.0)
 
-    stage_layers = np.maximum(np.maximum(f64(c.layers_first), f64(c.layers_middle)), f64(c.layers_last))
-    compute_mb = np.maximum(f64(c.layers_middle) * layer_time_mb,
-                            np.maximum(f64(c.layers_first) * layer_time_mb,
-                                       f64(c.layers_last) * layer_time_mb + logit_time_mb))
-    tp_mb = stage_layers * tp_layer_mb
+    lf, lm, ll = f64(c.layers_first), f64(c.layers_middle), f64(c.layers_last)
+    stage_layers = np.maximum(np.maximum(lf, lm), ll)
+    compute_mb = np.maximum(lm * layer_time_mb, np.maximum(lf * layer_time_mb, ll * layer_time_mb + logit_time_mb))
+    tp_total_mb = stage_layers * tp_layer_mb
+    tp_mb = tp_total_mb * (1.0 - (eff.tp_overlap if eng.tp_overlap else 0.0))
     mb_time = compute_mb + tp_mb
     compute = gas * compute_mb
     tp_comm = gas * tp_mb
@@ -219,28 +329,45 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     cross = (tp * dp >= g) & (profile.nodes > 1)
     p2p_bw = np.where(cross, ib_per_gpu, nvlink)
     p2p_lat = np.where(cross, lat_inter, lat_intra)
-    p2p_bytes = np.where(sp, tokens_mb * h / tp, tokens_mb * h) * act_bytes
+    p2p_bytes = np.where(sp | eng.p2p_scatter_gather, T * h / tp, T * h) * e
     pp_comm = np.where(pp > 1, 2 * (gas * vpp + pp - 1) * (p2p_bytes / p2p_bw + p2p_lat), 0.0)
 
-    # Data-parallel reduction. A DP group strides over tp ranks, so it leaves the node once
-    # tp*dp > gpus_per_node; across nodes each GPU gets its share of the node's NICs.
-    spans_nodes = tp * dp > g
-    dp_bw = np.where(spans_nodes, ib_per_gpu, nvlink)
-    dp_lat = np.where(spans_nodes, lat_inter, lat_intra)
+    # Data-parallel collectives. A DP group strides over tp ranks: g/tp of its members share a
+    # node, the rest are on other nodes (hierarchical collective, see _hierarchical_time).
+    per_node = np.maximum(1.0, np.floor(g / tp))
+    in_node = np.minimum(dp, per_node)
+    one_node = (profile.nodes == 1) | (tp * dp <= g)
+    k = np.where(one_node, dp, in_node)
+
+    def coll(nbytes, factor, buckets):
+        t = _hierarchical_time(nbytes, dp, k, nvlink, lat_intra, ib_per_gpu, lat_inter, factor)
+        # One latency chain per bucket (DeepSpeed reduce_bucket_size, Megatron's DDP buckets).
+        lat = np.where(one_node, lat_intra, lat_inter) * factor * np.maximum(dp - 1, 0.0)
+        return t + np.maximum(buckets - 1, 0.0) * np.where(dp > 1, lat, 0.0)
+
+    bucket_elems = ZERO_BUCKET_ELEMENTS if runtime == "deepspeed" else MEGATRON_BUCKET_ELEMENTS
+    buckets = np.ceil(params_stage / bucket_elems)
     grad_bytes = params_stage * grad_b
     weight_bytes = params_stage * weight_b
-    allreduce = _ring_time(grad_bytes, dp, dp_bw, dp_lat, 2.0)
-    # ZeRO-1/2: reduce-scatter gradients, all-gather updated 16-bit weights (same volume as an
-    # all-reduce when they are the same width). ZeRO-2 reduces every micro-batch (DeepSpeed
-    # reduces gradients during each backward pass once they are partitioned).
-    rs = _ring_time(grad_bytes, dp, dp_bw, dp_lat, 1.0)
-    ag = _ring_time(weight_bytes, dp, dp_bw, dp_lat, 1.0)
-    zero3_per_mb = 2 * ag + rs  # gather for forward and for backward, reduce-scatter gradients
+    allreduce = coll(grad_bytes, 2.0, buckets)
+    rs = coll(grad_bytes, 1.0, buckets)
+    ag = coll(weight_bytes, 1.0, buckets)
+    # ZeRO-1/2 (and Megatron's distributed optimizer): reduce-scatter gradients, all-gather updated
+    # 16-bit weights. DeepSpeed's ZeRO-2 reduces every micro-batch (the gradients are partitioned
+    # during each backward pass). ZeRO-3 gathers weights for forward and backward and
+    # reduce-scatters gradients, every micro-batch.
+    zero3_per_mb = 2 * ag + rs
     dp_total = np.select([zero == 0, zero == 1, zero == 2, zero == 3],
                          [allreduce, rs + ag, gas * rs + ag, gas * zero3_per_mb])
-    # Overlap: the last micro-batch's backward (2/3 of its compute) hides the reduction
-    # (DeepSpeed overlap_comm, Megatron overlap-grad-reduce); ZeRO-3 prefetches over the whole step.
-    hide = np.where(zero == 3, compute, compute_mb * 2.0 / 3.0) * eff.dp_overlap
+    # What can hide it: the gradient reduction overlaps the last micro-batch's backward (2/3 of its
+    # compute: DeepSpeed overlap_comm, Megatron --overlap-grad-reduce, which reduces only on the
+    # last micro-batch); the weight all-gather overlaps the first forward (1/3) with Megatron's
+    # --overlap-param-gather; DeepSpeed's ZeRO-2 reduces during every backward pass and ZeRO-3
+    # prefetches over the whole step.
+    can_overlap = eng.dp_overlap & ((pp == 1) | eng.dp_overlap_with_pp)
+    window = np.where(zero == 3, compute, np.where(zero == 2, compute * 2.0 / 3.0,
+                      compute_mb * (2.0 / 3.0 + np.where((zero == 1) & eng.param_gather_overlap, 1.0 / 3.0, 0.0))))
+    hide = np.where(can_overlap, window * eff.dp_overlap, 0.0)
     dp_comm = np.maximum(0.0, dp_total - hide)
 
     opt_params = params_stage / np.where(zero >= 1, dp, 1.0)
@@ -251,11 +378,11 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     mflops = model_flops_per_step(model, training.seq_length, training.global_batch_size)
     world = tp * pp * dp
     mfu = mflops / (step * world * peak)
-    compute_at_peak = gas * np.maximum(f64(c.layers_middle) * layer_flops_mb,
-                                       f64(c.layers_last) * layer_flops_mb + logit_flops_mb) / peak
+    compute_at_peak = gas * np.maximum(np.maximum(lm, lf) * layer_flops_mb, ll * layer_flops_mb + logit_flops_mb) / peak
     return Evaluation(params_b, grads_b, opt_bytes, act_b, overhead, total,
                       compute, tp_comm, bubble, pp_comm, dp_comm, optimizer_step, step,
-                      tokens / step, mfu, compute_at_peak)
+                      tokens / step, mfu, compute_at_peak, buffers + np.zeros_like(tp), framework,
+                      gas * tp_total_mb, dp_total)
 
 
 def invariant_violations(c: Candidates, ev: Evaluation) -> list[str]:

@@ -20,11 +20,16 @@ import numpy as np
 GIB = float(1 << 30)
 
 # Bytes per parameter: (weights, gradients, optimizer states) before any sharding.
-# DeepSpeed mixed precision: 2 + 2 + 12 (ZeRO paper, K = 12: fp32 master, momentum, variance).
+# The ZeRO paper counts 2 + 2 + K with K = 12 (fp32 master, momentum, variance); DeepSpeed's
+# implementation also converts its gradient partition to fp32 for the optimizer step
+# (stage_1_and_2.py: single_grad_partition ... .to(fp32); stage3.py: _prepare_fp32_grad_for_sub_group),
+# which its own estimator counts ("18 = 2_grads_16bit + 4_grads_32bit + 4_params_32bit +
+# 8_optimizer_states_32bit", estimate_zero2_model_states_mem_needs). dsorch counts that fp32
+# gradient with the optimizer states it is sharded like: 2 + 2 + 16.
 # fp32 training: 4 + 4 + 8 (momentum and variance; the weights are the master copy).
 STATE_BYTES = {
-    ("deepspeed", "bf16"): (2, 2, 12),
-    ("deepspeed", "fp16"): (2, 2, 12),
+    ("deepspeed", "bf16"): (2, 2, 16),
+    ("deepspeed", "fp16"): (2, 2, 16),
     ("deepspeed", "fp32"): (4, 4, 8),
     # Megatron-LM: bf16 reduces and accumulates gradients in fp32 (validate_args sets
     # accumulate_allreduce_grads_in_fp32 for bf16); fp16 keeps fp16 grads plus an fp32 main-grad

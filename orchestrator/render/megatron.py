@@ -38,8 +38,13 @@ def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
         add("--num-layers-per-virtual-pipeline-stage", m.num_layers // L.pp // L.vpp)
     if L.sequence_parallel:
         add("--sequence-parallel")
-    if plan.runtime == "megatron" and L.zero_stage == 1:
-        add("--use-distributed-optimizer")
+    if plan.runtime == "megatron":
+        # The cost model assumes Megatron overlaps the data-parallel reduction with the backward
+        # pass (and the distributed optimizer's parameter all-gather with the next forward).
+        add("--overlap-grad-reduce")
+        if L.zero_stage == 1:
+            add("--use-distributed-optimizer")
+            add("--overlap-param-gather")
     add("--micro-batch-size", L.micro_batch_size)
     add("--global-batch-size", t.global_batch_size)
     if L.recompute == "selective":

@@ -10,6 +10,7 @@ import json
 import yaml
 
 from ..costmodel.flops import model_flops_per_step
+from ..explain import explain_doc
 from ..plan import Plan
 from ..solver import Scored
 
@@ -80,6 +81,7 @@ def plan_doc(plan: Plan) -> dict:
             "rejected_by_memory": plan.result.rejected_memory,
         },
         "alternatives": [scored_doc(plan, s) for s in plan.alternatives],
+        "explain": explain_doc(plan),
     }
 
 

@@ -1,0 +1,146 @@
+"""Why this layout: memory and time stacks of the chosen layout and its alternatives, the layouts
+memory rejected and by how much, and whether the top two are closer than the model can tell.
+
+Pure functions of a ``Plan``: ``explain_doc`` (the ``explain:`` section of plan.yaml, rounded and
+deterministic) and ``explain_text`` (what ``dsorch plan --explain`` prints).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .costmodel import RECOMPUTE_CODES, Candidates, evaluate
+from .costmodel.calibration import resolve_efficiency
+from .costmodel.evaluate import Evaluation
+from .layout import Layout
+from .plan import Plan
+from .rules import stage_split
+from .solver import GIB, Scored
+
+MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "comm_buffers", "framework", "total")
+TIME_KEYS = ("compute", "tp_comm_exposed", "bubble", "pp_comm", "dp_comm_exposed", "optimizer")
+
+
+def _r(x: float, nd: int = 3) -> float:
+    return float(round(float(x), nd))
+
+
+def _evaluate_layouts(plan: Plan, layouts: list[Layout]) -> Evaluation:
+    """The cost model on exactly these layouts (one vectorized call)."""
+    m = plan.spec.model
+    cols: dict[str, list] = {k: [] for k in ("tp", "pp", "dp", "vpp", "zero", "mbs", "gas", "rc", "sp",
+                                             "layers_first", "layers_middle", "layers_last")}
+    for L in layouts:
+        split = stage_split(m.num_layers, L.pp)
+        for k, v in (("tp", L.tp), ("pp", L.pp), ("dp", L.dp), ("vpp", L.vpp), ("zero", L.zero_stage),
+                     ("mbs", L.micro_batch_size), ("gas", L.grad_accum_steps), ("rc", RECOMPUTE_CODES[L.recompute]),
+                     ("sp", L.sequence_parallel), ("layers_first", split.first), ("layers_middle", split.middle),
+                     ("layers_last", split.last)):
+            cols[k].append(v)
+    cand = Candidates(**{k: np.array(v, dtype=bool if k == "sp" else np.int64) for k, v in cols.items()})
+    return evaluate(m, plan.spec.training, plan.profile, plan.runtime, cand)
+
+
+def _stacks(ev: Evaluation, i: int) -> tuple[dict, dict]:
+    mem = {"params": ev.params[i], "grads": ev.grads[i], "optimizer": ev.optimizer[i],
+           "activations": ev.activations[i], "comm_buffers": ev.comm_buffers[i], "framework": ev.framework[i],
+           "total": ev.total[i]}
+    t = {"compute": ev.compute[i], "tp_comm_exposed": ev.tp_comm[i], "bubble": ev.bubble[i],
+         "pp_comm": ev.pp_comm[i], "dp_comm_exposed": ev.dp_comm[i], "optimizer": ev.optimizer_step[i]}
+    return {k: _r(v / GIB) for k, v in mem.items()}, {k: _r(v, 4) for k, v in t.items()}
+
+
+def _model_error(plan: Plan) -> tuple[float | None, float | None, str | None]:
+    eff = resolve_efficiency(plan.profile)
+    return eff.mean_rel_error, eff.max_rel_error, eff.entry
+
+
+def _close_call(plan: Plan) -> dict | None:
+    ranked = plan.result.ranked
+    if len(ranked) < 2:
+        return None
+    mean_err, max_err, entry = _model_error(plan)
+    a, b = ranked[0], ranked[1]
+    gap = b.step_time_s / a.step_time_s - 1.0
+    within = max_err is not None and gap <= max_err
+    return {"first": a.layout.short(), "second": b.layout.short(), "gap": _r(gap, 4),
+            "model_max_error": None if max_err is None else _r(max_err, 4), "within_model_error": bool(within)}
+
+
+def explain_doc(plan: Plan) -> dict:
+    """The ``explain:`` section of plan.yaml: stacks per layout, rejections, model error."""
+    res = plan.result
+    shown: list[Scored] = list(res.ranked)
+    ev = _evaluate_layouts(plan, [s.layout for s in shown]) if shown else None
+    best = plan.chosen.step_time_s
+    layouts = []
+    for i, s in enumerate(shown):
+        mem, t = _stacks(ev, i)
+        layouts.append({"layout": s.layout.short(), "chosen": s.layout == plan.chosen.layout,
+                        "step_time_s": _r(s.step_time_s, 4), "vs_chosen": _r(s.step_time_s / best - 1.0, 4),
+                        "memory_gib_per_gpu": mem, "time_s": t})
+    rejected = [{"layout": s.layout.short(), "needs_gib": _r(s.memory_gib["total"]), "over_gib": _r(s.over_gib)}
+                for s in res.closest]
+    eff = resolve_efficiency(plan.profile)
+    mean_err, max_err, entry = _model_error(plan)
+    return {
+        "efficiency": {k: _r(v, 4) for k, v in eff.values().items()},
+        "efficiency_source": {f: src for f, src in eff.sources},
+        "model_step_time_error": {"calibration": entry, "mean": None if mean_err is None else _r(mean_err, 4),
+                                  "max": None if max_err is None else _r(max_err, 4)},
+        "capacity_gib": _r(res.capacity_gib),
+        "layouts": layouts,
+        "rejected_by_memory": {"count": res.rejected_memory, "closest": rejected},
+        "top_two": _close_call(plan),
+    }
+
+
+def _fmt_row(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+
+def explain_text(plan: Plan) -> str:
+    """A readable report: the stacks of every ranked layout, the closest rejections, the close call."""
+    doc = explain_doc(plan)
+    out: list[str] = []
+    err = doc["model_step_time_error"]
+    src = err["calibration"] or "defaults (no calibration entry for this GPU)"
+    e = ", ".join(f"{k} {v:g}" for k, v in doc["efficiency"].items())
+    out.append(f"Efficiencies ({src}): {e}")
+    if err["max"] is not None:
+        out.append(f"Model step-time error on its calibration set: mean {100 * err['mean']:.1f}%, "
+                   f"max {100 * err['max']:.1f}%")
+    out.append("")
+    out.append(f"Memory per GPU (GiB, binding pipeline stage; capacity {doc['capacity_gib']:g} GiB):")
+    mh = ["layout", "params", "grads", "optim", "activ", "buffers", "framework", "total"]
+    rows = [[("* " if L["chosen"] else "  ") + L["layout"],
+             *[f"{L['memory_gib_per_gpu'][k]:.1f}" for k in MEMORY_KEYS]] for L in doc["layouts"]]
+    widths = [max(len(r[i]) for r in [mh, *rows]) for i in range(len(mh))]
+    out += [_fmt_row(mh, widths), *[_fmt_row(r, widths) for r in rows]]
+    out.append("")
+    out.append("Time per step (s; exposed communication only):")
+    th = ["layout", "compute", "tp comm", "bubble", "pp comm", "dp comm", "optim", "step", "vs best"]
+    rows = [[("* " if L["chosen"] else "  ") + L["layout"],
+             *[f"{L['time_s'][k]:.3f}" for k in TIME_KEYS], f"{L['step_time_s']:.3f}",
+             f"{100 * L['vs_chosen']:+.1f}%"] for L in doc["layouts"]]
+    widths = [max(len(r[i]) for r in [th, *rows]) for i in range(len(th))]
+    out += [_fmt_row(th, widths), *[_fmt_row(r, widths) for r in rows]]
+    rej = doc["rejected_by_memory"]
+    if rej["count"]:
+        out.append("")
+        out.append(f"Rejected by memory: {rej['count']} layouts. Closest to fitting:")
+        for r in rej["closest"]:
+            out.append(f"  {r['layout']}: needs {r['needs_gib']:.1f} GiB ({r['over_gib']:.1f} GiB over)")
+    top = doc["top_two"]
+    if top is not None:
+        out.append("")
+        gap = 100 * top["gap"]
+        if top["within_model_error"]:
+            out.append(f"The top two layouts are {gap:.1f}% apart, within the model's own error "
+                       f"(max {100 * top['model_max_error']:.1f}% on its calibration set): measure both "
+                       f"({top['first']} and {top['second']}) before committing to one.")
+        else:
+            out.append(f"The chosen layout is {gap:.1f}% faster than the next ({top['second']}), more than the "
+                       f"model's max error" + (f" of {100 * top['model_max_error']:.1f}%." if top['model_max_error']
+                                               is not None else "."))
+    return "\n".join(out) + "\n"
