@@ -311,14 +311,16 @@ Examples:
               help="Node count you expect; refused when the plan was made for another.")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Training steps (default: the plan's).")
 @click.option("--data", type=click.Path(dir_okay=False), default=None,
-              help="Token file to train on (default: deterministic synthetic tokens).")
+              help="Token file NAME (NAME.bin + NAME.json) to train on (default: deterministic synthetic tokens).")
+@click.option("--save-interval", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Checkpoint every N steps (0: only at the end and when preempted).")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where checkpoints and metrics.jsonl go; default runs/<plan>-<key>.")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch script submitit would submit; submit nothing.")
 @click.option("--force", is_flag=True, help="Submit even if a job of this plan is pending or running.")
 @click.option("--wait", is_flag=True, help="Wait for the job to finish and print its final state.")
 @_plan_options
-def submit(plan_dir, cluster, nodes, steps, data, run_dir, dry_run, force, wait, profiles_dir):
+def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, dry_run, force, wait, profiles_dir):
     """Submit PLAN_DIR as a job running dsorch's training entrypoint (SLURM through submitit, or local)."""
     from . import slurm
     from .specs import profiles_dir_from_env
@@ -327,7 +329,7 @@ def submit(plan_dir, cluster, nodes, steps, data, run_dir, dry_run, force, wait,
     _ds_env()
     try:
         sub = prepare_submission(plan_dir, cluster, nodes, steps, data, run_dir, profiles_dir_from_env(profiles_dir),
-                                 Path.cwd())
+                                 Path.cwd(), save_interval)
         if dry_run:
             if sub.spec.kind == "local":
                 click.echo(f"# --cluster local: {sub.spec.tasks_per_node} processes on this machine through "

@@ -93,11 +93,6 @@ def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, profi
     if runtime == "deepspeed" and L.pp > 1 and L.zero_stage > 1:
         r.append(f"zero_stage={L.zero_stage} cannot be combined with pp={L.pp} in DeepSpeed's pipeline engine "
                  f"(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1")
-    if runtime == "deepspeed" and L.pp > 1 and L.zero_stage == 0 and training.optimizer.grad_clip > 0:
-        # Found by running DeepSpeed 0.19 on CPU: its pipeline engine without ZeRO computes a wrong global
-        # gradient norm for clipping; with ZeRO-1 it is right.
-        r.append(f"zero_stage=0 with pp={L.pp} and gradient clipping computes a wrong global gradient norm in "
-                 f"DeepSpeed's pipeline engine; use zero_stage=1")
     if runtime == "megatron" and L.zero_stage > 1:
         r.append(f"zero_stage={L.zero_stage}: Megatron-LM has no ZeRO stages, only its distributed optimizer "
                  f"(ZeRO-1-like, zero_stage=1); use zero_stage 0 or 1")

@@ -71,32 +71,37 @@ def node_address(hostname: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-class _StopFlag:
-    """Set by SIGUSR2 (preemption / time limit: we requeue) or SIGTERM (scancel, scontrol requeue:
-    SLURM decides) on every rank; the training loop polls it at step boundaries."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.submitit_handler = signal.getsignal(signal.SIGUSR2)
-        signal.signal(signal.SIGUSR2, self._set)
-        signal.signal(signal.SIGTERM, self._set)
-
-    def _set(self, signum, frame) -> None:
-        self.signum = signum
-
-    def __call__(self) -> bool:
-        return self.signum is not None
+EXIT_STOPPED = 3  # orchestrator.train's exit code after a checkpoint on SIGUSR2/SIGTERM
 
 
 @dataclass
 class TrainingJob:
-    """What every task of a dsorch job runs (picklable; submitit sends it to the nodes)."""
+    """What every task of a dsorch job runs (picklable; submitit sends it to the nodes).
+
+    The task starts ``python -m orchestrator.train`` as a child process with the torch.distributed
+    variables that submitit derives from SLURM, and forwards SIGUSR2/SIGTERM to it. The child
+    checkpoints on either signal (every rank, at the same step) and exits with EXIT_STOPPED; on
+    SIGUSR2 rank 0 then lets submitit requeue the job. A child process rather than a call keeps
+    the entrypoint's clean exit (it leaves with os._exit after tearing down gloo) and keeps a
+    crashed rank from taking submitit's result bookkeeping down with it.
+    """
 
     plan_dir: str
     run_dir: str
     steps: int | None = None
     data: str | None = None
     use_gpus: bool = False
+    save_interval: int = 0
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-u", "-m", "orchestrator.train", "--plan", self.plan_dir, "--run-dir", self.run_dir]
+        if self.steps is not None:
+            cmd += ["--steps", str(self.steps)]
+        if self.data is not None:
+            cmd += ["--data", self.data]
+        if self.save_interval:
+            cmd += ["--save-interval", str(self.save_interval)]
+        return cmd
 
     def __call__(self) -> dict:
         import submitit
@@ -104,31 +109,55 @@ class TrainingJob:
 
         env = submitit.JobEnvironment()
         dist_env = TorchDistributedEnvironment().export(set_cuda_visible_devices=self.use_gpus, overwrite=True)
-        os.environ["MASTER_ADDR"] = node_address(dist_env.master_addr) if env.num_nodes > 1 else "127.0.0.1"
+        # Node names need not resolve: the master is the first node's NodeAddr.
+        master = node_address(dist_env.master_addr) if env.num_nodes > 1 else "127.0.0.1"
+        child_env = dict(os.environ, MASTER_ADDR=master)
         run_dir = Path(self.run_dir)
         if env.global_rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
             with open(run_dir / STARTS_FILE, "a") as fh:
                 fh.write(json.dumps({"job_id": env.job_id, "restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
                                      "time": time.time(), "world_size": env.num_tasks}) + "\n")
-        stop = _StopFlag()
-        from .train import run_training
+        received: list[int] = []
+        submitit_usr2 = signal.getsignal(signal.SIGUSR2)
+        child = subprocess.Popen(self.command(), env=child_env)
 
-        result = run_training(self.plan_dir, run_dir=self.run_dir, steps=self.steps, data=self.data,
-                              should_stop=stop)
-        if result.get("stopped") and stop.signum == signal.SIGUSR2 and env.global_rank == 0:
-            # Every rank has saved its part of the checkpoint; submitit's own handler now calls
-            # self.checkpoint(), requeues the job with scontrol and exits.
-            if callable(stop.submitit_handler):
-                stop.submitit_handler(signal.SIGUSR2, None)
-        return result
+        def forward(signum, frame):
+            received.append(signum)
+            try:
+                child.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+        signal.signal(signal.SIGUSR2, forward)
+        signal.signal(signal.SIGTERM, forward)
+        rc = child.wait()
+        if rc == EXIT_STOPPED and signal.SIGUSR2 in received:
+            if env.global_rank == 0 and callable(submitit_usr2):
+                # Every rank has saved its part of the checkpoint; submitit's own handler calls
+                # self.checkpoint(), requeues the job with scontrol and exits.
+                submitit_usr2(signal.SIGUSR2, None)
+            return {"stopped": True, "rank": env.global_rank}
+        if rc == EXIT_STOPPED:
+            return {"stopped": True, "rank": env.global_rank}
+        if rc != 0:
+            raise RuntimeError(f"rank {env.global_rank}: `{' '.join(self.command())}` exited with code {rc}:\n"
+                               + _tail_file(env.paths.stderr, 30))
+        return {"stopped": False, "rank": env.global_rank, "run_dir": self.run_dir}
 
     def checkpoint(self, *args, **kwargs):
         """submitit's Checkpointable hook: resubmit the same job; it resumes from the run directory."""
         import submitit
 
         return submitit.helpers.DelayedSubmission(TrainingJob(self.plan_dir, self.run_dir, self.steps, self.data,
-                                                              self.use_gpus))
+                                                              self.use_gpus, self.save_interval))
+
+
+def _tail_file(path: Path, n: int) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").rstrip().splitlines()[-n:])
+    except OSError:
+        return "(no log)"
 
 
 # --------------------------------------------------------------------------------------------

@@ -100,9 +100,7 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, profile: Cluster
                 vpps = [1]
             else:
                 vpps = divisors(model.num_layers // pp)
-            zeros = [z for z in zero_all
-                     if not (runtime == "deepspeed" and pp > 1 and z > 1)
-                     and not (runtime == "deepspeed" and pp > 1 and z == 0 and training.optimizer.grad_clip > 0)]
+            zeros = [z for z in zero_all if not (runtime == "deepspeed" and pp > 1 and z > 1)]
             sps = [False, True] if tp > 1 else [False]
             for mbs in _options(pins, "micro_batch_size", divisors(gbs // dp)):
                 gas = gbs // (dp * mbs)

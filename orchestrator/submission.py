@@ -56,7 +56,8 @@ def _read_plan(plan_dir: Path) -> dict:
 
 
 def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, steps: int | None, data: str | None,
-                       run_dir: Path | None, profiles_dir: str | None, experiment_dir: Path) -> Submission:
+                       run_dir: Path | None, profiles_dir: str | None, experiment_dir: Path,
+                       save_interval: int = 0) -> Submission:
     from .specs import load_profile
     from .validate.plan_dir import validate_path
 
@@ -76,8 +77,9 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
     errors = validate_path(plan_dir)
     if errors:
         raise DsorchError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
-    if data is not None and not Path(data).exists():
-        raise DsorchError(f"--data {data}: no such file.")
+    if data is not None and not (Path(data).exists() or Path(f"{data}.bin").exists()):
+        raise DsorchError(f"--data {data}: no such token file (NAME or NAME.bin); make one with "
+                          f"scripts/make_token_file.py.")
     if doc.get("runtime") != "deepspeed":
         raise DsorchError(f"{plan_dir} targets the {doc.get('runtime')} runtime; dsorch submit runs its bundled "
                           f"DeepSpeed entrypoint. Re-plan with --runtime deepspeed, or submit {plan_dir}/job.sbatch "
@@ -98,10 +100,13 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
         if "\n" in str(p) or "\r" in str(p):
             raise DsorchError(f"{p!r}: a path with a line break cannot go into an sbatch script; rename it.")
     run = (run_dir or experiment_dir / "runs" / f"{plan_abs.name}-{{key}}")
-    job = slurm.TrainingJob(str(plan_abs), str(run), steps, str(Path(data).resolve()) if data else None,
-                            spec.use_gpus)
+    job = slurm.TrainingJob(str(plan_abs), str(run), steps, _data_path(data), spec.use_gpus, save_interval)
     return Submission(spec, plan_abs, _display(plan_dir, experiment_dir), plan_hash(plan_abs), cluster, folder,
                       Path(str(run)), job)
+
+
+def _data_path(data: str | None) -> str | None:
+    return None if data is None else str(Path(data).resolve())
 
 
 def _display(p: Path, base: Path) -> str:
@@ -120,7 +125,8 @@ def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
                      plan_sha256=sub.plan_sha256, submitted_at=now_utc(), state="SUBMITTED", run_dir="",
                      log_dir=str(sub.folder))
         run_dir = Path(str(sub.run_dir).replace("{key}", str(key))).resolve()
-        job = slurm.TrainingJob(sub.job.plan_dir, str(run_dir), sub.job.steps, sub.job.data, sub.job.use_gpus)
+        job = slurm.TrainingJob(sub.job.plan_dir, str(run_dir), sub.job.steps, sub.job.data, sub.job.use_gpus,
+                                sub.job.save_interval)
         job_id = slurm.submit(sub.spec, sub.folder, job)
     reg.update(key, job_id=job_id, state="PENDING" if sub.spec.kind == "slurm" else "RUNNING", run_dir=str(run_dir))
     return reg.get(str(key))

@@ -39,7 +39,7 @@ def ds_config(plan: Plan) -> dict:
         },
         "optimizer": {
             "type": "AdamW",
-            "params": {"lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay},
+            "params": _optimizer_params(plan),
         },
         "scheduler": _scheduler(plan),
         "zero_optimization": _zero(plan),
@@ -57,14 +57,27 @@ def ds_config(plan: Plan) -> dict:
             # activation_checkpoint_interval); selective recompute is done inside the layer.
             "activation_checkpoint_interval": 1 if L.recompute == "full" else 0,
             # Send only a 1/tp slice of activations and gradients between stages, then all-gather
-            # over NVLink (Narayanan et al. 2021, Sec. 4.1 scatter/gather optimization).
-            "pipe_partitioned": L.tp > 1,
-            "grad_partitioned": L.tp > 1,
+            # over NVLink (Narayanan et al. 2021, Sec. 4.1 scatter/gather optimization). Not with
+            # sequence parallelism: DeepSpeed's PartitionedTensor assumes the activation is the
+            # same on every tp rank, while SP ranks each hold a different sequence shard, already
+            # 1/tp of it (measured: wrong losses from step 1 with tp2 x pp2 + SP).
+            "pipe_partitioned": L.tp > 1 and not L.sequence_parallel,
+            "grad_partitioned": L.tp > 1 and not L.sequence_parallel,
         },
         "wall_clock_breakdown": False,
         "dump_state": False,
     }
     return cfg
+
+
+def _optimizer_params(plan: Plan) -> dict:
+    opt = plan.spec.training.optimizer
+    params = {"lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay}
+    if plan.profile.backend == "gloo":
+        # On CPU, torch's AdamW instead of DeepSpeed's fused CPU Adam, which compiles a C++
+        # extension for ~80 s on first use; the update is the same (deepspeed/ops/adam).
+        params["torch_adam"] = True
+    return params
 
 
 def _scheduler(plan: Plan) -> dict:

@@ -91,7 +91,9 @@ def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
     add("--optimizer", "adam")
     add("--lr", opt.lr)
     add("--min-lr", opt.min_lr)
-    add("--lr-decay-style", "cosine")
+    # Cosine decay to --min-lr over the plan's steps; without train_tokens there is no length to
+    # decay over, so the rate stays constant after warmup (ds_config's WarmupLR does the same).
+    add("--lr-decay-style", "cosine" if t.train_steps is not None else "constant")
     add("--lr-warmup-iters", opt.warmup_steps)
     if t.train_steps is not None:
         add("--train-iters", t.train_steps)

@@ -1,0 +1,12 @@
+"""dsorch's bundled training entrypoint (``python -m orchestrator.train --plan PLAN_DIR``).
+
+entry.py       the training loop (start here)
+config.py      reads the plan directory: model shape and layout
+launch.py      the launch edge: torchrun / SLURM environment, process group up and down
+tensor_parallel.py  Megatron-style column/row-parallel linears, vocab-parallel embedding and
+               cross-entropy, sequence parallelism
+model.py       Llama-style decoder as pipeline layers; DeepSpeed PipelineModule wrapper
+data.py        synthetic tokens and the token-file format
+checkpoint.py  save / resume / retention / damaged-checkpoint fallback
+metrics.py     step metrics and metrics.jsonl
+"""

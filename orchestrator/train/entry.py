@@ -1,0 +1,252 @@
+"""dsorch's bundled training entrypoint: TP x PP x DP (ZeRO) with DeepSpeed, driven by a plan.
+
+One process per rank. Everything about the model and the layout comes from the plan directory
+(megatron_args.txt, ds_config.json, plan.yaml); the command line only says how long, on what
+data and where to write.
+
+    # this machine, 4 CPU ranks over gloo (the plan's launch.sh runs torchrun for you):
+    dsorch plan examples/tiny.yaml --cluster local --out plans/tiny
+    bash plans/tiny/launch.sh --steps 30 --data examples/data/pydoc
+
+    # the same by hand:
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 4 \
+        -m orchestrator.train --plan plans/tiny --steps 30 --data examples/data/pydoc
+
+    # SLURM, one task per GPU (ranks from SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS, master from
+    # the first host of SLURM_JOB_NODELIST):
+    srun --nodes 2 --ntasks-per-node 8 --gpus-per-node 8 \
+        python -m orchestrator.train --plan plans/llama8b --steps 1000 --data /data/tokens
+
+    # resume: run the same command again with the same --run-dir (default PLAN_DIR/run); it
+    # continues from the newest intact checkpoint in RUN_DIR/checkpoints.
+
+Without --data the model trains on deterministic synthetic sequences. Rank 0 prints one line
+per step and appends it to RUN_DIR/metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from . import checkpoint, launch
+from .config import Plan, load_plan
+from .data import micro_batches, open_dataset
+from .metrics import MetricsLog, peak_memory_gib
+from .model import DenseModel, LossFn, Pipeline, layer_specs, recompute
+from .tensor_parallel import TPContext
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m orchestrator.train", description=__doc__.split("\n")[0])
+    p.add_argument("--plan", required=True, help="plan directory written by `dsorch plan`")
+    p.add_argument("--steps", type=int, default=None,
+                   help="train until this many steps are done (default: the plan's total, else 20)")
+    p.add_argument("--data", default=None,
+                   help="token file NAME (NAME.bin + NAME.json); default: synthetic tokens")
+    p.add_argument("--run-dir", default=None, help="checkpoints and metrics.jsonl (default PLAN/run)")
+    p.add_argument("--save-interval", type=int, default=0,
+                   help="checkpoint every N steps (0: only at the end)")
+    p.add_argument("--keep", type=int, default=3, help="checkpoints kept (the newest K)")
+    p.add_argument("--no-save", action="store_true", help="write no checkpoint at all")
+    # Fault injection for the resume test: SIGKILL rank 0 right after this step is logged.
+    p.add_argument("--fail-after-step", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.keep < 1:
+        p.error("--keep must be at least 1")
+    return args
+
+
+def build_engine(plan: Plan, grid, topo, device):
+    """The model as DeepSpeed sees it: a PipelineModule for pp > 1, a plain module for pp = 1."""
+    import deepspeed
+
+    lay, shape = plan.layout, plan.model
+    tp = TPContext(grid.get_slice_parallel_group(), lay.sequence_parallel)
+    specs = layer_specs(shape, lay, tp, plan.seed)
+    loss_fn = LossFn(tp)
+    if lay.pp > 1:
+        # DeepSpeed's pipeline engine runs 1F1B and accepts ZeRO-0/1 only (engine.py asserts
+        # stage < 2). Full recomputation is its activation_checkpoint_interval (from ds_config),
+        # applied to decoder blocks only, as Megatron's --recompute-granularity full does.
+        interval = int(plan.ds_config.get("pipeline", {}).get("activation_checkpoint_interval", 0))
+        model = Pipeline(specs, lay.stage_layers, topology=topo, loss_fn=loss_fn,
+                         partition_method="uniform",
+                         activation_checkpoint_interval=interval if lay.recompute == "full" else 0,
+                         activation_checkpoint_func=recompute,
+                         checkpointable_layers=["DecoderLayer"])
+        mpu = None  # the PipelineModule brings its own grid
+    else:
+        model = DenseModel(specs, loss_fn, full_recompute=lay.recompute == "full")
+        mpu = grid
+    model.to(device)
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config_for(plan, device), mpu=mpu,
+                                      model_parameters=[p for p in model.parameters()
+                                                        if p.requires_grad])
+    return engine
+
+
+def ds_config_for(plan: Plan, device) -> dict:
+    """ds_config.json as DeepSpeed gets it, with two substitutions, each printed or explained.
+
+    On CPU only, torch's AdamW: DeepSpeed's default Adam there is its fused C++ op, JIT-compiled
+    on first use (~80 s on 2 cores); torch.optim.AdamW computes the same update (decoupled
+    weight decay, Loshchilov & Hutter 2019), so unless the plan says otherwise CPU runs use it
+    (DeepSpeed's "torch_adam" optimizer parameter)."""
+    import copy
+
+    cfg = copy.deepcopy(plan.ds_config)
+    pipe = cfg.get("pipeline", {})
+    if plan.layout.sequence_parallel and (pipe.get("pipe_partitioned") or pipe.get("grad_partitioned")):
+        # DeepSpeed's partitioned pipe send (pipe/engine.py, PartitionedTensor) assumes the
+        # activation is replicated over the tp group: each tp rank sends 1/tp of it and the
+        # receiver all-gathers. Under sequence parallelism each tp rank holds a *different*
+        # sequence shard, already 1/tp of the activation, so partitioning would mix shards
+        # (measured: tp2 x pp2 + SP losses differ from step 1). Send the shards as they are.
+        if dist.get_rank() == 0:
+            print("dsorch train: pipeline.pipe_partitioned/grad_partitioned turned off: they "
+                  "assume tp-replicated activations, which sequence parallelism does not have",
+                  flush=True)
+        pipe["pipe_partitioned"] = pipe["grad_partitioned"] = False
+    opt = cfg.get("optimizer", {})
+    if device.type == "cpu" and str(opt.get("type", "")).lower() in ("adam", "adamw"):
+        opt.setdefault("params", {}).setdefault("torch_adam", True)
+    return cfg
+
+
+def train_step(engine, batches, pp: int, device, dp_group) -> float:
+    """One optimizer step over this rank's micro-batches; returns the global-batch mean loss."""
+    if pp > 1:
+        return float(engine.train_batch(data_iter=iter(batches)))
+    total, n = torch.zeros((), device=device), 0
+    for ids, labels in batches:
+        loss = engine(ids.to(device), labels.to(device))
+        engine.backward(loss)
+        engine.step()  # steps the optimizer only at the gradient-accumulation boundary
+        total += loss.detach().float()
+        n += 1
+    total /= n
+    dist.all_reduce(total, group=dp_group)
+    return float(total) / dist.get_world_size(dp_group)
+
+
+EXIT_STOPPED = 3  # stopped early on SIGUSR2/SIGTERM after a checkpoint; rerun to resume
+
+
+class StopRequest:
+    """Set by SIGUSR2 (SLURM's warning before a time limit or preemption) or SIGTERM (scancel,
+    scontrol requeue). The loop checks it at every step boundary, all ranks agree through an
+    all-reduce, and every rank takes part in the checkpoint before leaving."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        for sig in (signal.SIGUSR2, signal.SIGTERM):
+            signal.signal(sig, self._set)
+
+    def _set(self, signum, frame) -> None:
+        self.signum = signum
+
+
+def train(plan: Plan, args, denv: launch.DistEnv, device: torch.device, stop: StopRequest | None = None) -> bool:
+    """Train to args.steps; returns False when a stop request ended it early (checkpoint saved)."""
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
+
+    lay, shape = plan.layout, plan.model
+    rank0 = denv.rank == 0
+    if lay.world_size != denv.world_size:
+        raise SystemExit(f"the plan is for {lay.world_size} ranks (tp {lay.tp} x pp {lay.pp} x dp "
+                         f"{lay.dp}) but {denv.world_size} were started; launch {lay.world_size} "
+                         "processes (the plan's launch.sh does) or plan for this world size")
+    torch.manual_seed(plan.seed)
+    # Ranks are laid out pipe-major, tp-minor (DeepSpeed's PipeModelDataParallelTopology): a tp
+    # group is consecutive ranks, i.e. one node's fast interconnect.
+    topo = PipeModelDataParallelTopology(num_pp=lay.pp, num_mp=lay.tp, num_dp=lay.dp)
+    grid = PipelineParallelGrid(topology=topo)
+    dp_rank, dp_group = grid.get_data_parallel_rank(), grid.get_data_parallel_group()
+
+    run_dir = Path(args.run_dir) if args.run_dir else plan.path / "run"
+    ckpt_dir = run_dir / "checkpoints"
+    if rank0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    dataset = open_dataset(args.data, shape.vocab_size, shape.seq_length, plan.seed)
+    engine = build_engine(plan, grid, topo, device)
+
+    start = 0
+    tag = checkpoint.choose_resume_tag(ckpt_dir, rank0)
+    if tag is not None:
+        start = checkpoint.load(engine, ckpt_dir, tag)
+    if rank0:
+        # Steps logged after the checkpoint we resume from are redone now: drop their records so
+        # that metrics.jsonl is one trajectory with no gap and no repeated step.
+        MetricsLog.truncate(run_dir, start)
+
+    n_params = sum(p.numel() for p in engine.module.parameters())
+    if rank0:
+        tokens = lay.global_batch_size * shape.seq_length
+        print(f"dsorch train: {plan.model_name} from {plan.path} on {denv.world_size} ranks "
+              f"({denv.launcher}, {device.type}, {plan.precision})\n"
+              f"  layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp} = {lay.world_size}, ZeRO-{lay.zero_stage}, "
+              f"sp {'on' if lay.sequence_parallel else 'off'}, recompute {lay.recompute}, "
+              f"decoder layers per stage {list(lay.stage_layers)}\n"
+              f"  batch:  global {lay.global_batch_size} = micro-batch {lay.micro_batch_size} x "
+              f"grad-accum {lay.grad_accum_steps} x dp {lay.dp} sequences of {shape.seq_length} "
+              f"tokens = {tokens:,} tokens/step\n"
+              f"  params on rank 0: {n_params:,}; data: {dataset.describe()}\n"
+              f"  steps {start} -> {args.steps}" + (f" (resumed from {ckpt_dir / tag})" if tag else "")
+              + f"; run dir {run_dir}", flush=True)
+    log = MetricsLog(run_dir if rank0 else None, plan, denv.world_size)
+
+    for step in range(start, args.steps):
+        batches = list(micro_batches(dataset, step, lay.global_batch_size, lay.micro_batch_size,
+                                     lay.dp, dp_rank))
+        lr = engine.get_lr()[0]  # the rate this step's update uses
+        t0 = time.perf_counter()
+        loss = train_step(engine, batches, lay.pp, device, dp_group)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        mem, kind = peak_memory_gib(device)
+        # One all-reduce (MAX) for two facts: the busiest rank's memory (the one that OOMs) and
+        # whether any rank was asked to stop, so that all ranks stop after the same step.
+        wanted = 1.0 if stop is not None and stop.signum is not None else 0.0
+        mem_t = torch.tensor([mem, wanted], device=device)
+        dist.all_reduce(mem_t, op=dist.ReduceOp.MAX)
+        if rank0:
+            log.record(step + 1, loss, lr, engine.get_global_grad_norm(), dt,
+                       float(mem_t[0]), kind)
+        done = step + 1
+        stopping = bool(mem_t[1] > 0) and done < args.steps
+        if not args.no_save and (done == args.steps or stopping or
+                                 (args.save_interval and done % args.save_interval == 0)):
+            checkpoint.save(engine, ckpt_dir, done, args.keep, rank0)
+        if args.fail_after_step == done and rank0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if stopping:
+            if rank0:
+                print(f"dsorch train: stop requested; checkpoint of step {done} saved in {ckpt_dir}, "
+                      f"exiting with code {EXIT_STOPPED} (rerun to resume)", flush=True)
+            return False
+    return True
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    plan = load_plan(args.plan)
+    if args.steps is None:
+        args.steps = plan.total_steps or 20
+    denv = launch.read_env()
+    stop = StopRequest()
+    device = launch.init(denv, plan.backend)
+    ok = False
+    finished = False
+    try:
+        finished = train(plan, args, denv, device, stop)
+        ok = True
+    finally:
+        launch.teardown(ok, 0 if finished else EXIT_STOPPED)

@@ -1,0 +1,115 @@
+"""The launch edge: the one place the entrypoint reads the environment.
+
+Two launchers are understood:
+
+* torchrun (also what launch.sh runs, one torchrun per node): RANK, LOCAL_RANK, WORLD_SIZE,
+  MASTER_ADDR, MASTER_PORT.
+* SLURM with one task per GPU (``srun --ntasks-per-node=G python -m orchestrator.train ...``):
+  SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS; the master is the first host of
+  SLURM_JOB_NODELIST, the port MASTER_PORT or one derived from SLURM_JOB_ID (so that two jobs
+  sharing a node do not collide).
+
+torchrun's variables win when both are present (torchrun started inside an allocation).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    launcher: str  # "torchrun" | "slurm" | "single"
+
+
+def first_host(nodelist: str) -> str:
+    """First host of a SLURM hostlist: "gpu[003-005,9],login1" -> "gpu003"."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
+                             capture_output=True, text=True, timeout=30).stdout.split()
+        if out:
+            return out[0]
+    except (OSError, subprocess.SubprocessError):
+        pass  # no scontrol on this host: parse the common forms ourselves
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
+    if not m:
+        return nodelist
+    prefix, ranges = m.group(1), m.group(2)
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def read_env(environ=None) -> DistEnv:
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]),
+                       env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)),
+                       "torchrun")
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        port = int(env.get("MASTER_PORT", 20000 + int(env.get("SLURM_JOB_ID", 0)) % 20000))
+        return DistEnv(int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0)),
+                       int(env["SLURM_NTASKS"]), first_host(env.get("SLURM_JOB_NODELIST", "localhost")),
+                       port, "slurm")
+    return DistEnv(0, 0, 1, "127.0.0.1", int(env.get("MASTER_PORT", 29500)), "single")
+
+
+def init(denv: DistEnv, backend: str) -> torch.device:
+    """Start the default process group and bind this rank to its device."""
+    if backend == "nccl" and torch.cuda.is_available():
+        torch.cuda.set_device(denv.local_rank)
+        device = torch.device("cuda", denv.local_rank)
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+        # One intra-op thread per rank: ranks share the cores, and oversubscription makes a
+        # gloo run several times slower.
+        torch.set_num_threads(1)
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")
+    # DeepSpeed reads these for its own bookkeeping (deepspeed.comm, checkpoint naming).
+    for k, v in (("RANK", denv.rank), ("LOCAL_RANK", denv.local_rank),
+                 ("WORLD_SIZE", denv.world_size), ("MASTER_ADDR", denv.master_addr),
+                 ("MASTER_PORT", denv.master_port)):
+        os.environ[k] = str(v)
+    # env:// rather than tcp://: under torchrun, ranks must join the agent's store
+    # (TORCHELASTIC_USE_AGENT_STORE) instead of rank 0 binding MASTER_PORT a second time.
+    dist.init_process_group(backend, init_method="env://", rank=denv.rank,
+                            world_size=denv.world_size, timeout=timedelta(minutes=10))
+    import deepspeed  # after DS_ACCELERATOR is set: DeepSpeed picks its accelerator on import
+
+    deepspeed.init_distributed(dist_backend=backend)
+    return device
+
+
+def teardown(ok: bool, code: int = 0) -> None:
+    """Destroy the process group; on success leave without running interpreter shutdown.
+
+    gloo can abort a rank while the interpreter tears down its threads after
+    destroy_process_group (seen with DeepSpeed 0.19 / torch 2.x on CPU). A barrier first, so
+    no rank leaves while a peer still talks to it, then os._exit(0) once every stream is
+    flushed. On failure the exception propagates normally and the launcher sees it.
+    """
+    if dist.is_available() and dist.is_initialized():
+        if ok:
+            try:
+                dist.barrier()
+            except Exception:  # noqa: BLE001 - a dead peer must not hide the real outcome
+                ok = False
+        dist.destroy_process_group()
+    if ok:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -1,0 +1,92 @@
+"""Per-step training metrics: one log line and one metrics.jsonl record per step (rank 0).
+
+metrics.jsonl is the input of ``dsorch calibrate``: one JSON object per line with
+step, loss, lr, grad_norm, step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_mem_gib,
+mem_kind, plus the layout it ran with. A resumed run appends: steps that ran after the last
+checkpoint of the interrupted run are dropped from the file when the run resumes (``truncate``),
+so the file is one trajectory with no gap and no repeated step.
+
+Model FLOPs come from the planner's own formula (costmodel/flops.py, Megatron-LM's count), so
+the achieved MFU logged here and the MFU the plan predicted are the same quantity.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from ..costmodel.flops import model_flops_per_step
+from .config import Plan
+
+
+def step_model_flops(plan: Plan) -> float:
+    m = plan.model
+    spec = SimpleNamespace(  # the fields of ModelSpec that the FLOP formula reads
+        hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size, kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim, activation="swiglu" if m.swiglu else "gelu",
+        num_layers=m.num_layers, vocab_size=m.vocab_size)
+    return model_flops_per_step(spec, m.seq_length, plan.layout.global_batch_size)
+
+
+def peak_memory_gib(device: torch.device) -> tuple[float, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30, "cuda_max_allocated"
+    # On CPU there is no allocator counter; the process's peak resident set (KiB on Linux).
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "cpu_peak_rss"
+
+
+class MetricsLog:
+    def __init__(self, run_dir: Path | None, plan: Plan, world_size: int):
+        self.path = None if run_dir is None else run_dir / "metrics.jsonl"
+        self.flops = step_model_flops(plan)
+        self.tokens = plan.layout.global_batch_size * plan.model.seq_length
+        self.peak, self.world_size = plan.peak_tflops, world_size
+        lay = plan.layout
+        self.layout = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero_stage": lay.zero_stage,
+                       "micro_batch_size": lay.micro_batch_size, "recompute": lay.recompute,
+                       "sequence_parallel": lay.sequence_parallel}
+
+    @staticmethod
+    def truncate(run_dir: Path, last_step: int) -> int:
+        """Keep the records of steps <= last_step (the checkpoint resumed from); returns how many
+        were dropped. Rewritten through a temporary file, so a crash leaves the old file."""
+        path = run_dir / "metrics.jsonl"
+        if not path.exists():
+            return 0
+        keep, dropped = [], 0
+        for line in path.read_text().splitlines():
+            try:
+                step = json.loads(line).get("step", 0)
+            except json.JSONDecodeError:
+                dropped += 1  # a line cut by a crash
+                continue
+            if step <= last_step:
+                keep.append(line)
+            else:
+                dropped += 1
+        if dropped:
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(x + "\n" for x in keep))
+            tmp.replace(path)
+        return dropped
+
+    def record(self, step: int, loss: float, lr: float, grad_norm, step_time: float,
+               mem_gib: float, mem_kind: str) -> dict:
+        tflops = self.flops / step_time / self.world_size / 1e12
+        rec = {"step": step, "loss": loss, "lr": lr,
+               "grad_norm": None if grad_norm is None else float(grad_norm),
+               "step_time_s": step_time, "tokens_per_s": self.tokens / step_time,
+               "tflops_per_gpu": tflops, "mfu": tflops / self.peak if self.peak else None,
+               "peak_mem_gib": mem_gib, "mem_kind": mem_kind, "layout": self.layout}
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(rec, sort_keys=True) + "\n")
+        mfu = "" if rec["mfu"] is None else f" | MFU {100 * rec['mfu']:.1f}%"
+        print(f"step {step:5d} | loss {loss:.5f} | lr {lr:.3e} | {step_time * 1e3:7.1f} ms | "
+              f"{rec['tokens_per_s']:,.0f} tok/s | {tflops:.4f} TFLOP/s{mfu} | "
+              f"peak mem {mem_gib:.2f} GiB", flush=True)
+        return rec

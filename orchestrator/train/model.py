@@ -1,0 +1,234 @@
+"""A Llama-style decoder (RMSNorm, RoPE, SwiGLU or GeLU MLP, GQA) built from tensor-parallel
+layers, as a flat list of pipeline layers: embedding, N decoder blocks, final norm, output head.
+
+The same list serves both engines: DeepSpeed's PipelineModule builds the layers of its own
+stage from the LayerSpecs (pp > 1), and ``DenseModel`` runs them all in sequence (pp = 1, where
+DeepSpeed's ordinary engine allows ZeRO-2/3). Activations between layers are [seq, batch,
+hidden], sequence-sharded over the tp group when sequence parallelism is on.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .config import ModelShape, TrainLayout
+from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TPContext,
+                              VocabParallelEmbedding, full_normal, scaled_std, scatter_to_sp,
+                              vocab_parallel_cross_entropy)
+
+# Non-reentrant checkpointing (PyTorch's recommended variant) works with inputs that do not
+# require grad and with the tp collectives inside the block, which are simply replayed.
+recompute = functools.partial(checkpoint, use_reentrant=False)
+
+
+class Norm(nn.Module):
+    def __init__(self, shape: ModelShape, tp: TPContext):
+        super().__init__()
+        self.tp, self.eps, self.rms = tp, shape.norm_eps, shape.normalization == "RMSNorm"
+        self.weight = nn.Parameter(torch.ones(shape.hidden_size))
+        self.bias = None if self.rms else nn.Parameter(torch.zeros(shape.hidden_size))
+
+    def forward(self, x):
+        w = self.tp.replicated(self.weight)
+        if self.rms:  # Zhang & Sennrich 2019; statistics in fp32 as in Llama's reference code
+            xf = x.float()
+            y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+            return y.to(x.dtype) * w
+        return F.layer_norm(x, (x.shape[-1],), w, self.tp.replicated(self.bias), self.eps)
+
+
+def rope_tables(shape: ModelShape) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of RoPE (Su et al. 2021), rotate-half convention of Llama / Megatron."""
+    d = shape.head_dim
+    inv = 1.0 / (shape.rotary_base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    ang = torch.outer(torch.arange(shape.seq_length, dtype=torch.float32), inv)
+    ang = torch.cat([ang, ang], dim=-1)  # [s, d]
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x, cos, sin):  # x: [b, heads, s, d]
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Embedding(nn.Module):
+    def __init__(self, shape: ModelShape, tp: TPContext, seed: int):
+        super().__init__()
+        self.tp = tp
+        self.word = VocabParallelEmbedding(
+            tp, full_normal((shape.vocab_size, shape.hidden_size), shape.init_std, seed, "embed"))
+        self.pos = None
+        if shape.position_embedding == "learned_absolute":
+            self.pos = nn.Parameter(full_normal((shape.max_position_embeddings, shape.hidden_size),
+                                                shape.init_std, seed, "pos_embed"))
+        self.head_norm = None  # set when the output head is tied to this table
+
+    def forward(self, ids):  # ids [b, s] -> hidden [s(/tp), b, h]
+        x = self.word(ids.t())
+        if self.tp.size > 1:
+            x = self.tp.leave(x)  # sum the vocab shards (reduce-scatter to sequence shards if SP)
+        if self.pos is not None:
+            pos = self.pos[: ids.shape[1]].unsqueeze(1)
+            x = x + (scatter_to_sp(pos, self.tp.group) if self.tp.sequence_parallel else pos)
+        return x
+
+    def logits(self, x):
+        """Tied output head: hidden [s(/tp), b, h] -> vocab-parallel logits [s, b, V/tp]."""
+        return F.linear(self.tp.enter(x), self.word.weight)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, shape: ModelShape, layout: TrainLayout, tp: TPContext, seed: int, index: int):
+        super().__init__()
+        h, f, d, L = shape.hidden_size, shape.ffn_hidden_size, shape.head_dim, shape.num_layers
+        std, out_std = shape.init_std, scaled_std(shape.init_std, shape.num_layers)
+        self.heads, self.kv_heads = shape.num_heads // tp.size, shape.num_kv_heads // tp.size
+        self.head_dim, self.selective = d, layout.recompute == "selective"
+        name = f"layers.{index}"
+
+        def w(rows, cols, what, s=std):
+            return full_normal((rows, cols), s, seed, f"{name}.{what}")
+
+        self.input_norm = Norm(shape, tp)
+        self.qkv = ColumnParallelLinear(
+            tp, [w(shape.num_heads * d, h, "q"), w(shape.num_kv_heads * d, h, "k"),
+                 w(shape.num_kv_heads * d, h, "v")], shape.bias)
+        self.out = RowParallelLinear(tp, w(h, shape.num_heads * d, "o", out_std), shape.bias)
+        self.post_norm = Norm(shape, tp)
+        self.swiglu = shape.swiglu
+        ups = [w(f, h, "gate"), w(f, h, "up")] if shape.swiglu else [w(f, h, "up")]
+        self.up = ColumnParallelLinear(tp, ups, shape.bias)
+        self.down = RowParallelLinear(tp, w(h, f, "down", out_std), shape.bias)
+        cos, sin = rope_tables(shape)
+        self.rope = shape.position_embedding == "rope"
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def core_attention(self, q, k, v):
+        # GQA (Ainslie et al. 2023): each kv head serves heads/kv_heads query heads.
+        rep = self.heads // self.kv_heads
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def attention(self, x):
+        qkv = self.qkv(self.input_norm(x))  # [s, b, (heads + 2 kv_heads) * d], full sequence
+        s, b = qkv.shape[0], qkv.shape[1]
+        d = self.head_dim
+        q, k, v = qkv.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        q = q.reshape(s, b, self.heads, d).permute(1, 2, 0, 3)  # [b, heads, s, d]
+        k = k.reshape(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
+        v = v.reshape(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
+        if self.rope:
+            cos, sin = self.cos[:s].to(q.dtype), self.sin[:s].to(q.dtype)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Selective recomputation (Korthikanti et al. 2022, Sec. 5): keep the GEMM outputs and
+        # recompute only the attention core, whose activations grow with s^2.
+        o = recompute(self.core_attention, q, k, v) if self.selective else self.core_attention(q, k, v)
+        return self.out(o.permute(2, 0, 1, 3).reshape(s, b, self.heads * d))
+
+    def mlp(self, x):
+        u = self.up(self.post_norm(x))
+        if self.swiglu:  # Shazeer 2020
+            g, u = u.chunk(2, dim=-1)
+            return self.down(F.silu(g) * u)
+        return self.down(F.gelu(u))
+
+    def forward(self, x):
+        x = x + self.attention(x)
+        return x + self.mlp(x)
+
+
+class OutputHead(nn.Module):
+    def __init__(self, shape: ModelShape, tp: TPContext, seed: int):
+        super().__init__()
+        self.proj = ColumnParallelLinear(
+            tp, [full_normal((shape.vocab_size, shape.hidden_size), shape.init_std, seed, "output")],
+            bias=False)
+
+    def forward(self, x):
+        return self.proj(x)  # vocab-parallel logits [s, b, V/tp]
+
+
+class LossFn:
+    """Mean next-token cross-entropy of a micro-batch, from vocab-parallel logits."""
+
+    def __init__(self, tp: TPContext):
+        self.tp = tp
+        self.__name__ = "vocab_parallel_cross_entropy"
+
+    def __call__(self, logits, labels):  # logits [s, b, V/tp], labels [b, s]
+        return vocab_parallel_cross_entropy(logits, labels.t(), self.tp).mean()
+
+
+def _tied_logits(embedding: Embedding, x):
+    return embedding.logits(x)
+
+
+def layer_specs(shape: ModelShape, layout: TrainLayout, tp: TPContext, seed: int) -> list:
+    """The model as pipeline layers: [embedding, decoder x L, final norm, output head]."""
+    if shape.tied_embeddings:
+        first = TiedLayerSpec("embed", Embedding, shape, tp, seed, tied_weight_attr=["word.weight"])
+        last = TiedLayerSpec("embed", Embedding, shape, tp, seed, forward_fn=_tied_logits,
+                             tied_weight_attr=["word.weight"])
+    else:
+        first, last = LayerSpec(Embedding, shape, tp, seed), LayerSpec(OutputHead, shape, tp, seed)
+    blocks = [LayerSpec(DecoderLayer, shape, layout, tp, seed, i) for i in range(shape.num_layers)]
+    return [first, *blocks, LayerSpec(Norm, shape, tp), last]
+
+
+class Pipeline(PipelineModule):
+    """DeepSpeed's PipelineModule with the stage boundaries the plan states.
+
+    DeepSpeed's own partition methods (uniform / parameters / type:regex) cannot express
+    Megatron's --decoder-first/last-pipeline-num-layers, so the boundaries are set here; this
+    overrides a private method of DeepSpeed 0.19 (pinned <0.20 in pyproject.toml).
+    """
+
+    def __init__(self, specs, stage_layers: tuple[int, ...], **kwargs):
+        self._stage_layers = stage_layers
+        super().__init__(specs, **kwargs)
+
+    def _partition_layers(self, method="uniform"):
+        bounds, total = [0], 1  # stage 0 also holds the embedding
+        for n in self._stage_layers[:-1]:
+            total += n
+            bounds.append(total)
+        bounds.append(len(self._layer_specs))  # the last stage also holds final norm and head
+        self.parts = bounds
+        stage = self._topo.get_coord(self.global_rank).pipe
+        self._set_bounds(start=bounds[stage], stop=bounds[stage + 1])
+
+
+class DenseModel(nn.Module):
+    """All layers on every rank (pp = 1): the model DeepSpeed's ordinary engine trains."""
+
+    def __init__(self, specs, loss_fn: LossFn, full_recompute: bool):
+        super().__init__()
+        built, tied = [], {}
+        for spec in specs:
+            if isinstance(spec, TiedLayerSpec) and spec.key in tied:
+                built.append(functools.partial(spec.forward_fn, tied[spec.key]))
+                continue
+            module = spec.build()
+            if isinstance(spec, TiedLayerSpec):
+                tied[spec.key] = module
+            built.append(module)
+        self.layers = nn.ModuleList([m for m in built if isinstance(m, nn.Module)])
+        self._calls = built
+        self.loss_fn, self.full_recompute = loss_fn, full_recompute
+
+    def forward(self, ids, labels):
+        x = ids
+        for layer in self._calls:
+            if self.full_recompute and isinstance(layer, DecoderLayer):
+                x = recompute(layer, x)  # full recomputation, one layer per checkpoint
+            else:
+                x = layer(x)
+        return self.loss_fn(x, labels)
