@@ -299,8 +299,12 @@ def job_state(kind: str, folder: Path, job_id: str, last_known: str) -> tuple[st
     except Exception:
         state = "UNKNOWN"
     state = state.split()[0].rstrip("+")  # "CANCELLED by 0" -> CANCELLED
-    if state == "UNKNOWN" and result is not None:
-        state = "FAILED" if result[0] == "error" else "COMPLETED"
+    if state == "UNKNOWN":
+        if result is not None:
+            state = "FAILED" if result[0] == "error" else "COMPLETED"
+        elif last_known in ("SUBMITTED", "PENDING", "RUNNING", "REQUEUED"):
+            # sacct learns of a job a few seconds after sbatch returns: keep the last known state.
+            state = last_known
     return state, error
 
 

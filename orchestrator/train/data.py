@@ -58,6 +58,9 @@ class TokenFile:
         except FileNotFoundError as e:
             raise ValidationError(f"--data {path}: {meta_path} is missing; token files come in "
                                   "pairs NAME.bin + NAME.json (scripts/make_token_file.py)") from e
+        except json.JSONDecodeError as e:
+            raise ValidationError(f"{meta_path}:{e.lineno}: not valid JSON ({e.msg}); regenerate it with "
+                                  "scripts/make_token_file.py") from e
         if meta.get("format") != TOKEN_FORMAT:
             raise ValidationError(f"{meta_path}: format {meta.get('format')!r}, expected {TOKEN_FORMAT!r}")
         if int(meta["vocab_size"]) > vocab_size:

@@ -1,0 +1,218 @@
+"""`dsorch submit` against a real SLURM cluster (slurmctld, two slurmd, slurmdbd, MariaDB, munge)
+that scripts/slurm-test-cluster.sh installs from Debian's packages and starts on loopback.
+
+Nothing here is faked: jobs go through sbatch, run the bundled DeepSpeed entrypoint in 4 CPU
+ranks over gloo across the two "nodes", and their states come from sacct.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from .conftest import EXAMPLES, ROOT
+
+pytestmark = pytest.mark.slurm
+
+PROFILES = Path(__file__).parent / "profiles"
+DSORCH = str(Path(sys.executable).with_name("dsorch"))
+CLUSTER_SCRIPT = ROOT / "scripts" / "slurm-test-cluster.sh"
+
+
+@pytest.fixture(scope="module")
+def slurm_env(tmp_path_factory):
+    """Start the loopback cluster (idempotent) and give the environment its clients need; stop it
+    afterwards if this fixture started it, and check that no daemon is left behind."""
+    was_up = subprocess.run(["bash", str(CLUSTER_SCRIPT), "status"], capture_output=True).returncode == 0
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", str(CLUSTER_SCRIPT), "start"], capture_output=True, text=True, timeout=900)
+    print(f"SLURM test cluster {'already up' if was_up else 'started'} in {time.monotonic() - t0:.1f} s")
+    assert r.returncode == 0, f"the SLURM test cluster did not start:\n{r.stdout}\n{r.stderr}"
+    conf = subprocess.run(["bash", str(CLUSTER_SCRIPT), "env"], capture_output=True, text=True,
+                          check=True).stdout.strip().split("=", 1)[1].strip("'\"")
+    env = dict(os.environ, SLURM_CONF=conf, DSORCH_PROFILES_DIR=str(PROFILES), DS_ACCELERATOR="cpu",
+               OMP_NUM_THREADS="1")
+    # A shared, warm cache for DeepSpeed's CPU communication op (compiled once per machine).
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "dsorch" / "torch_extensions"))
+    yield env
+    if not was_up:
+        subprocess.run(["bash", str(CLUSTER_SCRIPT), "stop"], capture_output=True, timeout=300, check=True)
+        left = subprocess.run(["pgrep", "-x", "slurmctld|slurmd|slurmdbd|munged|mariadbd|slurmstepd"],
+                              capture_output=True, text=True).stdout.split()
+        assert left == [], f"daemons left running after stop: {left}"
+
+
+def dsorch(env, cwd, *args, check=True, timeout=600):
+    r = subprocess.run([DSORCH, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert r.returncode == 0, f"dsorch {' '.join(map(str, args))} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def status(env, cwd) -> list[dict]:
+    return json.loads(dsorch(env, cwd, "status", "--json").stdout)
+
+
+def wait_for(env, cwd, job_id, predicate, timeout=300, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rec = next(r for r in status(env, cwd) if r["job_id"] == job_id)
+        if predicate(rec):
+            return rec
+        time.sleep(2)
+    raise AssertionError(f"job {job_id}: timed out waiting for {what}; last record {rec}")
+
+
+def submitted_id(result) -> str:
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("submitted job "))
+    return line.split()[2]
+
+
+def losses(run_dir: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+
+
+def plan_tiny(env, cwd, cluster, out, *extra):
+    dsorch(env, cwd, "plan", EXAMPLES / "tiny.yaml", "--cluster", cluster, "--out", out, *extra)
+
+
+LAYOUT = ["--tp", "2", "--pp", "2", "--mbs", "4", "--zero", "1", "--no-sp", "--recompute", "none"]
+
+
+def test_two_node_job_completes_with_the_local_runs_losses(slurm_env, tmp_path):
+    env = slurm_env
+    plan_tiny(env, tmp_path, "loopback", "plans/tp2pp2", *LAYOUT)
+    plan_tiny(env, tmp_path, "local", "plans/tp2pp2-local", *LAYOUT)
+    r = dsorch(env, tmp_path, "submit", "plans/tp2pp2", "--steps", "4", "--wait")
+    job = submitted_id(r)
+    assert "COMPLETED" in r.stdout
+    rec = next(x for x in status(env, tmp_path) if x["job_id"] == job)
+    assert rec["state"] == "COMPLETED" and rec["executor"] == "slurm" and rec["last_step"] == 4
+    sacct = subprocess.run(["sacct", "-n", "-X", "-j", job, "-o", "State,NNodes,NTasks"], env=env,
+                           capture_output=True, text=True).stdout.split()
+    assert sacct[:2] == ["COMPLETED", "2"], sacct
+    dsorch(env, tmp_path, "submit", "plans/tp2pp2-local", "--steps", "4", "--wait")
+    runs = {r["plan_dir"]: Path(r["run_dir"]) for r in status(env, tmp_path)}
+    slurm_losses, local_losses = losses(runs["plans/tp2pp2"]), losses(runs["plans/tp2pp2-local"])
+    assert [s for s, _ in slurm_losses] == [1, 2, 3, 4]
+    # Same layout, data and seed, same reduction order: the losses agree to fp32 round-off.
+    for (s1, a), (s2, b) in zip(slurm_losses, local_losses):
+        assert s1 == s2 and a == pytest.approx(b, rel=1e-6)
+    out = dsorch(env, tmp_path, "logs", job, "--rank", "3").stdout
+    assert "_log.out <==" in out
+
+
+def test_failing_job_shows_failed_and_its_traceback(slurm_env, tmp_path):
+    env = slurm_env
+    plan_tiny(env, tmp_path, "loopback", "plans/p", *LAYOUT)
+    (tmp_path / "bad.bin").write_bytes(b"\x00" * 64)
+    (tmp_path / "bad.json").write_text("{this is not json")
+    r = dsorch(env, tmp_path, "submit", "plans/p", "--steps", "2", "--data", "bad", "--wait", check=False)
+    assert r.returncode == 1
+    job = submitted_id(r)
+    rec = next(x for x in status(env, tmp_path) if x["job_id"] == job)
+    assert rec["state"] == "FAILED"
+    assert "exited with code" in rec["error"] and "bad.json:1: not valid JSON" in rec["error"]
+    st = dsorch(env, tmp_path, "status").stdout
+    assert "FAILED" in st and "last lines of the error" in st and "full log" in st
+    logs = dsorch(env, tmp_path, "logs", job).stdout
+    assert "Traceback" in logs or "orchestrator.train:" in logs
+
+
+def test_cancel_ends_a_running_job(slurm_env, tmp_path):
+    env = slurm_env
+    plan_tiny(env, tmp_path, "loopback", "plans/p", *LAYOUT)
+    job = submitted_id(dsorch(env, tmp_path, "submit", "plans/p", "--steps", "100000"))
+    wait_for(env, tmp_path, job, lambda r: r["state"] == "RUNNING", timeout=120, what="RUNNING")
+    r = dsorch(env, tmp_path, "cancel", job)
+    assert f"cancelled job {job}" in r.stdout
+    rec = next(x for x in status(env, tmp_path) if x["job_id"] == job)
+    assert rec["state"] == "CANCELLED"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        sacct = subprocess.run(["sacct", "-n", "-X", "-j", job, "-o", "State"], env=env, capture_output=True,
+                               text=True).stdout.split()
+        if sacct and sacct[0] == "CANCELLED":
+            break
+        time.sleep(2)
+    assert sacct and sacct[0].rstrip("+") == "CANCELLED", sacct
+    assert dsorch(env, tmp_path, "cancel", job, check=False).returncode == 2  # already ended
+
+
+@pytest.mark.parametrize("how", ["scontrol-requeue", "submitit-preemption"])
+def test_requeued_job_resumes_without_gap_or_repeat(slurm_env, tmp_path, how):
+    env = slurm_env
+    plan_tiny(env, tmp_path, "loopback", "plans/p", *LAYOUT)
+    steps = 150
+    job = submitted_id(dsorch(env, tmp_path, "submit", "plans/p", "--steps", steps, "--save-interval", "10"))
+    wait_for(env, tmp_path, job, lambda r: (r["last_step"] or 0) >= 12, timeout=240, what="step 12")
+    if how == "scontrol-requeue":
+        subprocess.run(["scontrol", "requeue", job], env=env, check=True)
+    else:
+        # What SLURM does before preemption or a time limit (and submitit's own Job._interrupt):
+        # SIGUSR2 to every task; the job checkpoints and submitit requeues it.
+        subprocess.run(["scancel", "--signal=USR2", job], env=env, check=True)
+    rec = wait_for(env, tmp_path, job, lambda r: r["state"] == "COMPLETED", timeout=420, what="COMPLETED")
+    assert rec["requeues"] >= 1
+    trajectory = losses(Path(rec["run_dir"]))
+    assert [s for s, _ in trajectory] == list(range(1, steps + 1))
+    starts = (Path(rec["run_dir"]) / "starts.jsonl").read_text().splitlines()
+    assert len(starts) >= 2
+    st = dsorch(env, tmp_path, "status").stdout
+    assert "COMPLETED" in st
+
+
+def test_registry_consistent_under_concurrent_dsorch_processes(slurm_env, tmp_path):
+    env = slurm_env
+    plan_tiny(env, tmp_path, "loopback", "plans/p", *LAYOUT)
+    # 10 processes at once: dry runs and status calls read the registry, 4 real submits race for
+    # the same plan; exactly one submit may win.
+    calls = [["submit", "plans/p", "--dry-run"]] * 3 + [["status", "--json"]] * 3 + \
+            [["submit", "plans/p", "--steps", "100000"]] * 4
+    with ThreadPoolExecutor(len(calls)) as pool:
+        results = list(pool.map(lambda a: dsorch(env, tmp_path, *a, check=False), calls))
+    for args, r in zip(calls, results):
+        if args[0] == "status":
+            assert r.returncode == 0, r.stderr
+            json.loads(r.stdout)
+        elif "--dry-run" in args:
+            assert r.returncode == 0 and "#SBATCH --nodes=2" in r.stdout, r.stderr
+    submits = [r for a, r in zip(calls, results) if a[0] == "submit" and "--dry-run" not in a]
+    accepted = [r for r in submits if r.returncode == 0]
+    assert len(accepted) == 1, [r.stdout + r.stderr for r in submits]
+    assert all("already has a job pending or running" in r.stderr for r in submits if r.returncode != 0)
+    records = status(env, tmp_path)
+    assert len(records) == 1 and records[0]["job_id"] == submitted_id(accepted[0])
+    dsorch(env, tmp_path, "cancel", records[0]["job_id"])
+
+
+def test_hostile_values_run_nothing_on_a_real_cluster(slurm_env, tmp_path):
+    env = dict(slurm_env)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "evil.yaml").write_text(textwrap.dedent("""\
+        extends: loopback
+        slurm:
+          env:
+            EVIL: "$(touch CANARY1); `touch CANARY2`; echo 'x' \\"y\\" && touch CANARY3"
+          extra: {comment: "a b; touch CANARY4 $(touch CANARY5)"}
+        """))
+    (profiles / "loopback.yaml").write_text((PROFILES / "loopback.yaml").read_text())
+    env["DSORCH_PROFILES_DIR"] = str(profiles)
+    exp = tmp_path / "exp dir $(touch CANARY6); x"
+    exp.mkdir()
+    plan_tiny(env, exp, "evil", "plan `touch CANARY7` 'q'", *LAYOUT)
+    script = dsorch(env, exp, "submit", "plan `touch CANARY7` 'q'", "--dry-run").stdout
+    assert "#SBATCH --comment='a b; touch CANARY4 $(touch CANARY5)'" in script
+    r = dsorch(env, exp, "submit", "plan `touch CANARY7` 'q'", "--steps", "1", "--wait")
+    assert "COMPLETED" in r.stdout
+    canaries = sorted(p.name for p in Path("/").glob("CANARY*")) + sorted(p.name for p in tmp_path.rglob("CANARY*"))
+    assert canaries == [], f"hostile values were executed: {canaries}"
