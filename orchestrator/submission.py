@@ -65,6 +65,7 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
     doc = _read_plan(plan_dir)
     planned = doc["cluster"]
     cluster = cluster or planned["name"]
+    load_profile(cluster, profiles_dir)  # an unknown name fails here, listing the known ones
     if cluster != planned["name"]:
         raise DsorchError(
             f"{plan_dir} was planned for cluster '{planned['name']}' ({planned['nodes']} x {planned['gpus_per_node']}), "

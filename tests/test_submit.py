@@ -1,0 +1,92 @@
+"""`dsorch submit` refuses bad input with one paragraph, exit code 2 and nothing submitted.
+(The jobs themselves run in tests/test_slurm.py and, for --cluster local, there too.)"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.slurm import parse_slurm_time
+
+
+@pytest.fixture
+def planned(runner, in_tmp):
+    r = runner.invoke(main, ["plan", "examples/llama3-8b.yaml", "--cluster", "dgx16", "--nodes", "2", "--out",
+                             "plans/l8"])
+    assert r.exit_code == 0, r.output
+    return in_tmp
+
+
+def submit(runner, *args, env=None):
+    return runner.invoke(main, ["submit", *map(str, args)], env=env)
+
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plans/missing"], "plan directory plans/missing does not exist; write one with `dsorch plan SPEC --cluster NAME"),
+    (["plans/l8", "--cluster", "dgx61"], "unknown cluster profile 'dgx61'. Did you mean 'dgx16'?"),
+    (["plans/l8", "--cluster", "hgx-h200-ndr"], "plans/l8 was planned for cluster 'dgx16' (2 x 8), not 'hgx-h200-ndr'"),
+    (["plans/l8", "--nodes", "4"], "plans/l8 was planned for 2 nodes, not 4; re-plan with --nodes 4."),
+    (["plans/l8", "--data", "nowhere"], "--data nowhere: no such token file"),
+])
+def test_bad_submissions(runner, planned, args, message):
+    r = submit(runner, *args)
+    assert r.exit_code == 2, r.output
+    assert message in " ".join(r.output.split())
+    assert "Traceback" not in r.output
+    assert runner.invoke(main, ["status", "--json"]).output.strip() == "[]"
+
+
+def test_not_a_plan_directory(runner, planned):
+    (planned / "empty").mkdir()
+    r = submit(runner, "empty")
+    assert r.exit_code == 2 and "empty has no plan.yaml, so it is not a plan directory" in r.output
+
+
+def test_missing_sbatch_suggests_local(runner, planned, tmp_path):
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    r = submit(runner, "plans/l8", env={"PATH": str(empty_bin)})
+    assert r.exit_code == 2
+    assert "sbatch is not on PATH" in r.output and "--cluster local" in r.output
+    assert runner.invoke(main, ["status", "--json"]).output.strip() == "[]"
+
+
+def test_tampered_plan_is_not_submitted(runner, planned):
+    f = planned / "plans" / "l8" / "ds_config.json"
+    f.write_text(f.read_text().replace('"train_batch_size": 512', '"train_batch_size": 511'))
+    r = submit(runner, "plans/l8", "--dry-run")
+    assert r.exit_code == 2 and "does not validate" in r.output
+
+
+def test_megatron_runtime_plans_point_to_their_sbatch(runner, planned):
+    assert runner.invoke(main, ["plan", "examples/llama3-8b.yaml", "--cluster", "dgx16", "--nodes", "2", "--runtime",
+                                "megatron", "--out", "plans/m"]).exit_code == 0
+    r = submit(runner, "plans/m")
+    assert r.exit_code == 2 and "targets the megatron runtime" in r.output and "job.sbatch" in r.output
+
+
+def test_dry_run_prints_the_sbatch_script_and_submits_nothing(runner, planned):
+    r = submit(runner, "plans/l8", "--dry-run")
+    assert r.exit_code == 0, r.output
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --cpus-per-task=12", "#SBATCH --time=2880", "#SBATCH --partition=gpu", "#SBATCH --exclusive",
+                 "#SBATCH --signal=USR2@90", "module load cuda/12.4 nccl", "export NCCL_IB_HCA=mlx5",
+                 "#SBATCH --job-name=dsorch-llama3-8b"):
+        assert line in r.output, line
+    assert runner.invoke(main, ["status", "--json"]).output.strip() == "[]"
+
+
+@pytest.mark.parametrize("text, minutes", [("30", 30), ("1:30", 2), ("02:00:00", 120), ("48:00:00", 2880),
+                                           ("1-00:00:00", 1440), ("2-12", 3600), ("1-01:30", 1530)])
+def test_slurm_time_limits(text, minutes):
+    assert parse_slurm_time(text) == minutes
+
+
+def test_status_logs_cancel_with_no_jobs(runner, in_tmp):
+    assert "no jobs submitted from this directory yet" in runner.invoke(main, ["status"]).output
+    for cmd in (["logs", "12"], ["cancel", "12"]):
+        r = runner.invoke(main, cmd)
+        assert r.exit_code == 2 and "no job '12'" in r.output
