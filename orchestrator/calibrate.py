@@ -47,6 +47,9 @@ from .specs import ClusterProfile, Efficiency, ModelSpec, TrainingSpec, load_pro
 # an overlap fraction is a fraction.
 BOUNDS = {"gemm": (0.3, 0.95), "attention": (0.2, 0.95), "hbm": (0.5, 0.95), "intra_node_comm": (0.5, 0.95),
           "inter_node_comm": (0.5, 0.95), "dp_overlap": (0.0, 1.0), "tp_overlap": (0.0, 1.0)}
+# A user's own runs may sit far below datacenter-GPU figures (a CPU "device" against a stated
+# peak, a congested network): still fractions in (0, 1], with a floor low enough for them.
+USER_BOUNDS = {k: (min(lo, 0.02), hi) for k, (lo, hi) in BOUNDS.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -270,7 +273,7 @@ class FitResult:
 
 
 def fit(rows: list[Row], start: dict[str, float], free: tuple[str, ...], *, prior_weight: float = 0.0,
-        restarts: int = 2, iters: int = 400) -> FitResult:
+        restarts: int = 2, iters: int = 400, bounds: dict = BOUNDS) -> FitResult:
     """Efficiencies ``free`` that minimize mean + max relative step-time error over ``rows``.
 
     ``prior_weight`` > 0 pulls each fraction towards ``start`` (in logistic units), so that a
@@ -278,11 +281,11 @@ def fit(rows: list[Row], start: dict[str, float], free: tuple[str, ...], *, prio
     """
     prepared = [_prepare(r) for r in rows]
     measured = np.array([r.measured_step_s for r in rows])
-    z0 = np.array([_to_unit(start[f], *BOUNDS[f]) for f in free])
+    z0 = np.array([_to_unit(min(max(start[f], bounds[f][0]), bounds[f][1]), *bounds[f]) for f in free])
 
     def values_of(z) -> dict[str, float]:
         v = dict(start)
-        v.update({f: _from_unit(float(zi), *BOUNDS[f]) for f, zi in zip(free, z)})
+        v.update({f: _from_unit(float(zi), *bounds[f]) for f, zi in zip(free, z)})
         return v
 
     def objective(z) -> float:
@@ -484,7 +487,7 @@ def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: P
                 exercised.add("dp_overlap")
         free = tuple(f for f in FIELDS if f in exercised)
     before = row_errors(rows, lambda row: start)
-    result = fit(rows, start.values(), free, prior_weight=prior_weight)
+    result = fit(rows, start.values(), free, prior_weight=prior_weight, bounds=USER_BOUNDS)
     after = result.errors
     fitted = _resolved(result.values)
 

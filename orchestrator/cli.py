@@ -526,7 +526,11 @@ def calibrate(metrics, cluster, plan_dir, name, out, as_json, profiles_dir):
 
 def _calibration_summary(doc: dict, out) -> str:
     before, after = doc["step_time_error_before"], doc["step_time_error_after"]
-    lines = [f"fitted {doc['records']} measurement(s) on profile {doc['profile']}"]
+    records = doc["records"]
+    lines = [f"fitted {len(records)} measured run(s) on profile {doc['profile']}:"]
+    for rec in records:
+        lines.append(f"  {rec.get('id')}: {rec.get('layout')}: measured {rec.get('measured_step_s')} s/step, predicted "
+                     f"{rec.get('predicted_before_s')} s before, {rec.get('predicted_after_s')} s after")
     for key in sorted(set(before) | set(after)):
         b, a = before.get(key), after.get(key)
         if isinstance(b, float) and isinstance(a, float):

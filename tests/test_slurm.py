@@ -45,9 +45,24 @@ def slurm_env(tmp_path_factory):
     yield env
     if not was_up:
         subprocess.run(["bash", str(CLUSTER_SCRIPT), "stop"], capture_output=True, timeout=300, check=True)
-        left = subprocess.run(["pgrep", "-x", "slurmctld|slurmd|slurmdbd|munged|mariadbd|slurmstepd"],
-                              capture_output=True, text=True).stdout.split()
-        assert left == [], f"daemons left running after stop: {left}"
+        assert _live_daemons() == [], f"daemons left running after stop: {_live_daemons()}"
+
+
+DAEMONS = {"slurmctld", "slurmd", "slurmd-wlm", "slurmdbd", "munged", "mariadbd", "slurmstepd"}
+
+
+def _live_daemons() -> list[str]:
+    """Cluster daemons still alive. Zombies do not count: a stopped daemon whose parent (the
+    start script, long gone) cannot reap it stays in the process table until init does."""
+    live = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        except OSError:
+            continue
+        if fields.get("Name", "").strip() in DAEMONS and not fields.get("State", "").strip().startswith("Z"):
+            live.append(f"{fields['Name'].strip()}({status.parent.name})")
+    return live
 
 
 def dsorch(env, cwd, *args, check=True, timeout=600):
@@ -140,7 +155,7 @@ def test_cancel_ends_a_running_job(slurm_env, tmp_path):
     while time.monotonic() < deadline:
         sacct = subprocess.run(["sacct", "-n", "-X", "-j", job, "-o", "State"], env=env, capture_output=True,
                                text=True).stdout.split()
-        if sacct and sacct[0] == "CANCELLED":
+        if sacct and sacct[0].rstrip("+") == "CANCELLED":
             break
         time.sleep(2)
     assert sacct and sacct[0].rstrip("+") == "CANCELLED", sacct
