@@ -47,9 +47,9 @@ from .specs import ClusterProfile, Efficiency, ModelSpec, TrainingSpec, load_pro
 # an overlap fraction is a fraction.
 BOUNDS = {"gemm": (0.3, 0.95), "attention": (0.2, 0.95), "hbm": (0.5, 0.95), "intra_node_comm": (0.5, 0.95),
           "inter_node_comm": (0.5, 0.95), "dp_overlap": (0.0, 1.0), "tp_overlap": (0.0, 1.0)}
-# A user's own runs may sit far below datacenter-GPU figures (a CPU "device" against a stated
-# peak, a congested network): still fractions in (0, 1], with a floor low enough for them.
-USER_BOUNDS = {k: (min(lo, 0.02), hi) for k, (lo, hi) in BOUNDS.items()}
+# CPU ranks (gloo profiles such as `local`) sit far below datacenter-GPU figures against their
+# stated peak: still fractions in (0, 1], with a floor low enough for them.
+CPU_BOUNDS = {k: (min(lo, 0.02), hi) for k, (lo, hi) in BOUNDS.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -487,7 +487,8 @@ def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: P
                 exercised.add("dp_overlap")
         free = tuple(f for f in FIELDS if f in exercised)
     before = row_errors(rows, lambda row: start)
-    result = fit(rows, start.values(), free, prior_weight=prior_weight, bounds=USER_BOUNDS)
+    result = fit(rows, start.values(), free, prior_weight=prior_weight,
+                 bounds=CPU_BOUNDS if profile.backend == "gloo" else BOUNDS)
     after = result.errors
     fitted = _resolved(result.values)
 
