@@ -82,17 +82,14 @@ def main() -> None:
         sh("scontrol", "requeue", job, env=env)
         wait(lambda: sacct_state(job, env) != "RUNNING", poll=0.2)
         t_running2 = wait(lambda: sacct_state(job, env) == "RUNNING")
-        resumed_from = [None]
-
-        def stepped_again():
-            starts = (run_dir / "starts.jsonl").read_text().splitlines()
-            return len(starts) >= 2 and last_step(run_dir) > before
-
-        t_step2 = wait(stepped_again)
-        print(f"requeue: RUNNING again {t_running2 - t_req:.1f} s after scontrol requeue; training again after "
-              f"{t_step2 - t_req:.1f} s (SLURM waits cred_expire=10 s + a scheduler pass before restarting)")
+        t_start2 = wait(lambda: len((run_dir / "starts.jsonl").read_text().splitlines()) >= 2, poll=0.1)
+        at_restart = last_step(run_dir)
+        t_step2 = wait(lambda: last_step(run_dir) > at_restart, poll=0.1)
+        print(f"requeue: {before} steps done; RUNNING again {t_running2 - t_req:.1f} s after scontrol requeue, job "
+              f"restarted at {t_start2 - t_req:.1f} s, first new step (resumed from the checkpoint) at "
+              f"{t_step2 - t_req:.1f} s. SLURM waits cred_expire (10 s here) plus a scheduler pass before "
+              f"restarting a requeued job")
         sh(DSORCH, "cancel", job, env=env, cwd=exp)
-        del resumed_from
 
 
 if __name__ == "__main__":
