@@ -178,9 +178,12 @@ def _print_plan(the_plan, top: int, out: Path | None, files: dict[str, str]) -> 
     m = the_plan.spec.model
     p = the_plan.profile
     r = the_plan.result
-    con.print(f"[bold]{the_plan.spec.name}[/]: {m.num_params / 1e9:.2f}B parameters, seq {the_plan.spec.training.seq_length}, "
+    n = m.num_params
+    size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
+    con.print(f"[bold]{the_plan.spec.name}[/]: {size} parameters, seq {the_plan.spec.training.seq_length}, "
               f"global batch {the_plan.spec.training.global_batch_size}, {the_plan.spec.training.precision}")
-    con.print(f"[bold]{p.name}[/]: {p.nodes} nodes x {p.gpus_per_node} {p.gpu.name} ({p.gpu.memory_gib:g} GiB), "
+    con.print(f"[bold]{p.name}[/]: {p.nodes} node{'s' if p.nodes != 1 else ''} x {p.gpus_per_node} {p.gpu.name} "
+              f"({p.gpu.memory_gib:g} GiB), "
               f"runtime {the_plan.runtime}")
     con.print(f"searched {r.evaluated} legal layouts: {r.feasible} fit, {r.rejected_memory} exceed "
               f"{r.capacity_gib:g} GiB per GPU")
