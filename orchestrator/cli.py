@@ -471,7 +471,8 @@ def cancel(job):
         rec = reg.get(job)
         if not rec.active:
             raise UserError(f"job {rec.job_id} is already {rec.state}; nothing to cancel.")
-        slurm.cancel(rec.executor, rec.job_id)
+        if rec.job_id != "pending":  # a row whose submission never reached the scheduler
+            slurm.cancel(rec.executor, rec.job_id)
         reg.update(rec.key, state="CANCELLED")
     except DsorchError as e:
         raise _fail(e)

@@ -49,10 +49,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     last_loss REAL,
     elapsed_s REAL,
     error TEXT,
-    updated_at TEXT NOT NULL,
-    UNIQUE (executor, job_id)
+    updated_at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS jobs_plan ON jobs (plan_dir);
+CREATE INDEX IF NOT EXISTS jobs_job_id ON jobs (job_id);
 """
 
 
@@ -154,8 +154,11 @@ class Registry:
     def reserve(self, plan_dir: str, force: bool):
         """Check that no job of ``plan_dir`` is active and hold the write lock while submitting.
 
-        Yields a function ``insert(**fields) -> key`` to call once the scheduler accepted the job;
-        the check and the insert are one transaction.
+        Yields ``(insert, update)``: ``insert(**fields) -> key`` adds the row, ``update(key,
+        **fields)`` completes it once the scheduler accepted the job. The check, the row and its
+        job id are one transaction: a crash or a refused submission leaves no row behind.
+        Scheduler job ids are not unique over time (local ids are PIDs, SLURM restarts its
+        counter), so rows are keyed by dsorch's own ``key`` and a job id names its newest row.
         """
         with self._connect(write=True) as con:
             active = con.execute(
@@ -173,7 +176,12 @@ class Registry:
                                   tuple(values.values()))
                 return int(cur.lastrowid)
 
-            yield insert
+            def update(key: int, **values) -> None:
+                values["updated_at"] = now_utc()
+                sets = ", ".join(f"{k} = ?" for k in values)
+                con.execute(f"UPDATE jobs SET {sets} WHERE key = ?", (*values.values(), key))
+
+            yield insert, update
 
     def update(self, key: int, **values) -> None:
         values["updated_at"] = now_utc()

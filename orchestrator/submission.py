@@ -67,10 +67,11 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
     cluster = cluster or planned["name"]
     load_profile(cluster, profiles_dir)  # an unknown name fails here, listing the known ones
     if cluster != planned["name"]:
+        spec_path = (doc.get("inputs") or {}).get("model_spec", {}).get("path", "SPEC")
         raise DsorchError(
             f"{plan_dir} was planned for cluster '{planned['name']}' ({planned['nodes']} x {planned['gpus_per_node']}), "
             f"not '{cluster}'; layouts do not carry over between clusters. Re-plan: dsorch plan "
-            f"{doc['inputs']['model_spec']['path']} --cluster {cluster} --out DIR.")
+            f"{spec_path} --cluster {cluster} --out DIR.")
     if nodes is not None and nodes != planned["nodes"]:
         raise DsorchError(f"{plan_dir} was planned for {planned['nodes']} nodes, not {nodes}; re-plan with "
                           f"--nodes {nodes}.")
@@ -78,6 +79,10 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
     errors = validate_path(plan_dir)
     if errors:
         raise DsorchError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
+    if doc.get("runtime") == "deepspeed":
+        from .train.config import load_plan
+
+        load_plan(plan_dir)  # what the entrypoint refuses (dropout, vpp > 1, files that disagree) fails here
     if data is not None and not (Path(data).exists() or Path(f"{data}.bin").exists()):
         raise DsorchError(f"--data {data}: no such token file (NAME or NAME.bin); make one with "
                           f"scripts/make_token_file.py.")
@@ -119,7 +124,7 @@ def _display(p: Path, base: Path) -> str:
 
 def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
     sub.folder.mkdir(parents=True, exist_ok=True)
-    with reg.reserve(sub.plan_display, force) as insert:
+    with reg.reserve(sub.plan_display, force) as (insert, update):
         # The run directory is named after dsorch's own key, known only once the row exists; the
         # row and the submission are one transaction, so a refused submission leaves no row.
         key = insert(job_id="pending", executor=sub.spec.kind, cluster=sub.cluster, plan_dir=sub.plan_display,
@@ -129,7 +134,7 @@ def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
         job = slurm.TrainingJob(sub.job.plan_dir, str(run_dir), sub.job.steps, sub.job.data, sub.job.use_gpus,
                                 sub.job.save_interval)
         job_id = slurm.submit(sub.spec, sub.folder, job)
-    reg.update(key, job_id=job_id, state="PENDING" if sub.spec.kind == "slurm" else "RUNNING", run_dir=str(run_dir))
+        update(key, job_id=job_id, state="PENDING" if sub.spec.kind == "slurm" else "RUNNING", run_dir=str(run_dir))
     return reg.get(str(key))
 
 

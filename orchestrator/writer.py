@@ -42,20 +42,29 @@ def write_plan_dir(out: Path, files: dict[str, str]) -> None:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
             return
+        # Every destination must be replaceable before the first rename, so that a plan
+        # directory is never left half old, half new.
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise OutputError(f"--out {out}: the directory is not writable; fix its permissions or choose another. "
+                              f"Nothing was written.")
+        for name in [*files, *GENERATED]:
+            dest = out / name
+            if dest.is_dir():
+                raise OutputError(f"--out {out}: {dest} is a directory where dsorch writes a file; remove it and "
+                                  f"rerun. Nothing was written.")
         staged: list[tuple[Path, Path]] = []
         try:
             for name, text in files.items():
                 fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", dir=out)
+                staged.append((Path(tmp_name), out / name))
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
                     fh.write(text)
                 os.chmod(tmp_name, _mode(name))
-                staged.append((Path(tmp_name), out / name))
-        except BaseException:
+            for tmp_path, final in staged:
+                os.replace(tmp_path, final)
+        finally:
             for tmp_path, _ in staged:
                 tmp_path.unlink(missing_ok=True)
-            raise
-        for tmp_path, final in staged:
-            os.replace(tmp_path, final)
         for name in GENERATED:
             if name not in files:
                 (out / name).unlink(missing_ok=True)
@@ -72,7 +81,10 @@ def diff_plan_dir(out: Path, files: dict[str, str]) -> str:
     chunks: list[str] = []
     for name in sorted(set(files) | {n for n in GENERATED if (out / n).exists()}):
         path = out / name
-        old = path.read_text(encoding="utf-8") if path.exists() else ""
+        try:
+            old = path.read_text(encoding="utf-8") if path.exists() else ""
+        except (OSError, UnicodeDecodeError) as e:
+            old = f"<unreadable: {e}>\n"
         new = files.get(name, "")
         if old != new:
             chunks.extend(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),

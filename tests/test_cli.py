@@ -374,3 +374,16 @@ def test_calibrate_command_end_to_end(runner, in_tmp):
              "1", "--pp", "1", "--mbs", "4", "--zero", "1")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["predicted"]["step_time_s"] == pytest.approx(records[0]["step_time_s"], rel=0.1)
+
+
+def test_a_directory_in_the_way_leaves_the_old_plan_untouched(runner, in_tmp):
+    out = in_tmp / "p"
+    assert plan(runner, "examples/tiny.yaml", "--cluster", "local", "--out", out).exit_code == 0
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    (out / "plan.yaml").unlink()
+    (out / "plan.yaml").mkdir()
+    r = plan(runner, "examples/tiny.yaml", "--cluster", "local", "--runtime", "megatron", "--out", out)
+    assert r.exit_code == 2 and "is a directory where dsorch writes a file" in r.output
+    after = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
+    assert after == {k: v for k, v in before.items() if k != "plan.yaml"}
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]

@@ -18,7 +18,7 @@ def _fields(job_id, plan="plans/a", state="PENDING"):
 
 def test_insert_get_update(tmp_path):
     reg = Registry(tmp_path)
-    with reg.reserve("plans/a", force=False) as insert:
+    with reg.reserve("plans/a", force=False) as (insert, _):
         key = insert(**_fields("101"))
     rec = reg.get("101")
     assert rec.key == key and rec.state == "PENDING" and rec.active
@@ -31,14 +31,14 @@ def test_insert_get_update(tmp_path):
 
 def test_refuses_second_active_job_of_a_plan_unless_forced(tmp_path):
     reg = Registry(tmp_path)
-    with reg.reserve("plans/a", force=False) as insert:
+    with reg.reserve("plans/a", force=False) as (insert, _):
         insert(**_fields("1"))
     with pytest.raises(DsorchError, match=r"plan plans/a already has a job pending or running: 1 \(PENDING\)"):
-        with reg.reserve("plans/a", force=False) as insert:
+        with reg.reserve("plans/a", force=False) as (insert, _):
             insert(**_fields("2"))
-    with reg.reserve("plans/a", force=True) as insert:
+    with reg.reserve("plans/a", force=True) as (insert, _):
         insert(**_fields("2"))
-    with reg.reserve("plans/b", force=False) as insert:  # another plan is fine
+    with reg.reserve("plans/b", force=False) as (insert, _):  # another plan is fine
         insert(**_fields("3", plan="plans/b"))
     assert [r.job_id for r in reg.all()] == ["1", "2", "3"]
 
@@ -46,7 +46,7 @@ def test_refuses_second_active_job_of_a_plan_unless_forced(tmp_path):
 def test_failed_submission_leaves_no_row(tmp_path):
     reg = Registry(tmp_path)
     with pytest.raises(RuntimeError):
-        with reg.reserve("plans/a", force=False) as insert:
+        with reg.reserve("plans/a", force=False) as (insert, _):
             insert(**_fields("1"))
             raise RuntimeError("sbatch refused")
     assert reg.all() == []
@@ -54,7 +54,7 @@ def test_failed_submission_leaves_no_row(tmp_path):
 
 def test_unknown_job_names_known_ones(tmp_path):
     reg = Registry(tmp_path)
-    with reg.reserve("plans/a", force=False) as insert:
+    with reg.reserve("plans/a", force=False) as (insert, _):
         insert(**_fields("77"))
     with pytest.raises(DsorchError, match="no job '78' .* known job ids: 77"):
         reg.get("78")
@@ -64,7 +64,7 @@ def _racer(args):
     path, i = args
     reg = Registry(path)
     try:
-        with reg.reserve("plans/same", force=False) as insert:
+        with reg.reserve("plans/same", force=False) as (insert, _):
             insert(**_fields(f"job{i}", plan="plans/same"))
         return "accepted"
     except DsorchError:
@@ -76,3 +76,16 @@ def test_concurrent_submits_of_one_plan_accept_exactly_one(tmp_path):
         results = pool.map(_racer, [(tmp_path, i) for i in range(10)])
     assert results.count("accepted") == 1 and results.count("refused") == 9
     assert len(Registry(tmp_path).all()) == 1
+
+
+def test_job_ids_may_repeat_and_name_their_newest_row(tmp_path):
+    """Local job ids are PIDs and SLURM may restart its counter: a repeat is not an error."""
+    reg = Registry(tmp_path)
+    with reg.reserve("plans/a", force=False) as (insert, update):
+        k1 = insert(**_fields("pending"))
+        update(k1, job_id="1234", state="COMPLETED")
+    with reg.reserve("plans/a", force=False) as (insert, update):
+        k2 = insert(**_fields("pending"))
+        update(k2, job_id="1234", state="RUNNING")
+    assert reg.get("1234").key == k2
+    assert [r.state for r in reg.all()] == ["COMPLETED", "RUNNING"]
