@@ -441,21 +441,35 @@ def load_records(metrics_paths: list[Path], profile: ClusterProfile, plan_dir: P
     """Rows from run directories, metrics.jsonl files (with their plan directory) or records files."""
     rows: list[Row] = []
     for path in map(Path, metrics_paths):
-        if path.is_dir():
-            path = path / "metrics.jsonl"
-        if path.name == "metrics.jsonl":
-            candidates = [plan_dir] if plan_dir else [path.parent, path.parent.parent]
-            pdir = next((d for d in candidates if d is not None and (d / "plan.yaml").exists()), None)
-            if pdir is None:
-                raise SpecError(f"{path}: no plan.yaml next to it or one level up; pass the plan directory "
-                                f"it was trained from (--plan DIR).")
-            rows.append(_record_row(_plan_dir_records(path, pdir), path.parent, profile, len(rows)))
-        else:
-            for rec in _read_records(path):
-                rows.append(_record_row(rec, path.parent, profile, len(rows)))
+        try:
+            _load_one(path, profile, plan_dir, rows)
+        except SpecError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, OSError, yaml.YAMLError) as e:
+            # json.JSONDecodeError and pydantic's ValidationError are ValueErrors.
+            raise SpecError(f"{path}: cannot read a measurement from it ({type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:300]}). Each record needs layout, model and step_time_s; "
+                            f"see the format in orchestrator/calibrate.py.")
     if not rows:
         raise SpecError("no measurements to calibrate from.")
     return rows
+
+
+def _load_one(path: Path, profile: ClusterProfile, plan_dir: Path | None, rows: list[Row]) -> None:
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if path.name == "metrics.jsonl":
+        candidates = [plan_dir] if plan_dir else [path.parent, path.parent.parent]
+        pdir = next((d for d in candidates if d is not None and (d / "plan.yaml").exists()), None)
+        if pdir is None:
+            raise SpecError(f"{path}: no plan.yaml next to it or one level up; pass the plan directory "
+                            f"it was trained from (--plan DIR).")
+        rows.append(_record_row(_plan_dir_records(path, pdir), path.parent, profile, len(rows)))
+        return
+    for rec in _read_records(path):
+        if not isinstance(rec, dict):
+            raise TypeError(f"a record must be a mapping, got {type(rec).__name__}")
+        rows.append(_record_row(rec, path.parent, profile, len(rows)))
 
 
 def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: Path | None = None,

@@ -124,7 +124,7 @@ def plan(spec, cluster, out, check, as_json, explain, runtime, nodes, gpus_per_n
         lp = load_profile(cluster, profiles_dir_from_env(profiles_dir))
         pins = Pins(tp=tp, pp=pp, dp=dp, vpp=vpp, zero_stage=zero, micro_batch_size=mbs, recompute=recompute,
                     sequence_parallel=sp)
-        the_plan = make_plan(spec_file, _display_path(spec), loaded.sha256, lp, runtime, pins, nodes=nodes,
+        the_plan = make_plan(spec_file, _display_path(spec, out), loaded.sha256, lp, runtime, pins, nodes=nodes,
                              gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin, keep=max(top, 8))
         resize = (f" --nodes {nodes}" if nodes else "") + (f" --gpus-per-node {gpus_per_node}" if gpus_per_node else "")
         files = render_all(the_plan, resize_flags=resize)
@@ -161,8 +161,11 @@ def plan(spec, cluster, out, check, as_json, explain, runtime, nodes, gpus_per_n
         click.echo(explain_text(the_plan), nl=False)
 
 
-def _display_path(p: Path) -> str:
-    """The spec path as written into generated files: relative when possible, never absolute."""
+def _display_path(p: Path, out: Path | None) -> str:
+    """The spec path as written into generated files: relative to the plan directory when there is
+    one (so the files do not depend on where dsorch ran from), never absolute."""
+    if out is not None:
+        return Path(os.path.relpath(os.path.abspath(p), os.path.abspath(out))).as_posix()
     if not p.is_absolute():
         return p.as_posix()
     try:
@@ -239,7 +242,13 @@ def profiles(name, as_json, profiles_dir):
             return
         rows = []
         for pname, src in sorted(discover_profiles(pdir).items()):
-            p = load_profile(pname, pdir).profile
+            try:
+                p = load_profile(pname, pdir).profile
+            except DsorchError as e:  # one broken profile must not hide the others
+                rows.append({"name": pname, "origin": src.origin, "path": str(src.path), "nodes": None,
+                             "gpus_per_node": None, "gpu": None, "gpu_memory_gib": None,
+                             "description": f"INVALID: {' '.join(str(e).split())}"})
+                continue
             rows.append({"name": pname, "origin": src.origin, "path": str(src.path), "nodes": p.nodes,
                          "gpus_per_node": p.gpus_per_node, "gpu": p.gpu.name, "gpu_memory_gib": p.gpu.memory_gib,
                          "description": p.description})
@@ -254,8 +263,8 @@ def profiles(name, as_json, profiles_dir):
     for col in ("name", "origin", "nodes", "GPUs/node", "GPU", "GiB", "description"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["name"], r["origin"], str(r["nodes"]), str(r["gpus_per_node"]), r["gpu"],
-                  f"{r['gpu_memory_gib']:g}", r["description"])
+        t.add_row(r["name"], r["origin"], str(r["nodes"] or "-"), str(r["gpus_per_node"] or "-"), r["gpu"] or "-",
+                  f"{r['gpu_memory_gib']:g}" if r["gpu_memory_gib"] else "-", r["description"])
     _console().print(t)
 
 

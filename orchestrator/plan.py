@@ -51,6 +51,13 @@ def _pins_text(pins: Pins) -> str:
 
 def make_plan(spec: SpecFile, spec_path: str, spec_sha256: str, loaded: LoadedProfile, runtime: str,
               pins: Pins, *, nodes: int | None = None, gpus_per_node: int | None = None, memory_margin_gib: float = 0.0, keep: int = 8) -> Plan:
+    if gpus_per_node is not None and gpus_per_node > loaded.profile.gpus_per_node:
+        raise LayoutError(f"--gpus-per-node {gpus_per_node}: profile '{loaded.profile.name}' has {loaded.profile.gpus_per_node} "
+                          f"GPUs per node; --gpus-per-node plans for part of a node (a larger count needs a profile "
+                          f"that says so, e.g. one that extends it with gpus_per_node: {gpus_per_node}).")
+    if memory_margin_gib >= loaded.profile.gpu.memory_gib:
+        raise LayoutError(f"--memory-margin {memory_margin_gib:g} GiB leaves nothing of the {loaded.profile.gpu.memory_gib:g} "
+                          f"GiB per GPU; use a margin below the GPU memory.")
     profile = loaded.profile.resized(nodes, gpus_per_node)
     problems = check_precision(spec.training, profile, runtime)
     if problems:

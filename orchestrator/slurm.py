@@ -120,17 +120,27 @@ class TrainingJob:
                                      "time": time.time(), "world_size": env.num_tasks}) + "\n")
         received: list[int] = []
         submitit_usr2 = signal.getsignal(signal.SIGUSR2)
-        child = subprocess.Popen(self.command(), env=child_env)
+        children: list[subprocess.Popen] = []
 
         def forward(signum, frame):
             received.append(signum)
-            try:
-                child.send_signal(signum)
-            except ProcessLookupError:
-                pass
+            for child in children:
+                try:
+                    child.send_signal(signum)
+                except ProcessLookupError:
+                    pass
 
+        # Handlers first, child second: a signal in between is recorded and forwarded below.
         signal.signal(signal.SIGUSR2, forward)
         signal.signal(signal.SIGTERM, forward)
+        child = subprocess.Popen(self.command(), env=child_env)
+        if received:
+            # The child installs its handlers first thing (orchestrator/train/__main__.py); give
+            # the interpreter a moment to get there before passing on an early signal.
+            time.sleep(1.0)
+            for signum in sorted(set(received)):
+                child.send_signal(signum)
+        children.append(child)
         rc = child.wait()
         if rc == EXIT_STOPPED and signal.SIGUSR2 in received:
             if env.global_rank == 0 and callable(submitit_usr2):

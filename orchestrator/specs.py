@@ -21,7 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .errors import ProfileNotFound, SpecError
 from .resources import shipped_profiles_dir
 
-_FROZEN = ConfigDict(extra="forbid", frozen=True)
+# extra="forbid": a typo is an error, not a silently ignored key. allow_inf_nan=False: ".inf" and
+# ".nan" are valid YAML floats but never a valid size, rate or bandwidth.
+_FROZEN = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -34,20 +36,20 @@ class ModelSpec(BaseModel):
 
     model_config = _FROZEN
 
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    ffn_hidden_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
+    num_layers: int = Field(gt=0, le=100_000)
+    hidden_size: int = Field(gt=0, le=10_000_000)
+    ffn_hidden_size: int = Field(gt=0, le=100_000_000)
+    num_attention_heads: int = Field(gt=0, le=1_000_000)
     # GQA (Ainslie et al. 2023): equal to num_attention_heads (plain MHA) when omitted.
-    num_kv_heads: int | None = Field(default=None, gt=0)
-    vocab_size: int = Field(gt=0)
+    num_kv_heads: int | None = Field(default=None, gt=0, le=1_000_000)
+    vocab_size: int = Field(gt=0, le=100_000_000)
     activation: Literal["swiglu", "gelu"] = "swiglu"
     tied_embeddings: bool = False
     normalization: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     position_embedding: Literal["rope", "learned"] = "rope"
     # Biases on the linear layers (GPT-2/3 style); Llama has none.
     bias: bool = False
-    max_position_embeddings: int | None = Field(default=None, gt=0)
+    max_position_embeddings: int | None = Field(default=None, gt=0, le=100_000_000)
     rope_theta: float = Field(default=10000.0, gt=0)
     init_method_std: float = Field(default=0.02, gt=0)
 
@@ -111,13 +113,24 @@ class OptimizerSpec(BaseModel):
 
     model_config = _FROZEN
 
-    lr: float = Field(default=3.0e-4, gt=0)
-    min_lr: float = Field(default=3.0e-5, ge=0)
+    lr: float = Field(default=3.0e-4, gt=0, le=10)
+    min_lr: float = Field(default=3.0e-5, ge=0, le=10)
     betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(default=1.0e-8, gt=0)
-    weight_decay: float = Field(default=0.1, ge=0)
-    warmup_steps: int = Field(default=2000, ge=0)
+    eps: float = Field(default=1.0e-8, gt=0, le=1)
+    weight_decay: float = Field(default=0.1, ge=0, le=10)
+    warmup_steps: int = Field(default=2000, ge=0, le=1_000_000_000)
     grad_clip: float = Field(default=1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "OptimizerSpec":
+        # Megatron-LM asserts max_lr >= min_lr (training/optimizer_param_scheduler.py); AdamW
+        # needs 0 <= beta < 1 (torch.optim.AdamW).
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr {self.min_lr} is above lr {self.lr}; the schedule decays from lr to min_lr, "
+                             f"so make min_lr <= lr")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas {list(self.betas)} must each be in [0, 1) (AdamW's momentum coefficients)")
+        return self
 
 
 class TrainingSpec(BaseModel):
@@ -125,8 +138,8 @@ class TrainingSpec(BaseModel):
 
     model_config = _FROZEN
 
-    seq_length: int = Field(gt=0)
-    global_batch_size: int = Field(gt=0, description="sequences per optimizer step")
+    seq_length: int = Field(gt=0, le=100_000_000)
+    global_batch_size: int = Field(gt=0, le=100_000_000, description="sequences per optimizer step")
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     train_tokens: float | None = Field(default=None, gt=0)
     # FlashAttention (Dao et al. 2022) keeps no s x s score matrix for the backward pass.
@@ -142,6 +155,15 @@ class TrainingSpec(BaseModel):
             return None
         return max(1, int(round(self.train_tokens / (self.global_batch_size * self.seq_length))))
 
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> "TrainingSpec":
+        steps = self.train_steps
+        if steps is not None and self.optimizer.warmup_steps >= steps:
+            # Megatron-LM asserts lr_warmup_steps < lr_decay_steps (optimizer_param_scheduler.py).
+            raise ValueError(f"optimizer.warmup_steps {self.optimizer.warmup_steps} is not below the {steps} training "
+                             f"steps that train_tokens gives; shorten the warmup or train longer")
+        return self
+
 
 class SpecFile(BaseModel):
     """A model spec file: name, source, architecture and training settings."""
@@ -153,6 +175,15 @@ class SpecFile(BaseModel):
     source: str = Field(min_length=1, description="paper or config.json the numbers come from")
     model: ModelSpec
     training: TrainingSpec
+
+    @model_validator(mode="after")
+    def _positions_cover_sequence(self) -> "SpecFile":
+        mpe = self.model.max_position_embeddings
+        if mpe is not None and mpe < self.training.seq_length:
+            # Megatron-LM's validate_args: seq_length <= max_position_embeddings.
+            raise ValueError(f"training.seq_length {self.training.seq_length} exceeds model.max_position_embeddings "
+                             f"{mpe}; raise max_position_embeddings or shorten the sequence")
+        return self
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,7 +201,7 @@ class PeakTflops(BaseModel):
 class GpuSpec(BaseModel):
     model_config = _FROZEN
     name: str
-    memory_gib: float = Field(gt=0)
+    memory_gib: float = Field(gt=0, le=1_000_000)
     # Dense (no 2:4 sparsity) peak, TFLOP/s, per device.
     peak_tflops: PeakTflops
     hbm_bandwidth_gbps: float = Field(default=2000.0, gt=0, description="GB/s")
@@ -189,7 +220,7 @@ class InterNode(BaseModel):
     model_config = _FROZEN
     kind: str = "infiniband"
     bandwidth_gbps: float = Field(gt=0, description="Gb/s per NIC, per direction")
-    nics_per_node: int = Field(default=1, gt=0)
+    nics_per_node: int = Field(default=1, gt=0, le=1024)
     latency_us: float = Field(default=10.0, ge=0)
 
 
@@ -210,7 +241,7 @@ class SlurmSpec(BaseModel):
     time: str = "24:00:00"
     constraint: str | None = None
     exclusive: bool = True
-    cpus_per_task: int = Field(default=8, gt=0)
+    cpus_per_task: int = Field(default=8, gt=0, le=100_000)
     mem: str | None = None
     setup: tuple[str, ...] = ()
     env: dict[str, str] = {}
@@ -224,6 +255,9 @@ class SlurmSpec(BaseModel):
             value = getattr(self, key)
             if value is not None and not re.match(_NO_LINE_BREAKS, value):
                 raise ValueError(f"slurm.{key} contains a line break; write it on one line")
+        # sbatch's --time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+        if not re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", self.time.strip()):
+            raise ValueError(f"slurm.time {self.time!r} is not a SLURM time limit; write HH:MM:SS or D-HH:MM:SS")
         for i, line in enumerate(self.setup):
             if not re.match(_NO_LINE_BREAKS, line):
                 raise ValueError(f"slurm.setup[{i}] contains a line break; give each command its own list item")
@@ -275,15 +309,15 @@ class ClusterProfile(BaseModel):
     name: str
     description: str = ""
     extends: str | None = None
-    nodes: int = Field(gt=0)
-    gpus_per_node: int = Field(gt=0)
+    nodes: int = Field(gt=0, le=1_000_000)
+    gpus_per_node: int = Field(gt=0, le=1024)
     gpu: GpuSpec
     intra_node: IntraNode
     inter_node: InterNode
     # torch.distributed backend: nccl on GPUs, gloo for CPU processes (the `local` profile).
     backend: Literal["nccl", "gloo"] = "nccl"
     # CUDA context, NCCL buffers, allocator fragmentation, per GPU.
-    memory_overhead_gib: float = Field(default=3.0, ge=0)
+    memory_overhead_gib: float = Field(default=3.0, ge=0, le=1_000_000)
     efficiency: Efficiency = Efficiency()
     slurm: SlurmSpec = SlurmSpec()
 
@@ -324,22 +358,49 @@ def _compose_lines(node: yaml.Node, prefix: tuple, out: dict[tuple, int]) -> Non
             _compose_lines(item, (*prefix, i), out)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML's last-wins hides typos)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value",
+                                                        key_node.start_mark)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' appears twice (first on line {seen[key] + 1}); keep one",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: Path) -> Loaded:
     try:
+        if path.is_dir():
+            raise SpecError(f"{path}: is a directory; pass a YAML file.")
         raw = path.read_bytes()
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file. Check the path (it is read relative to the current directory).")
     except OSError as e:
         raise SpecError(f"{path}: cannot be read ({e.strerror}).")
-    text = raw.decode("utf-8", errors="replace")
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8.")
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         problem = getattr(e, "problem", None) or str(e)
         raise SpecError(f"{where}: malformed YAML ({problem}). Fix the syntax at that line.")
+    except (ValueError, OverflowError, RecursionError) as e:  # e.g. a date like 2024-02-30
+        raise SpecError(f"{path}: a value cannot be read ({e}); quote it if it is meant as a string.")
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a YAML mapping (key: value lines) at the top level, got {type(data).__name__}.")
     lines: dict[tuple, int] = {}
@@ -463,6 +524,9 @@ def load_profile(name: str, profiles_dir: str | Path | None = None) -> LoadedPro
         parent = loaded.data.get("extends")
         if parent is None:
             break
+        if not isinstance(parent, str):
+            raise SpecError(f"{src.path}:{loaded.lines.get(('extends',), '?')}: key 'extends' must name one profile "
+                            f"(a string), got {type(parent).__name__}.")
         shipped = shipped_profiles_dir() / f"{parent}.yaml"
         if parent == src.name and src.origin == "user" and shipped.exists():
             # A user's profile may extend the shipped profile it overrides (same name).

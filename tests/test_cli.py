@@ -56,13 +56,21 @@ def test_every_shipped_pair_plans_and_validates(runner, in_tmp, spec, profile, r
         assert str(in_tmp) not in text.read_text(), f"{text.name} contains an absolute path"
 
 
-def test_outputs_are_byte_identical_across_runs_and_directories(runner, in_tmp):
-    a, b = in_tmp / "a", in_tmp / "sub" / "b"
-    assert plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--out", a).exit_code == 0
-    assert plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--out", b).exit_code == 0
-    for f in a.iterdir():
-        assert f.read_bytes() == (b / f.name).read_bytes(), f.name
-    assert os.access(a / "launch.sh", os.X_OK)
+def test_outputs_are_byte_identical_across_runs_and_working_directories(runner, in_tmp, monkeypatch):
+    out = in_tmp / "plans" / "a"
+    assert plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--out", "plans/a").exit_code == 0
+    first = {f.name: f.read_bytes() for f in out.iterdir()}
+    assert os.access(out / "launch.sh", os.X_OK)
+    # The same inputs named from elsewhere (another cwd, absolute paths): byte-identical, and
+    # --check agrees.
+    (in_tmp / "deep" / "er").mkdir(parents=True)
+    monkeypatch.chdir(in_tmp / "deep" / "er")
+    args = [str(in_tmp / "examples" / "llama3-70b.yaml"), "--cluster", "dgx16", "--out", "../../plans/a"]
+    assert plan(runner, *args, "--check").exit_code == 0
+    assert plan(runner, *args).exit_code == 0
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == first
+    doc = yaml.safe_load(first["plan.yaml"])
+    assert doc["inputs"]["model_spec"]["path"] == "../../examples/llama3-70b.yaml"
 
 
 # Golden files: regenerate with DSORCH_UPDATE_GOLDEN=1 python -m pytest tests/test_cli.py -k golden
@@ -171,7 +179,9 @@ def test_nothing_fits_suggests_node_count(runner, in_tmp):
                                    "(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1"),
     (["--tp", "1", "--sp"], "sequence parallelism splits the tensor-parallel region's activations and needs tp > 1"),
     (["--vpp", "2", "--pp", "2"], "vpp=2: DeepSpeed's pipeline engine runs plain 1F1B with no interleaved schedule"),
-    (["--pp", "5", "--gpus-per-node", "5"], "pp=5 cannot split num_layers=4 into stages"),
+    (["--nodes", "2", "--pp", "8"], "pp=8 cannot split num_layers=4 into stages"),
+    (["--gpus-per-node", "8"], "--gpus-per-node 8: profile 'local' has 4 GPUs per node"),
+    (["--memory-margin", "4"], "--memory-margin 4 GiB leaves nothing of the 4 GiB per GPU"),
     (["--tp", "4"], "tp=4 does not divide num_kv_heads=2"),
     (["--runtime", "megatron", "--zero", "2"], "Megatron-LM has no ZeRO stages"),
 ])

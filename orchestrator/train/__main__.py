@@ -3,10 +3,16 @@ see entry.py for the launch commands."""
 
 import sys
 
-from ..errors import DsorchError
-from .entry import main
+from .stop import StopRequest
+
+# Before the heavy imports below (seconds of torch and DeepSpeed): a SIGUSR2/SIGTERM during
+# start-up must request a stop, not kill the rank with the default action.
+stop = StopRequest()
+
+from ..errors import DsorchError  # noqa: E402
+from .entry import main  # noqa: E402
 
 try:
-    main()
+    main(stop=stop)
 except DsorchError as e:  # a problem with the plan or data, not a bug: one readable line
     sys.exit(f"orchestrator.train: {e}")

@@ -40,6 +40,7 @@ from .config import Plan, load_plan
 from .data import micro_batches, open_dataset
 from .metrics import MetricsLog, peak_memory_gib
 from .model import DenseModel, LossFn, Pipeline, layer_specs, recompute
+from .stop import StopRequest
 from .tensor_parallel import TPContext
 
 
@@ -139,20 +140,6 @@ def train_step(engine, batches, pp: int, device, dp_group) -> float:
 EXIT_STOPPED = 3  # stopped early on SIGUSR2/SIGTERM after a checkpoint; rerun to resume
 
 
-class StopRequest:
-    """Set by SIGUSR2 (SLURM's warning before a time limit or preemption) or SIGTERM (scancel,
-    scontrol requeue). The loop checks it at every step boundary, all ranks agree through an
-    all-reduce, and every rank takes part in the checkpoint before leaving."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        for sig in (signal.SIGUSR2, signal.SIGTERM):
-            signal.signal(sig, self._set)
-
-    def _set(self, signum, frame) -> None:
-        self.signum = signum
-
-
 def train(plan: Plan, args, denv: launch.DistEnv, device: torch.device, stop: StopRequest | None = None) -> bool:
     """Train to args.steps; returns False when a stop request ended it early (checkpoint saved)."""
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
@@ -235,13 +222,13 @@ def train(plan: Plan, args, denv: launch.DistEnv, device: torch.device, stop: St
     return True
 
 
-def main(argv=None) -> None:
+def main(argv=None, stop: StopRequest | None = None) -> None:
+    stop = stop or StopRequest()
     args = parse_args(argv)
     plan = load_plan(args.plan)
     if args.steps is None:
         args.steps = plan.total_steps or 20
     denv = launch.read_env()
-    stop = StopRequest()
     device = launch.init(denv, plan.backend)
     ok = False
     finished = False

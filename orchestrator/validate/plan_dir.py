@@ -16,7 +16,12 @@ from .megatron import check_megatron_args, parse_args_lines
 def validate_files(files: dict[str, str], *, dp: int, world_size: int) -> list[str]:
     errors: list[str] = []
     if "ds_config.json" in files:
-        cfg = json.loads(files["ds_config.json"])
+        try:
+            cfg = json.loads(files["ds_config.json"])
+        except json.JSONDecodeError as e:
+            return [f"ds_config.json:{e.lineno}: not valid JSON ({e.msg})"]
+        if not isinstance(cfg, dict):
+            return ["ds_config.json: expected a JSON object at the top level"]
         errors += [f"ds_config.json: {e}" for e in validate_ds_config(cfg, dp)]
     if "megatron_args.txt" in files:
         flags = parse_args_lines(files["megatron_args.txt"])
@@ -33,13 +38,12 @@ def validate_path(path: Path, dp: int | None = None) -> list[str]:
             raise ValidationError(f"{path}: no plan.yaml here; pass a directory written by `dsorch plan --out`, "
                                   f"or a ds_config.json file with --dp.")
         try:
-            doc = yaml.safe_load(plan_file.read_text(encoding="utf-8"))
+            doc = yaml.safe_load(_read(plan_file))
             dp_plan = int(doc["layout"]["dp"])
             world = int(doc["cluster"]["world_size"])
         except (yaml.YAMLError, KeyError, TypeError, ValueError) as e:
             raise ValidationError(f"{plan_file}: not a dsorch plan ({e}); regenerate it with `dsorch plan`.")
-        files = {n: (path / n).read_text(encoding="utf-8") for n in ("ds_config.json", "megatron_args.txt")
-                 if (path / n).exists()}
+        files = {n: _read(path / n) for n in ("ds_config.json", "megatron_args.txt") if (path / n).exists()}
         if doc.get("runtime") == "deepspeed" and "ds_config.json" not in files:
             return [f"{path}: the deepspeed runtime needs ds_config.json, which is missing; regenerate the plan."]
         return validate_files(files, dp=dp if dp is not None else dp_plan, world_size=world)
@@ -49,9 +53,18 @@ def validate_path(path: Path, dp: int | None = None) -> list[str]:
         raise ValidationError(f"{path}: a single ds_config.json needs its data-parallel size: pass --dp N "
                               f"(DeepSpeed checks train_batch_size = micro-batch x accumulation x dp).")
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = json.loads(_read(path))
     except json.JSONDecodeError as e:
         raise ValidationError(f"{path}:{e.lineno}: not valid JSON ({e.msg}).")
     if not isinstance(cfg, dict):
         raise ValidationError(f"{path}: expected a JSON object at the top level.")
     return [f"{path.name}: {e}" for e in validate_ds_config(cfg, dp)]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValidationError(f"{path}: not UTF-8 text (byte {e.start}); regenerate it with `dsorch plan`.")
+    except OSError as e:
+        raise ValidationError(f"{path}: cannot be read ({e.strerror or e}).")
