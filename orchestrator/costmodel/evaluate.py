@@ -74,10 +74,12 @@ class Engine:
 ENGINES = {
     # DeepSpeed: ZeRO overlap_comm (dsorch's ds_config sets it) overlaps the reduction with the
     # backward pass, but the pipeline engine reduces only after the pipeline flush
-    # (PipelineEngine._exec_reduce_grads is the last instruction of its TrainSchedule), and it
-    # sends whole activation tensors between stages.
+    # (PipelineEngine._exec_reduce_grads is the last instruction of its TrainSchedule). With
+    # tp > 1 dsorch's ds_config sets pipeline.pipe_partitioned/grad_partitioned, so each tp rank
+    # sends 1/tp of the activation and the receiver all-gathers it over NVLink (the same
+    # scatter/gather as Megatron's); with SP the activation is already sequence-sharded, 1/tp.
     "deepspeed": Engine(dp_overlap=True, dp_overlap_with_pp=False, param_gather_overlap=False,
-                        tp_overlap=False, p2p_scatter_gather=False),
+                        tp_overlap=False, p2p_scatter_gather=True),
     # Megatron-LM as dsorch launches it: --overlap-grad-reduce / --overlap-param-gather with the
     # distributed optimizer, no --tp-comm-overlap (it needs Transformer Engine userbuffers).
     "megatron": Engine(dp_overlap=True, dp_overlap_with_pp=True, param_gather_overlap=True,

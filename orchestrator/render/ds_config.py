@@ -44,8 +44,10 @@ def ds_config(plan: Plan) -> dict:
         "scheduler": _scheduler(plan),
         "zero_optimization": _zero(plan),
         "activation_checkpointing": {
-            # Megatron-style: with TP, each rank keeps only its slice of a checkpointed activation.
-            "partition_activations": L.recompute == "full" and L.tp > 1,
+            # Off: dsorch's entrypoint checkpoints with torch.utils.checkpoint and keeps each
+            # layer input whole on every tp rank (2sbh per layer, Korthikanti et al. Table 2, as
+            # the memory model counts it); DeepSpeed's partitioned checkpointing is not used.
+            "partition_activations": False,
             "contiguous_memory_optimization": False,
             "cpu_checkpointing": False,
             "number_checkpoints": None,
