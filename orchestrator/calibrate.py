@@ -501,7 +501,8 @@ def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: P
                 exercised.add("dp_overlap")
         free = tuple(f for f in FIELDS if f in exercised)
     before = row_errors(rows, lambda row: start)
-    result = fit(rows, start.values(), free, prior_weight=prior_weight,
+    # A user's handful of runs makes a cheap objective: more restarts buy a better optimum.
+    result = fit(rows, start.values(), free, prior_weight=prior_weight, restarts=4, iters=800,
                  bounds=CPU_BOUNDS if profile.backend == "gloo" else BOUNDS)
     after = result.errors
     fitted = _resolved(result.values)
