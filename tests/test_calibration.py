@@ -105,7 +105,7 @@ def test_efficiency_resolution(tmp_path):
     assert resolve_efficiency(load_profile("hgx-h200-ndr").profile).entry == "h100-sxm5-ndr"
     assert resolve_efficiency(load_profile("dgx-a100-80gb-hdr").profile).entry == "a100-sxm4-hdr"
     local = resolve_efficiency(load_profile("local").profile)
-    assert dict(local.sources)["gemm"] == "profile" and local.gemm == 0.5
+    assert dict(local.sources)["gemm"] == "profile" and local.gemm == load_profile("local").profile.efficiency.gemm
     (tmp_path / "mine.yaml").write_text("extends: dgx16\nnodes: 2\nefficiency: {gemm: 0.55}\n")
     (tmp_path / "theirs.yaml").write_text("extends: mine\n")
     mine = resolve_efficiency(load_profile("theirs", tmp_path).profile)
