@@ -138,8 +138,9 @@ def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
     return reg.get(str(key))
 
 
-def _progress(run_dir: Path) -> tuple[int | None, float | None, int, float | None]:
-    """(last step, last loss, requeues, elapsed seconds) from the run directory's files."""
+def _progress(run_dir: Path, finished: bool = False) -> tuple[int | None, float | None, int, float | None]:
+    """(last step, last loss, requeues, elapsed seconds) from the run directory's files; a
+    finished job's elapsed time ends at its last metrics record, not at the time of asking."""
     step = loss = None
     requeues = 0
     elapsed = None
@@ -163,7 +164,8 @@ def _progress(run_dir: Path) -> tuple[int | None, float | None, int, float | Non
             requeues = max(len(lines) - 1, max(int(x.get("restart", 0)) for x in lines))
             import time
 
-            elapsed = time.time() - float(lines[0]["time"])
+            end = metrics.stat().st_mtime if finished and metrics.exists() else time.time()
+            elapsed = max(0.0, end - float(lines[0]["time"]))
     return step, loss, requeues, elapsed
 
 
@@ -172,7 +174,9 @@ def refresh(reg: Registry, rec: JobRecord) -> JobRecord:
     if not rec.active or rec.job_id == "pending":
         return rec
     state, error = slurm.job_state(rec.executor, Path(rec.log_dir), rec.job_id, rec.state)
-    step, loss, requeues, elapsed = _progress(Path(rec.run_dir))
+    from .registry import ACTIVE_STATES
+
+    step, loss, requeues, elapsed = _progress(Path(rec.run_dir), finished=state not in ACTIVE_STATES)
     values = dict(state=state, last_step=step, last_loss=loss, requeues=requeues)
     if error:
         values["error"] = error
