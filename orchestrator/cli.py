@@ -18,8 +18,10 @@ EPILOG = """\b
 Typical use:
   dsorch plan examples/llama3-70b.yaml --cluster dgx16 --out plans/llama70b
   dsorch plan examples/llama3-70b.yaml --cluster dgx16 --out plans/llama70b --check
-  dsorch profiles
-  dsorch validate plans/llama70b
+  dsorch submit plans/llama70b                 # SLURM via submitit; --dry-run prints the sbatch script
+  dsorch status; dsorch logs JOB --follow; dsorch cancel JOB
+  dsorch plan examples/tiny.yaml --cluster local --out plans/tiny && dsorch submit plans/tiny --wait
+  dsorch profiles; dsorch validate plans/llama70b; dsorch calibrate runs/... --cluster NAME
 """
 
 
