@@ -62,15 +62,11 @@ def main() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _plan_options(f):
-    opts = [
-        click.option("--profiles-dir", type=click.Path(file_okay=False), default=None,
-                     help="Directory of your own cluster profiles (NAME.yaml); default $DSORCH_PROFILES_DIR. "
-                          "A profile there wins over a shipped one of the same name."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+# Shared by every command that resolves a cluster profile.
+_profiles_dir_option = click.option(
+    "--profiles-dir", type=click.Path(file_okay=False), default=None,
+    help="Directory of your own cluster profiles (NAME.yaml); default $DSORCH_PROFILES_DIR. "
+         "A profile there wins over a shipped one of the same name.")
 
 
 @main.command(epilog=EPILOG)
@@ -103,7 +99,7 @@ def _plan_options(f):
 @click.option("--memory-margin", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="GIB",
               help="Headroom to keep free on every GPU, in GiB.")
 @click.option("--top", type=click.IntRange(min=1), default=8, show_default=True, help="Rows in the table.")
-@_plan_options
+@_profiles_dir_option
 def plan(spec, cluster, out, check, as_json, explain, runtime, nodes, gpus_per_node, tp, pp, dp, vpp, zero, mbs, recompute, sp,
          memory_margin, top, profiles_dir):
     """Search every legal layout for SPEC on a cluster, show the best, write the plan directory.
@@ -224,7 +220,7 @@ def _print_plan(the_plan, top: int, out: Path | None, files: dict[str, str]) -> 
 @main.command()
 @click.argument("name", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@_plan_options
+@_profiles_dir_option
 def profiles(name, as_json, profiles_dir):
     """List cluster profiles, or show one (NAME) with `extends` resolved."""
     import yaml
@@ -333,7 +329,7 @@ Examples:
 @click.option("--dry-run", is_flag=True, help="Print the sbatch script submitit would submit; submit nothing.")
 @click.option("--force", is_flag=True, help="Submit even if a job of this plan is pending or running.")
 @click.option("--wait", is_flag=True, help="Wait for the job to finish and print its final state.")
-@_plan_options
+@_profiles_dir_option
 def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, dry_run, force, wait, profiles_dir):
     """Submit PLAN_DIR as a job running dsorch's training entrypoint (SLURM through submitit, or local)."""
     from . import slurm
@@ -508,7 +504,7 @@ Examples:
 @click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the calibrated profile here (default: print it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit report as JSON.")
-@_plan_options
+@_profiles_dir_option
 def calibrate(metrics, cluster, plan_dir, name, out, as_json, profiles_dir):
     """Fit a profile's efficiencies to measured step times and write a calibrated profile.
 

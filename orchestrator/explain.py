@@ -7,15 +7,12 @@ deterministic) and ``explain_text`` (what ``dsorch plan --explain`` prints).
 
 from __future__ import annotations
 
-import numpy as np
-
-from .costmodel import RECOMPUTE_CODES, Candidates, evaluate
+from .costmodel import evaluate
 from .costmodel.calibration import resolve_efficiency
 from .costmodel.evaluate import Evaluation
 from .layout import Layout
 from .plan import Plan
-from .rules import stage_split
-from .solver import GIB, Scored
+from .solver import GIB, Scored, candidates_of
 
 MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "comm_buffers", "framework", "total")
 TIME_KEYS = ("compute", "tp_comm_exposed", "bubble", "pp_comm", "dp_comm_exposed", "optimizer")
@@ -28,16 +25,7 @@ def _r(x: float, nd: int = 3) -> float:
 def _evaluate_layouts(plan: Plan, layouts: list[Layout]) -> Evaluation:
     """The cost model on exactly these layouts (one vectorized call)."""
     m = plan.spec.model
-    cols: dict[str, list] = {k: [] for k in ("tp", "pp", "dp", "vpp", "zero", "mbs", "gas", "rc", "sp",
-                                             "layers_first", "layers_middle", "layers_last")}
-    for L in layouts:
-        split = stage_split(m.num_layers, L.pp)
-        for k, v in (("tp", L.tp), ("pp", L.pp), ("dp", L.dp), ("vpp", L.vpp), ("zero", L.zero_stage),
-                     ("mbs", L.micro_batch_size), ("gas", L.grad_accum_steps), ("rc", RECOMPUTE_CODES[L.recompute]),
-                     ("sp", L.sequence_parallel), ("layers_first", split.first), ("layers_middle", split.middle),
-                     ("layers_last", split.last)):
-            cols[k].append(v)
-    cand = Candidates(**{k: np.array(v, dtype=bool if k == "sp" else np.int64) for k, v in cols.items()})
+    cand = candidates_of(m, layouts)
     return evaluate(m, plan.spec.training, plan.profile, plan.runtime, cand)
 
 

@@ -176,15 +176,14 @@ class Registry:
                                   tuple(values.values()))
                 return int(cur.lastrowid)
 
-            def update(key: int, **values) -> None:
-                values["updated_at"] = now_utc()
-                sets = ", ".join(f"{k} = ?" for k in values)
-                con.execute(f"UPDATE jobs SET {sets} WHERE key = ?", (*values.values(), key))
-
-            yield insert, update
+            yield insert, lambda key, **values: _update(con, key, values)
 
     def update(self, key: int, **values) -> None:
-        values["updated_at"] = now_utc()
-        sets = ", ".join(f"{k} = ?" for k in values)
         with self._connect(write=True) as con:
-            con.execute(f"UPDATE jobs SET {sets} WHERE key = ?", (*values.values(), key))
+            _update(con, key, values)
+
+
+def _update(con: sqlite3.Connection, key: int, values: dict) -> None:
+    values = {**values, "updated_at": now_utc()}
+    sets = ", ".join(f"{k} = ?" for k in values)
+    con.execute(f"UPDATE jobs SET {sets} WHERE key = ?", (*values.values(), key))

@@ -12,6 +12,7 @@ submitit, which requeues the job; the requeued job resumes from that checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -159,8 +160,7 @@ class TrainingJob:
         """submitit's Checkpointable hook: resubmit the same job; it resumes from the run directory."""
         import submitit
 
-        return submitit.helpers.DelayedSubmission(TrainingJob(self.plan_dir, self.run_dir, self.steps, self.data,
-                                                              self.use_gpus, self.save_interval))
+        return submitit.helpers.DelayedSubmission(dataclasses.replace(self))
 
 
 def _tail_file(path: Path, n: int) -> str:

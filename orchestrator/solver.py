@@ -112,12 +112,25 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, profile: Cluster
                                                        _options(pins, "sequence_parallel", sps)):
                         rows.append((tp, pp, dp, vpp, z, mbs, gas, RECOMPUTE_CODES[rc], sp,
                                      split.first, split.middle, split.last))
-    arr = np.array(rows, dtype=np.int64).reshape(-1, 12)
-    cols = arr.T
-    cand = Candidates(tp=cols[0], pp=cols[1], dp=cols[2], vpp=cols[3], zero=cols[4], mbs=cols[5], gas=cols[6],
+    return _candidates(rows), rejected
+
+
+def _candidates(rows: list[tuple]) -> Candidates:
+    """Rows of (tp, pp, dp, vpp, zero, mbs, gas, rc code, sp, layers first/middle/last) as arrays."""
+    cols = np.array(rows, dtype=np.int64).reshape(-1, 12).T
+    return Candidates(tp=cols[0], pp=cols[1], dp=cols[2], vpp=cols[3], zero=cols[4], mbs=cols[5], gas=cols[6],
                       rc=cols[7], sp=cols[8].astype(bool), layers_first=cols[9], layers_middle=cols[10],
                       layers_last=cols[11])
-    return cand, rejected
+
+
+def candidates_of(model: ModelSpec, layouts: list[Layout]) -> Candidates:
+    """Exactly these (legal) layouts as Candidates, for one vectorized evaluation."""
+    rows = []
+    for L in layouts:
+        split = stage_split(model.num_layers, L.pp)
+        rows.append((L.tp, L.pp, L.dp, L.vpp, L.zero_stage, L.micro_batch_size, L.grad_accum_steps,
+                     RECOMPUTE_CODES[L.recompute], L.sequence_parallel, split.first, split.middle, split.last))
+    return _candidates(rows)
 
 
 def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float) -> Scored:

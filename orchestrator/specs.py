@@ -391,9 +391,11 @@ def load_yaml(path: Path) -> Loaded:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SpecError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8.")
+    loader = _UniqueKeyLoader(text)
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        # One parse: the node tree gives the line numbers, the same tree gives the data.
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -401,6 +403,8 @@ def load_yaml(path: Path) -> Loaded:
         raise SpecError(f"{where}: malformed YAML ({problem}). Fix the syntax at that line.")
     except (ValueError, OverflowError, RecursionError) as e:  # e.g. a date like 2024-02-30
         raise SpecError(f"{path}: a value cannot be read ({e}); quote it if it is meant as a string.")
+    finally:
+        loader.dispose()
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a YAML mapping (key: value lines) at the top level, got {type(data).__name__}.")
     lines: dict[tuple, int] = {}

@@ -5,6 +5,7 @@ The CLI calls these; ``orchestrator.slurm`` talks to submitit; ``orchestrator.re
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -131,8 +132,7 @@ def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
                      plan_sha256=sub.plan_sha256, submitted_at=now_utc(), state="SUBMITTED", run_dir="",
                      log_dir=str(sub.folder))
         run_dir = Path(str(sub.run_dir).replace("{key}", str(key))).resolve()
-        job = slurm.TrainingJob(sub.job.plan_dir, str(run_dir), sub.job.steps, sub.job.data, sub.job.use_gpus,
-                                sub.job.save_interval)
+        job = dataclasses.replace(sub.job, run_dir=str(run_dir))
         job_id = slurm.submit(sub.spec, sub.folder, job)
         update(key, job_id=job_id, state="PENDING" if sub.spec.kind == "slurm" else "RUNNING", run_dir=str(run_dir))
     return reg.get(str(key))

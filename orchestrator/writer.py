@@ -23,6 +23,20 @@ def _mode(name: str) -> int:
     return 0o755 if name in EXECUTABLE else 0o644
 
 
+def _write_temp(directory: Path, name: str, text: str) -> Path:
+    """``text`` in a new temporary file beside its destination ``directory/name``, with the
+    destination's mode; the caller renames it into place."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, _mode(name))
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
+
+
 def write_plan_dir(out: Path, files: dict[str, str]) -> None:
     out = Path(out)
     parent = out.parent if str(out.parent) else Path(".")
@@ -34,8 +48,7 @@ def write_plan_dir(out: Path, files: dict[str, str]) -> None:
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
             try:
                 for name, text in files.items():
-                    (tmp / name).write_text(text, encoding="utf-8")
-                    os.chmod(tmp / name, _mode(name))
+                    os.replace(_write_temp(tmp, name, text), tmp / name)
                 os.chmod(tmp, 0o755)
                 os.rename(tmp, out)
             except BaseException:
@@ -55,11 +68,7 @@ def write_plan_dir(out: Path, files: dict[str, str]) -> None:
         staged: list[tuple[Path, Path]] = []
         try:
             for name, text in files.items():
-                fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", dir=out)
-                staged.append((Path(tmp_name), out / name))
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    fh.write(text)
-                os.chmod(tmp_name, _mode(name))
+                staged.append((_write_temp(out, name, text), out / name))
             for tmp_path, final in staged:
                 os.replace(tmp_path, final)
         finally:
@@ -97,10 +106,6 @@ def write_text_atomic(path: Path, text: str) -> None:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        os.replace(_write_temp(path.parent, path.name, text), path)
     except OSError as e:
         raise OutputError(f"{path}: cannot write ({e.strerror or e}); choose a path you can write to.")

@@ -4,9 +4,7 @@ resolution rule, DeepSpeed's own memory estimators, and `calibrate` closing the 
 from __future__ import annotations
 
 import json
-import math
 
-import numpy as np
 import pytest
 import yaml
 

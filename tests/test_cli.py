@@ -15,7 +15,7 @@ import yaml
 from orchestrator.cli import main
 from orchestrator.validate.plan_dir import validate_path
 
-from .conftest import EXAMPLES, ROOT, profile_names, spec_paths
+from .conftest import ROOT, profile_names, spec_paths
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_GOLDEN = os.environ.get("DSORCH_UPDATE_GOLDEN") == "1"

@@ -86,7 +86,7 @@ class Embedding(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, shape: ModelShape, layout: TrainLayout, tp: TPContext, seed: int, index: int):
         super().__init__()
-        h, f, d, L = shape.hidden_size, shape.ffn_hidden_size, shape.head_dim, shape.num_layers
+        h, f, d = shape.hidden_size, shape.ffn_hidden_size, shape.head_dim
         std, out_std = shape.init_std, scaled_std(shape.init_std, shape.num_layers)
         self.heads, self.kv_heads = shape.num_heads // tp.size, shape.num_kv_heads // tp.size
         self.head_dim, self.selective = d, layout.recompute == "selective"
