@@ -16,12 +16,13 @@ from .layout import RECOMPUTE_LEVELS, RUNTIMES
 
 EPILOG = """\b
 Typical use:
-  dsorch plan examples/llama3-70b.yaml --cluster dgx16 --out plans/llama70b
-  dsorch plan examples/llama3-70b.yaml --cluster dgx16 --out plans/llama70b --check
-  dsorch submit plans/llama70b                 # SLURM via submitit; --dry-run prints the sbatch script
+  dsorch init --cluster dgx16                  # dsorch.yaml: default cluster, profiles, plans and runs dirs
+  dsorch plan examples/llama3-70b.yaml         # writes plans/llama3-70b-dgx16/ (--out DIR to choose)
+  dsorch plan examples/llama3-70b.yaml --check # exit 1 with a diff if the committed plan is stale
+  dsorch submit --cluster dgx16                # the plan for dgx16 in plans/; --dry-run prints the sbatch script
   dsorch status; dsorch logs JOB --follow; dsorch cancel JOB
-  dsorch plan examples/tiny.yaml --cluster local --out plans/tiny && dsorch submit plans/tiny --wait
-  dsorch profiles; dsorch validate plans/llama70b; dsorch calibrate runs/... --cluster NAME
+  dsorch plan examples/tiny.yaml --cluster local && dsorch submit --cluster local --wait
+  dsorch profiles; dsorch validate plans/llama3-70b-dgx16; dsorch calibrate runs/... --cluster NAME
 """
 
 
@@ -65,24 +66,54 @@ def main() -> None:
 # Shared by every command that resolves a cluster profile.
 _profiles_dir_option = click.option(
     "--profiles-dir", type=click.Path(file_okay=False), default=None,
-    help="Directory of your own cluster profiles (NAME.yaml); default $DSORCH_PROFILES_DIR. "
-         "A profile there wins over a shipped one of the same name.")
+    help="Directory of your own cluster profiles (NAME.yaml); default $DSORCH_PROFILES_DIR, then profiles_dir "
+         "in dsorch.yaml. A profile there wins over a shipped one of the same name.")
+
+
+def _project():
+    from .project import load_project
+
+    return load_project(Path.cwd())
+
+
+def _profiles_dir(project, flag: str | None) -> str | None:
+    return project.profiles_dir(flag).value
+
+
+def _load_cluster(project, cluster, profiles_dir: str | None):
+    """The profile a resolved cluster setting names; an error says where a defaulted name came from."""
+    from .specs import load_profile
+
+    if cluster.value is None:
+        raise DsorchError(f"no cluster given ({cluster.origin}). Pass --cluster NAME (see `dsorch profiles`), set "
+                          f"$DSORCH_CLUSTER, or write a default with `dsorch init --cluster NAME`.")
+    try:
+        return load_profile(cluster.value, profiles_dir)
+    except DsorchError as e:
+        if cluster.origin == "--cluster":
+            raise
+        raise type(e)(f"cluster {cluster.describe()}: {e}") from None
 
 
 @main.command(epilog=EPILOG)
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--cluster", "-c", required=True, metavar="NAME", help="Cluster profile name (see `dsorch profiles`).")
+@click.option("--cluster", "-c", default=None, metavar="NAME",
+              help="Cluster profile name (see `dsorch profiles`); default $DSORCH_CLUSTER, then cluster in dsorch.yaml.")
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
-              help="Plan directory to write (ds_config.json, megatron_args.txt, launch.sh, job.sbatch, plan.yaml).")
+              help="Plan directory to write (ds_config.json, megatron_args.txt, launch.sh, job.sbatch, plan.yaml); "
+                   "default PLANS_DIR/<spec>-<cluster>/ (plans_dir in dsorch.yaml, else plans/).")
+@click.option("--no-write", is_flag=True, help="Print the plan only; write no files.")
 @click.option("--check", is_flag=True,
-              help="Regenerate in memory and compare with the files in --out; exit 1 with a diff if they differ.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout (no table).")
+              help="Regenerate in memory and compare with the files in the plan directory; exit 1 with a diff if "
+                   "they differ.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the plan as JSON on stdout (no table); writes the plan directory only with --out.")
 @click.option("--explain", is_flag=True,
               help="Also show, for the chosen layout and each alternative, the memory and time stacks, the layouts "
                    "memory rejected and by how much, and whether the top two are within the model's error.")
 @click.option("--runtime", type=click.Choice(RUNTIMES), default="deepspeed", show_default=True,
-              help="deepspeed: dsorch's entrypoint / Megatron-DeepSpeed on DeepSpeed's pipeline engine (1F1B, "
-                   "ZeRO 0-3). megatron: Megatron-LM's pretrain_gpt.py (interleaved 1F1B, distributed optimizer).")
+              help="deepspeed: dsorch's bundled entrypoint on DeepSpeed's pipeline engine (1F1B, ZeRO 0-3). "
+                   "megatron: Megatron-LM's pretrain_gpt.py (interleaved 1F1B, distributed optimizer).")
 @click.option("--nodes", type=click.IntRange(min=1), default=None, help="Override the profile's node count.")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
               help="Override the profile's GPUs (processes) per node, e.g. to plan for part of a node.")
@@ -100,8 +131,8 @@ _profiles_dir_option = click.option(
               help="Headroom to keep free on every GPU, in GiB.")
 @click.option("--top", type=click.IntRange(min=1), default=8, show_default=True, help="Rows in the table.")
 @_profiles_dir_option
-def plan(spec, cluster, out, check, as_json, explain, runtime, nodes, gpus_per_node, tp, pp, dp, vpp, zero, mbs, recompute, sp,
-         memory_margin, top, profiles_dir):
+def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, gpus_per_node, tp, pp, dp, vpp, zero,
+         mbs, recompute, sp, memory_margin, top, profiles_dir):
     """Search every legal layout for SPEC on a cluster, show the best, write the plan directory.
 
     Any part of the layout can be pinned (--tp 8 --pp 4 ...); the rest is searched. With every
@@ -110,36 +141,43 @@ def plan(spec, cluster, out, check, as_json, explain, runtime, nodes, gpus_per_n
     from .plan import make_plan
     from .render import render_all
     from .solver import Pins
-    from .specs import load_profile, load_spec, profiles_dir_from_env
+    from .specs import load_spec
     from .validate.plan_dir import validate_files
     from .writer import diff_plan_dir, write_plan_dir
 
     _ds_env()
-    if check and out is None:
-        raise UserError("--check compares against a plan directory: pass it with --out DIR.")
+    if check and no_write:
+        raise UserError("--check compares with the plan directory and --no-write writes none; pass one of them.")
     try:
+        project = _project()
         spec_file, loaded = load_spec(spec)
-        lp = load_profile(cluster, profiles_dir_from_env(profiles_dir))
+        setting = project.cluster(cluster)
+        lp = _load_cluster(project, setting, _profiles_dir(project, profiles_dir))
+        default_out = out is None
+        if out is None and not no_write and not as_json:
+            out = project.default_plan_dir(spec_file.name, lp.profile.name, runtime)
         pins = Pins(tp=tp, pp=pp, dp=dp, vpp=vpp, zero_stage=zero, micro_batch_size=mbs, recompute=recompute,
                     sequence_parallel=sp)
         the_plan = make_plan(spec_file, _display_path(spec, out), loaded.sha256, lp, runtime, pins, nodes=nodes,
-                             gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin, keep=max(top, 8))
+                             gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin, keep=max(top, 8),
+                             shown_path=str(spec))
         resize = (f" --nodes {nodes}" if nodes else "") + (f" --gpus-per-node {gpus_per_node}" if gpus_per_node else "")
         files = render_all(the_plan, resize_flags=resize)
         errors = validate_files(files, dp=the_plan.layout.dp, world_size=the_plan.profile.world_size)
         if errors:
             raise UserError("the generated files do not validate (a dsorch bug; please report it with the spec and "
                             "profile):\n  " + "\n  ".join(errors))
+        shown = _shown(out) if out is not None else None
         if check:
             if not out.is_dir():
-                raise UserError(f"--check: {out} is not a plan directory; write it first without --check.")
+                raise UserError(f"--check: {shown} is not a plan directory; write it first without --check.")
             diff = diff_plan_dir(out, files)
             if diff:
                 click.echo(diff, nl=False)
-                click.echo(f"dsorch plan --check: {out} differs from what dsorch {__version__} generates for these "
+                click.echo(f"dsorch plan --check: {shown} differs from what dsorch {__version__} generates for these "
                            f"inputs; rerun without --check to update it.", err=True)
                 sys.exit(1)
-            click.echo(f"{out}: up to date ({len(files)} files).")
+            click.echo(f"{shown}: up to date ({len(files)} files).")
             return
         if out is not None:
             write_plan_dir(out, files)
@@ -151,12 +189,21 @@ def plan(spec, cluster, out, check, as_json, explain, runtime, nodes, gpus_per_n
 
         click.echo(render_json(the_plan), nl=False)
         return
-    _print_plan(the_plan, top, out, files)
+    _print_plan(the_plan, top, shown, files, cluster_note=None if setting.origin == "--cluster" else setting,
+                default_out=default_out)
     if explain:
         from .explain import explain_text
 
         click.echo()
         click.echo(explain_text(the_plan), nl=False)
+
+
+def _shown(p: Path) -> str:
+    """A path as the user should read it: relative to the working directory when below it."""
+    try:
+        return Path(os.path.relpath(os.path.abspath(p))).as_posix()
+    except ValueError:
+        return str(p)
 
 
 def _display_path(p: Path, out: Path | None) -> str:
@@ -172,7 +219,9 @@ def _display_path(p: Path, out: Path | None) -> str:
         return p.name
 
 
-def _print_plan(the_plan, top: int, out: Path | None, files: dict[str, str]) -> None:
+def _print_plan(the_plan, top: int, out: str | None, files: dict[str, str], cluster_note=None,
+                default_out: bool = False) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     con = _console()
@@ -185,7 +234,7 @@ def _print_plan(the_plan, top: int, out: Path | None, files: dict[str, str]) -> 
               f"global batch {the_plan.spec.training.global_batch_size}, {the_plan.spec.training.precision}")
     con.print(f"[bold]{p.name}[/]: {p.nodes} node{'s' if p.nodes != 1 else ''} x {p.gpus_per_node} {p.gpu.name} "
               f"({p.gpu.memory_gib:g} GiB), "
-              f"runtime {the_plan.runtime}")
+              f"runtime {the_plan.runtime}" + (f" (cluster from {escape(cluster_note.origin)})" if cluster_note else ""))
     con.print(f"searched {r.evaluated} legal layouts: {r.feasible} fit, {r.rejected_memory} exceed "
               f"{r.capacity_gib:g} GiB per GPU")
     t = Table(show_edge=False, pad_edge=False)
@@ -206,10 +255,11 @@ def _print_plan(the_plan, top: int, out: Path | None, files: dict[str, str]) -> 
               f"{mem['overhead']:.1f}), {best.step_time_s:.3g} s per step")
     if the_plan.spec.training.train_steps:
         days = the_plan.spec.training.train_steps * best.step_time_s / 86400
-        con.print(f"  {the_plan.spec.training.train_tokens:.3g} tokens in {the_plan.spec.training.train_steps} steps: "
+        con.print(f"  {the_plan.spec.training.tokens:.3g} tokens in {the_plan.spec.training.train_steps} steps: "
                   f"{days:.1f} days")
     if out is not None:
-        con.print(f"wrote {out}/: {', '.join(files)}")
+        con.print(f"wrote {out}/: {', '.join(files)}" + (" (the default plan directory; --out DIR to choose)"
+                                                         if default_out else ""), markup=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,10 +275,10 @@ def profiles(name, as_json, profiles_dir):
     """List cluster profiles, or show one (NAME) with `extends` resolved."""
     import yaml
 
-    from .specs import discover_profiles, load_profile, profiles_dir_from_env
+    from .specs import discover_profiles, load_profile
 
-    pdir = profiles_dir_from_env(profiles_dir)
     try:
+        pdir = _profiles_dir(_project(), profiles_dir)
         if name:
             lp = load_profile(name, pdir)
             doc = {"source": {"origin": lp.source.origin, "path": str(lp.source.path)},
@@ -264,6 +314,57 @@ def profiles(name, as_json, profiles_dir):
         t.add_row(r["name"], r["origin"], str(r["nodes"] or "-"), str(r["gpus_per_node"] or "-"), r["gpu"] or "-",
                   f"{r['gpu_memory_gib']:g}" if r["gpu_memory_gib"] else "-", r["description"])
     _console().print(t)
+
+
+# --------------------------------------------------------------------------------------------
+# init
+# --------------------------------------------------------------------------------------------
+
+
+@main.command(epilog="""\b
+Examples:
+  dsorch init --cluster dgx16                       # in your experiment repository
+  dsorch init --cluster mycluster --profiles-dir profiles   # your own profile in profiles/mycluster.yaml
+""")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path), default=".")
+@click.option("--cluster", "-c", default=None, metavar="NAME", help="Default cluster profile of this repository.")
+@click.option("--profiles-dir", default=None, metavar="DIR",
+              help="Directory of your own cluster profiles, relative to DIRECTORY.")
+@click.option("--plans-dir", default="plans", show_default=True, metavar="DIR",
+              help="Where `dsorch plan SPEC` writes plan directories, relative to DIRECTORY.")
+@click.option("--runs-dir", default="runs", show_default=True, metavar="DIR",
+              help="Where `dsorch submit` writes checkpoints and metrics, relative to DIRECTORY.")
+@click.option("--force", is_flag=True, help="Overwrite an existing dsorch.yaml.")
+def init(directory, cluster, profiles_dir, plans_dir, runs_dir, force):
+    """Write dsorch.yaml for an experiment repository: its default cluster, profiles, plans and runs.
+
+    Every dsorch command run in DIRECTORY or below then uses these defaults (flags and the
+    environment override them), and keeps its job registry in DIRECTORY/.dsorch/.
+    """
+    from .project import CONFIG_NAME, render_config
+    from .specs import load_profile
+    from .writer import write_text_atomic
+
+    target = directory / CONFIG_NAME
+    try:
+        for flag, value in (("--profiles-dir", profiles_dir), ("--plans-dir", plans_dir), ("--runs-dir", runs_dir)):
+            if value is not None and (Path(value).is_absolute() or ".." in Path(value).parts or "\n" in value):
+                raise UserError(f"{flag} {value!r}: give a path inside {directory}, relative to it, so the "
+                                f"repository works wherever it is cloned.")
+        if target.exists() and not force:
+            raise UserError(f"{target} exists; edit it, or pass --force to overwrite it.")
+        if profiles_dir is not None and not (directory / profiles_dir).is_dir():
+            raise UserError(f"--profiles-dir {profiles_dir}: {directory / profiles_dir} is not a directory; create it "
+                            f"and put your cluster profiles (NAME.yaml) in it first.")
+        if cluster is not None:
+            load_profile(cluster, directory / profiles_dir if profiles_dir else None)
+        write_text_atomic(target, render_config(cluster, profiles_dir, plans_dir, runs_dir))
+    except DsorchError as e:
+        raise _fail(e)
+    click.echo(f"wrote {_shown(target)}" + (f": default cluster {cluster}" if cluster else ": no default cluster "
+                                            "(add one with `cluster: NAME`)"))
+    click.echo(f"  next: dsorch plan SPEC  ->  {plans_dir}/<spec>-<cluster>/;  dsorch submit [--cluster NAME]")
+    click.echo(f"  commit dsorch.yaml and {plans_dir}/; ignore .dsorch/ (job registry) and {runs_dir}/ (checkpoints)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -303,20 +404,27 @@ def _ds_env() -> None:
 
 
 def _registry():
+    """The job registry of the experiment directory (where dsorch.yaml is, else the working directory)."""
     from .registry import Registry
 
-    return Registry(Path.cwd())
+    try:
+        return Registry(_project().root)
+    except DsorchError as e:
+        raise _fail(e)
 
 
 @main.command(epilog="""\b
 Examples:
-  dsorch submit plans/llama70b                  # to the cluster the plan was made for
-  dsorch submit plans/llama70b --dry-run        # print the sbatch script, submit nothing
-  dsorch submit plans/tiny --cluster local --wait
+  dsorch submit plans/llama3-70b-dgx16          # to the cluster the plan was made for
+  dsorch submit --cluster dgx16                 # the one plan for dgx16 in plans/ (or this plan directory)
+  dsorch submit plans/llama3-70b-dgx16 --dry-run   # print the sbatch script, submit nothing
+  dsorch submit plans/tiny-local --wait         # a plan for `local` runs on this machine
 """)
-@click.argument("plan_dir", type=click.Path(path_type=Path))
+@click.argument("plan_dir", type=click.Path(path_type=Path), required=False)
 @click.option("--cluster", "-c", default=None, metavar="NAME",
-              help="Cluster to run on; default: the one the plan was made for. `local` runs on this machine.")
+              help="Cluster to run on; default: the one the plan was made for. Without PLAN_DIR it picks the plan: "
+                   "this directory if it is one, else the one plan for the cluster (--cluster, $DSORCH_CLUSTER or "
+                   "dsorch.yaml) in the plans directory. `local` runs on this machine.")
 @click.option("--nodes", type=click.IntRange(min=1), default=None,
               help="Node count you expect; refused when the plan was made for another.")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Training steps (default: the plan's).")
@@ -333,13 +441,19 @@ Examples:
 def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, dry_run, force, wait, profiles_dir):
     """Submit PLAN_DIR as a job running dsorch's training entrypoint (SLURM through submitit, or local)."""
     from . import slurm
-    from .specs import profiles_dir_from_env
+    from .project import find_plan
+    from .registry import Registry
     from .submission import prepare_submission, record_submission
 
     _ds_env()
     try:
-        sub = prepare_submission(plan_dir, cluster, nodes, steps, data, run_dir, profiles_dir_from_env(profiles_dir),
-                                 Path.cwd(), save_interval)
+        project = _project()
+        if plan_dir is None:
+            plan_dir = find_plan(project, Path.cwd(), project.cluster(cluster))
+            click.echo(f"plan: {_shown(plan_dir)}", err=True)
+        sub = prepare_submission(plan_dir, cluster, nodes, steps, data, run_dir,
+                                 _profiles_dir(project, profiles_dir), project.root, save_interval,
+                                 runs_dir=project.runs_dir)
         if dry_run:
             if sub.spec.kind == "local":
                 click.echo(f"# --cluster local: {sub.spec.tasks_per_node} processes on this machine through "
@@ -348,7 +462,7 @@ def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, dry_ru
                 click.echo(slurm.sbatch_script(sub.spec, sub.folder), nl=False)
             return
         slurm.check_scheduler(sub.spec.kind)
-        record = record_submission(_registry(), sub, force)
+        record = record_submission(Registry(project.root), sub, force)
     except DsorchError as e:
         raise _fail(e)
     click.echo(f"submitted job {record.job_id} ({record.executor}, cluster {record.cluster}): plan {record.plan_dir}, "
@@ -497,7 +611,8 @@ Examples:
   dsorch calibrate measured.jsonl --cluster dgx16 --name dgx16-calibrated --out profiles/dgx16-calibrated.yaml
 """)
 @click.argument("metrics", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--cluster", "-c", required=True, metavar="NAME", help="Profile whose efficiencies to fit.")
+@click.option("--cluster", "-c", default=None, metavar="NAME",
+              help="Profile whose efficiencies to fit; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.")
 @click.option("--plan", "plan_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Plan directory the runs used (default: found next to each metrics.jsonl).")
 @click.option("--name", default=None, help="Name of the calibrated profile (default: NAME-calibrated).")
@@ -514,10 +629,10 @@ def calibrate(metrics, cluster, plan_dir, name, out, as_json, profiles_dir):
     """
     from .calibrate import calibrate as fit
     from .calibrate import calibrated_profile_yaml
-    from .specs import load_profile, profiles_dir_from_env
 
     try:
-        lp = load_profile(cluster, profiles_dir_from_env(profiles_dir))
+        project = _project()
+        lp = _load_cluster(project, project.cluster(cluster), _profiles_dir(project, profiles_dir))
         calibrated, report = fit(list(metrics), lp.profile, plan_dir=plan_dir)
         text = calibrated_profile_yaml(calibrated, report, name=name)
         if out is not None:

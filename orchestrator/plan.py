@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from . import __version__
 from .errors import LayoutError, NoFeasibleLayout
 from .layout import Layout
-from .rules import check_precision
+from .rules import check_training
 from .solver import Pins, Scored, SearchResult, explain_pins, minimum_nodes, search
 from .specs import ClusterProfile, LoadedProfile, SpecFile
 
@@ -50,7 +50,10 @@ def _pins_text(pins: Pins) -> str:
 
 
 def make_plan(spec: SpecFile, spec_path: str, spec_sha256: str, loaded: LoadedProfile, runtime: str,
-              pins: Pins, *, nodes: int | None = None, gpus_per_node: int | None = None, memory_margin_gib: float = 0.0, keep: int = 8) -> Plan:
+              pins: Pins, *, nodes: int | None = None, gpus_per_node: int | None = None, memory_margin_gib: float = 0.0,
+              keep: int = 8, shown_path: str | None = None) -> Plan:
+    """``spec_path`` goes into the generated files; ``shown_path`` (the path as the user gave it)
+    into error messages."""
     if gpus_per_node is not None and gpus_per_node > loaded.profile.gpus_per_node:
         raise LayoutError(f"--gpus-per-node {gpus_per_node}: profile '{loaded.profile.name}' has {loaded.profile.gpus_per_node} "
                           f"GPUs per node; --gpus-per-node plans for part of a node (a larger count needs a profile "
@@ -59,9 +62,9 @@ def make_plan(spec: SpecFile, spec_path: str, spec_sha256: str, loaded: LoadedPr
         raise LayoutError(f"--memory-margin {memory_margin_gib:g} GiB leaves nothing of the {loaded.profile.gpu.memory_gib:g} "
                           f"GiB per GPU; use a margin below the GPU memory.")
     profile = loaded.profile.resized(nodes, gpus_per_node)
-    problems = check_precision(spec.training, profile, runtime)
+    problems = check_training(spec.training, profile, runtime)
     if problems:
-        raise LayoutError(f"{spec_path}: " + "; ".join(problems) + ".")
+        raise LayoutError(f"{shown_path or spec_path}: " + "; ".join(problems) + ".")
     result = search(spec.model, spec.training, profile, runtime, pins, memory_margin_gib=memory_margin_gib,
                     keep=keep)
     if result.evaluated == 0:

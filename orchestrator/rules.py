@@ -102,8 +102,14 @@ def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, profi
     return r
 
 
-def check_precision(training: TrainingSpec, profile: ClusterProfile, runtime: str) -> list[str]:
+def check_training(training: TrainingSpec, profile: ClusterProfile, runtime: str) -> list[str]:
+    """What the runtime refuses about the training settings, whatever the layout."""
+    problems = []
     if profile.backend == "gloo" and training.precision == "fp16":
-        return [f"precision fp16 is refused by DeepSpeed on CPU (profile '{profile.name}' uses gloo); "
-                f"set training.precision to bf16 or fp32"]
-    return []
+        problems.append(f"precision fp16 is refused by DeepSpeed on CPU (profile '{profile.name}' uses gloo); "
+                        f"set training.precision to bf16 or fp32")
+    if runtime == "megatron" and training.train_steps is None:
+        # megatron/training/training.py (pretrain): "either train-iters or train-samples should be provided".
+        problems.append("the megatron runtime needs the training length (Megatron-LM's --train-iters): set "
+                        "training.steps or training.train_tokens")
+    return problems

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import DsorchError
+from .train.stop import EXIT_STOPPED
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
-SIGNAL_DELAY_S = 90  # SLURM sends USR2 this long before the time limit (submitit's default)
 STARTS_FILE = "starts.jsonl"
 
 
@@ -72,7 +72,6 @@ def node_address(hostname: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-EXIT_STOPPED = 3  # orchestrator.train's exit code after a checkpoint on SIGUSR2/SIGTERM
 
 
 @dataclass
@@ -192,6 +191,7 @@ class JobSpec:
     constraint: str | None
     mem: str | None
     exclusive: bool
+    signal_delay_s: int
     setup: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     extra: tuple[tuple[str, str], ...]
@@ -205,7 +205,22 @@ def _setup_lines(spec: JobSpec) -> list[str]:
     return lines
 
 
-def make_executor(spec: JobSpec, folder: Path):
+def _script_only_executor(folder: Path):
+    """submitit's SlurmExecutor for writing the sbatch script where SLURM is not installed (a laptop
+    running ``submit --dry-run``): its constructor refuses when ``srun`` is not on PATH
+    (``SlurmExecutor.affinity``), although rendering the script needs no SLURM at all. The script
+    comes from the same ``_make_submission_file_text`` the real submission uses."""
+    import submitit
+
+    class ScriptOnlySlurmExecutor(submitit.SlurmExecutor):
+        @classmethod
+        def affinity(cls) -> int:
+            return 2
+
+    return ScriptOnlySlurmExecutor(folder=str(folder), max_num_timeout=3)
+
+
+def make_executor(spec: JobSpec, folder: Path, script_only: bool = False):
     import submitit
 
     if spec.kind == "local":
@@ -214,9 +229,10 @@ def make_executor(spec: JobSpec, folder: Path):
                              gpus_per_node=spec.tasks_per_node if spec.use_gpus else 0,
                              setup=_setup_lines(spec))
         return ex
-    ex = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=3)
+    ex = (_script_only_executor(folder) if script_only else
+          submitit.SlurmExecutor(folder=str(folder), max_num_timeout=3))
     params = dict(job_name=spec.name, nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node,
-                  cpus_per_task=spec.cpus_per_task, time=spec.time_min, signal_delay_s=SIGNAL_DELAY_S,
+                  cpus_per_task=spec.cpus_per_task, time=spec.time_min, signal_delay_s=spec.signal_delay_s,
                   setup=_setup_lines(spec), additional_parameters=dict(spec.extra))
     if spec.use_gpus:
         params["gpus_per_node"] = spec.tasks_per_node
@@ -230,16 +246,26 @@ def make_executor(spec: JobSpec, folder: Path):
 
 
 def sbatch_script(spec: JobSpec, folder: Path) -> str:
-    """The sbatch script submitit would submit for this job (for --dry-run)."""
-    ex = make_executor(spec, folder)
-    command = " ".join([sys.executable, "-u", "-m", "submitit.core._submit", str(folder)])
-    return ex._make_submission_file_text(command, "DRY_RUN")
+    """The sbatch script submitit would submit for this job (for --dry-run), byte for byte: the
+    same executor parameters and the same (quoted) command line; needs no SLURM installed."""
+    ex = make_executor(spec, folder, script_only=True)
+    return ex._make_submission_file_text(ex._submitit_command_str, "DRY_RUN")
+
+
+# What submitting needs: sbatch queues, srun starts the tasks inside the job (submitit checks for
+# it), sacct reports states afterwards.
+SUBMIT_TOOLS = ("sbatch", "srun")
 
 
 def check_scheduler(kind: str) -> None:
-    if kind == "slurm" and shutil.which("sbatch") is None:
-        raise DsorchError("sbatch is not on PATH, so there is no SLURM cluster to submit to from here. Run on a "
-                          "SLURM login node, or run the job on this machine with --cluster local.")
+    if kind != "slurm":
+        return
+    missing = [t for t in SUBMIT_TOOLS if shutil.which(t) is None]
+    if missing:
+        raise DsorchError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on PATH, so there is "
+                          f"no SLURM cluster to submit to from here. Run dsorch on a SLURM login node (or put SLURM's "
+                          f"client tools on PATH); `--dry-run` prints the sbatch script without SLURM, and a "
+                          f"plan made with `--cluster local` runs on this machine.")
 
 
 def submit(spec: JobSpec, folder: Path, job: TrainingJob) -> str:
@@ -287,6 +313,10 @@ def _result(folder: Path, job_id: str) -> tuple[str, object] | None:
         return None
 
 
+def state_from_result(result: tuple[str, object]) -> str:
+    return "FAILED" if result[0] == "error" else "COMPLETED"
+
+
 def job_state(kind: str, folder: Path, job_id: str, last_known: str) -> tuple[str, str | None]:
     """(state, error text) of a job, in SLURM's state names."""
     result = _result(folder, job_id)
@@ -300,7 +330,11 @@ def job_state(kind: str, folder: Path, job_id: str, last_known: str) -> tuple[st
             return "RUNNING", error
         if result is None:
             return "FAILED", "the local job ended without a result (killed?)"
-        return ("FAILED" if result[0] == "error" else "COMPLETED"), error
+        return state_from_result(result), error
+    if shutil.which("sacct") is None:
+        # No SLURM client here (e.g. a laptop with a copy of the experiment directory): the last
+        # state seen stays; `dsorch status` says so.
+        return (state_from_result(result) if result is not None else last_known), error
     import submitit
 
     job = submitit.SlurmJob(folder=str(folder), job_id=job_id)
@@ -311,7 +345,7 @@ def job_state(kind: str, folder: Path, job_id: str, last_known: str) -> tuple[st
     state = state.split()[0].rstrip("+")  # "CANCELLED by 0" -> CANCELLED
     if state == "UNKNOWN":
         if result is not None:
-            state = "FAILED" if result[0] == "error" else "COMPLETED"
+            state = state_from_result(result)
         elif last_known in ("SUBMITTED", "PENDING", "RUNNING", "REQUEUED"):
             # sacct learns of a job a few seconds after sbatch returns: keep the last known state.
             state = last_known
@@ -326,7 +360,9 @@ def cancel(kind: str, job_id: str) -> None:
         except ProcessLookupError:
             pass
         return
-    check_scheduler("slurm")
+    if shutil.which("scancel") is None:
+        raise DsorchError(f"cancelling SLURM job {job_id} needs scancel, which is not on PATH here; run `dsorch cancel "
+                          f"{job_id}` (or `scancel {job_id}`) on the cluster's login node.")
     r = subprocess.run(["scancel", job_id], capture_output=True, text=True)
     if r.returncode != 0:
         raise DsorchError(f"scancel {job_id} failed: {r.stderr.strip()}")

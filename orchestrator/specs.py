@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -133,8 +132,74 @@ class OptimizerSpec(BaseModel):
         return self
 
 
+# A value that megatron_args.txt carries and `pretrain_gpt.py $(cat megatron_args.txt)` splits on
+# whitespace: one word, no control characters.
+_ONE_WORD = r"^[^\s\x00-\x1f\x7f]+$"
+
+# Megatron-LM's tokenizers that read a model file or hub name (--tokenizer-model); NullTokenizer
+# needs none (megatron/core/tokenizers/utils/build_tokenizer.py).
+TOKENIZERS_WITH_MODEL = ("HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+                         "Llama2Tokenizer", "TikTokenizer")
+
+
+class TokenizerSpec(BaseModel):
+    """Megatron-LM's --tokenizer-type and --tokenizer-model. NullTokenizer (token ids are the
+    data) needs no files and goes with mock data or pre-tokenized data; a real run names its
+    tokenizer, e.g. HuggingFaceTokenizer with a path or hub name."""
+
+    model_config = _FROZEN
+
+    type: Literal["NullTokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+                  "Llama2Tokenizer", "TikTokenizer"] = "NullTokenizer"
+    model: str | None = Field(default=None, pattern=_ONE_WORD, description="--tokenizer-model: path or hub name")
+
+    @model_validator(mode="after")
+    def _model_when_needed(self) -> "TokenizerSpec":
+        if self.type in TOKENIZERS_WITH_MODEL and self.model is None:
+            raise ValueError(f"tokenizer type {self.type} reads its vocabulary from a file: set tokenizer.model to its "
+                             f"path (or hub name)")
+        if self.type == "NullTokenizer" and self.model is not None:
+            raise ValueError("NullTokenizer reads no file: remove tokenizer.model, or name the tokenizer type")
+        return self
+
+
+class DataSpec(BaseModel):
+    """Training data for Megatron-LM (--data-path, --split) and its tokenizer. Without a path,
+    --mock-data: synthetic tokens, for a first run and for benchmarks. The bundled entrypoint
+    takes its data from `dsorch submit --data` instead."""
+
+    model_config = _FROZEN
+
+    path: tuple[str, ...] | None = Field(
+        default=None, min_length=1,
+        description="--data-path: indexed-dataset prefixes, each optionally preceded by its weight")
+    split: str = Field(default="969,30,1", pattern=r"^\d+(\.\d+)?(,\d+(\.\d+)?){0,2}$",
+                       description="--split: train,valid,test proportions")
+    tokenizer: TokenizerSpec = TokenizerSpec()
+
+    @model_validator(mode="after")
+    def _words(self) -> "DataSpec":
+        import re
+
+        for i, item in enumerate(self.path or ()):
+            if not re.fullmatch(_ONE_WORD, item):
+                raise ValueError(f"data.path[{i}] {item!r} has whitespace or control characters; Megatron-LM's "
+                                 f"command line cannot carry it: rename or link the file")
+        return self
+
+
+class CheckpointSpec(BaseModel):
+    """Where Megatron-LM saves and resumes (--save/--load) and how often (--save-interval)."""
+
+    model_config = _FROZEN
+
+    dir: str = Field(default="checkpoints", pattern=_ONE_WORD,
+                     description="relative paths are relative to the plan directory")
+    interval: int = Field(default=1000, gt=0, le=1_000_000_000, description="--save-interval, in steps")
+
+
 class TrainingSpec(BaseModel):
-    """How to train: sequence length, global batch, precision, optimizer."""
+    """How to train: sequence length, global batch, length, precision, optimizer, data."""
 
     model_config = _FROZEN
 
@@ -142,26 +207,42 @@ class TrainingSpec(BaseModel):
     global_batch_size: int = Field(gt=0, le=100_000_000, description="sequences per optimizer step")
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     train_tokens: float | None = Field(default=None, gt=0)
+    # Or the length in optimizer steps (Megatron-LM's --train-iters); one of the two is needed by
+    # Megatron-LM's pretrain ("either train-iters or train-samples should be provided").
+    steps: int | None = Field(default=None, gt=0, le=1_000_000_000_000)
     # FlashAttention (Dao et al. 2022) keeps no s x s score matrix for the backward pass.
     flash_attention: bool = True
     hidden_dropout: float = Field(default=0.0, ge=0, lt=1)
     attention_dropout: float = Field(default=0.0, ge=0, lt=1)
     seed: int = 1234
     optimizer: OptimizerSpec = OptimizerSpec()
+    data: DataSpec = DataSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
 
     @property
     def train_steps(self) -> int | None:
+        if self.steps is not None:
+            return self.steps
         if self.train_tokens is None:
             return None
         return max(1, int(round(self.train_tokens / (self.global_batch_size * self.seq_length))))
 
+    @property
+    def tokens(self) -> float | None:
+        """Tokens trained on: train_tokens, or steps x global batch x sequence."""
+        if self.train_tokens is not None:
+            return self.train_tokens
+        return None if self.steps is None else float(self.steps * self.global_batch_size * self.seq_length)
+
     @model_validator(mode="after")
     def _warmup_fits(self) -> "TrainingSpec":
+        if self.steps is not None and self.train_tokens is not None:
+            raise ValueError("training.steps and training.train_tokens both give the training length; keep one")
         steps = self.train_steps
         if steps is not None and self.optimizer.warmup_steps >= steps:
             # Megatron-LM asserts lr_warmup_steps < lr_decay_steps (optimizer_param_scheduler.py).
             raise ValueError(f"optimizer.warmup_steps {self.optimizer.warmup_steps} is not below the {steps} training "
-                             f"steps that train_tokens gives; shorten the warmup or train longer")
+                             f"steps; shorten the warmup or train longer")
         return self
 
 
@@ -246,6 +327,10 @@ class SlurmSpec(BaseModel):
     setup: tuple[str, ...] = ()
     env: dict[str, str] = {}
     extra: dict[str, str] = Field(default={}, description="extra #SBATCH --key=value pairs")
+    # SLURM signals this long before the time limit (and on preemption with a grace time) so that
+    # every rank checkpoints before the kill: leave time for one step plus one checkpoint save.
+    # SLURM may send it up to a minute early (sbatch(1), --signal).
+    signal_delay_s: int = Field(default=90, ge=30, le=65_535)
 
     @model_validator(mode="after")
     def _safe(self) -> "SlurmSpec":
@@ -253,20 +338,20 @@ class SlurmSpec(BaseModel):
 
         for key in ("partition", "account", "qos", "time", "constraint", "mem"):
             value = getattr(self, key)
-            if value is not None and not re.match(_NO_LINE_BREAKS, value):
+            if value is not None and not re.fullmatch(_NO_LINE_BREAKS, value):
                 raise ValueError(f"slurm.{key} contains a line break; write it on one line")
         # sbatch's --time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
         if not re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", self.time.strip()):
             raise ValueError(f"slurm.time {self.time!r} is not a SLURM time limit; write HH:MM:SS or D-HH:MM:SS")
         for i, line in enumerate(self.setup):
-            if not re.match(_NO_LINE_BREAKS, line):
+            if not re.fullmatch(_NO_LINE_BREAKS, line):
                 raise ValueError(f"slurm.setup[{i}] contains a line break; give each command its own list item")
         for k, v in self.env.items():
-            if not re.match(_ENV_NAME, k):
+            if not re.fullmatch(_ENV_NAME, k):
                 raise ValueError(f"slurm.env key {k!r} is not a valid environment variable name "
                                  f"(letters, digits, underscore; not starting with a digit)")
         for k, v in self.extra.items():
-            if not re.match(r"^[A-Za-z][A-Za-z0-9-]*$", k) or not re.match(_NO_LINE_BREAKS, v):
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*", k) or not re.fullmatch(_NO_LINE_BREAKS, v):
                 raise ValueError(f"slurm.extra {k!r}: keys are sbatch option names (letters, digits, '-') and "
                                  f"values may not contain line breaks")
         return self
@@ -378,7 +463,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_yaml(path: Path) -> Loaded:
+def load_yaml(path: Path, empty_ok: bool = False) -> Loaded:
+    """Parse a YAML mapping; ``empty_ok``: a file with no content (or only comments) is ``{}``."""
     try:
         if path.is_dir():
             raise SpecError(f"{path}: is a directory; pass a YAML file.")
@@ -405,6 +491,8 @@ def load_yaml(path: Path) -> Loaded:
         raise SpecError(f"{path}: a value cannot be read ({e}); quote it if it is meant as a string.")
     finally:
         loader.dispose()
+    if data is None and empty_ok:
+        data = {}
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a YAML mapping (key: value lines) at the top level, got {type(data).__name__}.")
     lines: dict[tuple, int] = {}
@@ -552,8 +640,3 @@ def load_profile(name: str, profiles_dir: str | Path | None = None) -> LoadedPro
         raise SpecError(_format_validation(e, chain[0], ClusterProfile, "cluster profile"))
     digest = hashlib.sha256("".join(ld.sha256 for ld in chain).encode()).hexdigest() if len(chain) > 1 else chain[0].sha256
     return LoadedProfile(profile, known[name], digest)
-
-
-def profiles_dir_from_env(cli_value: str | None) -> str | None:
-    """The launch edge reads the environment; nothing below the CLI does."""
-    return cli_value or os.environ.get("DSORCH_PROFILES_DIR") or None

@@ -58,7 +58,7 @@ def _read_plan(plan_dir: Path) -> dict:
 
 def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, steps: int | None, data: str | None,
                        run_dir: Path | None, profiles_dir: str | None, experiment_dir: Path,
-                       save_interval: int = 0) -> Submission:
+                       save_interval: int = 0, runs_dir: Path | None = None) -> Submission:
     from .specs import load_profile
     from .validate.plan_dir import validate_path
 
@@ -97,7 +97,7 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
         kind=kind, name=slurm.job_name(doc["model"]["name"]), nodes=profile.nodes,
         tasks_per_node=profile.gpus_per_node, use_gpus=profile.backend == "nccl", cpus_per_task=s.cpus_per_task,
         time_min=slurm.parse_slurm_time(s.time), partition=s.partition, account=s.account, qos=s.qos,
-        constraint=s.constraint, mem=s.mem, exclusive=s.exclusive, setup=tuple(s.setup),
+        constraint=s.constraint, mem=s.mem, exclusive=s.exclusive, signal_delay_s=s.signal_delay_s, setup=tuple(s.setup),
         env=tuple(sorted({"OMP_NUM_THREADS": str(1 if profile.backend == "gloo" else s.cpus_per_task),
                           **({"DS_ACCELERATOR": "cpu"} if profile.backend == "gloo" else {}), **s.env}.items())),
         extra=tuple(sorted(s.extra.items())))
@@ -106,7 +106,7 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
     for p in (plan_abs, folder):
         if "\n" in str(p) or "\r" in str(p):
             raise DsorchError(f"{p!r}: a path with a line break cannot go into an sbatch script; rename it.")
-    run = (run_dir or experiment_dir / "runs" / f"{plan_abs.name}-{{key}}")
+    run = (run_dir or (runs_dir or experiment_dir / "runs") / f"{plan_abs.name}-{{key}}")
     job = slurm.TrainingJob(str(plan_abs), str(run), steps, _data_path(data), spec.use_gpus, save_interval)
     return Submission(spec, plan_abs, _display(plan_dir, experiment_dir), plan_hash(plan_abs), cluster, folder,
                       Path(str(run)), job)

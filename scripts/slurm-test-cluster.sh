@@ -66,6 +66,14 @@
 # =============================================================================
 set -euo pipefail
 
+# Debian installs the daemons (munged, slurmctld, slurmd, slurmdbd, mariadbd) in /usr/sbin, which
+# is not on a non-root login's PATH nor on many CI runners'. Look there too, after the caller's
+# own PATH, so that `scripts/test.sh` works from any shell.
+for d in /usr/local/sbin /usr/sbin /sbin; do
+  case ":$PATH:" in *":$d:"*) ;; *) PATH="$PATH:$d" ;; esac
+done
+export PATH
+
 STATE_DIR="${DSORCH_SLURM_DIR:-/tmp/dsorch-slurm}"
 CLUSTER_NAME="${DSORCH_SLURM_CLUSTER:-dsorch}"
 ACCOUNT_NAME="${DSORCH_SLURM_ACCOUNT:-dsorch}"

@@ -48,7 +48,7 @@ def test_missing_sbatch_suggests_local(runner, planned, tmp_path):
     empty_bin.mkdir()
     r = submit(runner, "plans/l8", env={"PATH": str(empty_bin)})
     assert r.exit_code == 2
-    assert "sbatch is not on PATH" in r.output and "--cluster local" in r.output
+    assert "sbatch and srun are not on PATH" in r.output and "--cluster local" in r.output
     assert runner.invoke(main, ["status", "--json"]).output.strip() == "[]"
 
 

@@ -18,6 +18,26 @@ def _fmt(v) -> str:
     return str(v)
 
 
+# The signal that asks Megatron-LM to checkpoint and exit (--exit-signal-handler): SIGUSR2, which
+# job.sbatch passes on before the time limit and torchrun ignores (launch.sh starts it so).
+EXIT_SIGNAL = "SIGUSR2"
+
+
+def vocab_divisor(vocab_size: int, tp: int) -> int:
+    """--make-vocab-size-divisible-by: Megatron-LM pads the vocabulary up to a multiple of this
+    times tp (vocab_size_with_padding in megatron/core/tokenizers/utils/build_tokenizer.py). The
+    largest power of two up to its default 128 that leaves the spec's vocabulary unpadded, so
+    the model Megatron builds is the one dsorch counted and planned."""
+    d = 128
+    while d > 1 and vocab_size % (d * tp):
+        d //= 2
+    return d
+
+
+def checkpoint_dir(plan: Plan) -> str:
+    return plan.spec.training.checkpoint.dir
+
+
 def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
     L = plan.layout
     m = plan.spec.model
@@ -65,6 +85,7 @@ def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
     add("--seq-length", t.seq_length)
     add("--max-position-embeddings", m.max_position_embeddings or t.seq_length)
     add("--vocab-size", m.vocab_size)
+    add("--make-vocab-size-divisible-by", vocab_divisor(m.vocab_size, L.tp))
     if m.position_embedding == "rope":
         add("--position-embedding-type", "rope")
         add("--rotary-base", int(m.rope_theta) if m.rope_theta == int(m.rope_theta) else m.rope_theta)
@@ -80,8 +101,10 @@ def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
     add("--init-method-std", m.init_method_std)
     add("--attention-dropout", t.attention_dropout)
     add("--hidden-dropout", t.hidden_dropout)
-    if t.flash_attention:
-        add("--use-flash-attn")
+    # Megatron-LM chooses the attention kernel with --attention-backend (--use-flash-attn is read by
+    # nothing in current Megatron-LM). "unfused" materialises the s x s scores, as the cost model
+    # assumes for flash_attention: false.
+    add("--attention-backend", "flash" if t.flash_attention else "unfused")
 
     # --- precision and optimizer ---
     if t.precision == "bf16":
@@ -103,6 +126,28 @@ def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
     add("--adam-beta2", opt.betas[1])
     add("--adam-eps", opt.eps)
     add("--seed", t.seed)
+
+    # --- tokenizer: the model's vocabulary (both runtimes) ---
+    tok = t.data.tokenizer
+    add("--tokenizer-type", tok.type)
+    if tok.model is not None:
+        add("--tokenizer-model", tok.model)
+    if plan.runtime == "megatron":
+        # --- what only pretrain_gpt.py reads: data, checkpoints, stopping ---
+        # (The bundled entrypoint takes its data from `dsorch submit --data`, its checkpoint
+        # directory from --run-dir, and stops on SIGUSR2 by itself.)
+        if t.data.path is None:
+            add("--mock-data")
+        else:
+            add("--data-path", " ".join(t.data.path))
+            add("--split", t.data.split)
+        add("--save", checkpoint_dir(plan))
+        add("--load", checkpoint_dir(plan))
+        add("--save-interval", t.checkpoint.interval)
+        # Checkpoint and exit on EXIT_SIGNAL (megatron/training/training.py, DistributedSignalHandler);
+        # job.sbatch then requeues the job, and --load resumes it.
+        add("--exit-signal-handler")
+        add("--exit-signal", EXIT_SIGNAL)
     return f
 
 

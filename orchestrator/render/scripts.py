@@ -54,9 +54,16 @@ def launch_env(plan: Plan) -> list[tuple[str, str]]:
     return [(k, shlex.quote(str(v))) for k, v in sorted(env.items())]
 
 
+# Who catches SIGUSR2 in the ranks, per runtime (for the comment in launch.sh).
+STOP_HANDLERS = {
+    "deepspeed": "orchestrator/train/stop.py",
+    "megatron": "Megatron-LM's --exit-signal-handler with --exit-signal SIGUSR2",
+}
+
+
 def render_launch(plan: Plan) -> str:
     return _env().get_template("launch.sh.j2").render(
-        **_common(plan), master_port=MASTER_PORT, env=launch_env(plan))
+        **_common(plan), master_port=MASTER_PORT, env=launch_env(plan), stop_handler=STOP_HANDLERS[plan.runtime])
 
 
 def _sbatch_value(v: str) -> str:
@@ -77,8 +84,20 @@ def sbatch_options(plan: Plan) -> list[tuple[str, str | None]]:
     return opts
 
 
+def _megatron_save_dir(plan: Plan) -> str:
+    """The checkpoint directory of a Megatron-LM plan as a shell word for job.sbatch: a relative
+    --save is relative to the plan directory (launch.sh runs from there)."""
+    from .megatron import checkpoint_dir
+
+    d = checkpoint_dir(plan)
+    return shlex.quote(d) if d.startswith("/") else '"$DSORCH_PLAN_DIR"/' + shlex.quote(d)
+
+
 def render_sbatch(plan: Plan) -> str:
     s = plan.profile.slurm
+    megatron = plan.runtime == "megatron"
     return _env().get_template("job.sbatch.j2").render(
         **_common(plan), job_name=job_name(plan.spec.name), gpus=plan.profile.backend == "nccl",
-        cpus_per_node=s.cpus_per_task * plan.profile.gpus_per_node, slurm=s, sbatch_options=sbatch_options(plan))
+        cpus_per_node=s.cpus_per_task * plan.profile.gpus_per_node, slurm=s, sbatch_options=sbatch_options(plan),
+        megatron_save_dir=_megatron_save_dir(plan) if megatron else None,
+        train_iters=plan.spec.training.train_steps if megatron else None)

@@ -40,7 +40,7 @@ from .config import Plan, load_plan
 from .data import micro_batches, open_dataset
 from .metrics import MetricsLog, peak_memory_gib
 from .model import DenseModel, LossFn, Pipeline, layer_specs, recompute
-from .stop import StopRequest
+from .stop import EXIT_STOPPED, RUN_DIR_ENV, STOP_REQUEST_FILE, StopRequest
 from .tensor_parallel import TPContext
 
 
@@ -51,7 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="train until this many steps are done (default: the plan's total, else 20)")
     p.add_argument("--data", default=None,
                    help="token file NAME (NAME.bin + NAME.json); default: synthetic tokens")
-    p.add_argument("--run-dir", default=None, help="checkpoints and metrics.jsonl (default PLAN/run)")
+    p.add_argument("--run-dir", default=os.environ.get(RUN_DIR_ENV) or None,
+                   help=f"checkpoints and metrics.jsonl (default ${RUN_DIR_ENV}, else PLAN/run)")
     p.add_argument("--save-interval", type=int, default=0,
                    help="checkpoint every N steps (0: only at the end)")
     p.add_argument("--keep", type=int, default=3, help="checkpoints kept (the newest K)")
@@ -137,7 +138,11 @@ def train_step(engine, batches, pp: int, device, dp_group) -> float:
     return float(total) / dist.get_world_size(dp_group)
 
 
-EXIT_STOPPED = 3  # stopped early on SIGUSR2/SIGTERM after a checkpoint; rerun to resume
+# Written by rank 0 into the run directory after every rank has saved the checkpoint of a stop
+# request, removed when training starts again. A job script reads it to tell "stopped cleanly,
+# requeue me" from a failure: torchrun reports any non-zero rank exit, EXIT_STOPPED included, as
+# its own exit code 1 (torch.distributed.elastic ChildFailedError), so the code does not get through.
+STOPPED_FILE = "stopped.json"
 
 
 def train(plan: Plan, args, denv: launch.DistEnv, device: torch.device, stop: StopRequest | None = None) -> bool:
@@ -172,6 +177,8 @@ def train(plan: Plan, args, denv: launch.DistEnv, device: torch.device, stop: St
         # Steps logged after the checkpoint we resume from are redone now: drop their records so
         # that metrics.jsonl is one trajectory with no gap and no repeated step.
         MetricsLog.truncate(run_dir, start)
+        (run_dir / STOPPED_FILE).unlink(missing_ok=True)
+    stop_file = run_dir / STOP_REQUEST_FILE
 
     n_params = sum(p.numel() for p in engine.module.parameters())
     if rank0:
@@ -201,7 +208,8 @@ def train(plan: Plan, args, denv: launch.DistEnv, device: torch.device, stop: St
         mem, kind = peak_memory_gib(device)
         # One all-reduce (MAX) for two facts: the busiest rank's memory (the one that OOMs) and
         # whether any rank was asked to stop, so that all ranks stop after the same step.
-        wanted = 1.0 if stop is not None and stop.signum is not None else 0.0
+        # Rank 0 alone looks at the stop-request file: one stat per step on a shared filesystem.
+        wanted = 1.0 if stop is not None and stop.requested(stop_file if rank0 else None) else 0.0
         mem_t = torch.tensor([mem, wanted], device=device)
         dist.all_reduce(mem_t, op=dist.ReduceOp.MAX)
         if rank0:
@@ -216,10 +224,21 @@ def train(plan: Plan, args, denv: launch.DistEnv, device: torch.device, stop: St
             os.kill(os.getpid(), signal.SIGKILL)
         if stopping:
             if rank0:
+                write_stopped(run_dir, done, stop.signum)
+                stop_file.unlink(missing_ok=True)  # honoured; a later run must not stop at once
                 print(f"dsorch train: stop requested; checkpoint of step {done} saved in {ckpt_dir}, "
                       f"exiting with code {EXIT_STOPPED} (rerun to resume)", flush=True)
             return False
     return True
+
+
+def write_stopped(run_dir: Path, step: int, signum: int | None) -> None:
+    import json
+
+    tmp = run_dir / (STOPPED_FILE + ".tmp")
+    name = signal.Signals(signum).name if signum else STOP_REQUEST_FILE
+    tmp.write_text(json.dumps({"step": step, "signal": name, "time": time.time()}) + "\n", encoding="utf-8")
+    os.replace(tmp, run_dir / STOPPED_FILE)
 
 
 def main(argv=None, stop: StopRequest | None = None) -> None:

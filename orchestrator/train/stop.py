@@ -1,11 +1,23 @@
-"""Stop requests: SIGUSR2 (SLURM's warning before a time limit or preemption) and SIGTERM
-(scancel, scontrol requeue). Standard library only, so that ``python -m orchestrator.train`` can
+"""Stop requests: SIGUSR2 (SLURM's warning before a time limit or preemption), SIGTERM (scancel,
+scontrol requeue, preemption) and the file RUN_DIR/stop.request (what job.sbatch writes when
+SLURM warns it of the time limit). Standard library only, so that ``python -m orchestrator.train`` can
 install the handlers before the seconds-long torch/DeepSpeed imports: a signal that arrives
 during start-up is remembered instead of killing the rank."""
 
 from __future__ import annotations
 
 import signal
+
+# The default --run-dir of the entrypoint. job.sbatch sets it, so that the job script and every
+# rank agree on where checkpoints and the stop marker live, across requeues.
+RUN_DIR_ENV = "DSORCH_RUN_DIR"
+# The entrypoint's exit code after every rank has checkpointed on a stop request: rerun to resume.
+EXIT_STOPPED = 3
+# A file in the run directory that asks the ranks to checkpoint and stop after the current step.
+# job.sbatch uses it rather than a signal: SLURM delivers a step's signal to every process of the
+# step, and a rank's helper processes (a ninja build of a DeepSpeed op at start-up, say) die of it
+# (measured on the loopback cluster: "ninja died with SIGUSR2", the rank crashed).
+STOP_REQUEST_FILE = "stop.request"
 
 
 class StopRequest:
@@ -19,3 +31,9 @@ class StopRequest:
 
     def _set(self, signum, frame) -> None:
         self.signum = signum
+
+    def requested(self, stop_file=None) -> bool:
+        """A signal arrived, or ``stop_file`` (a pathlib.Path, checked by the caller's rank) exists."""
+        if self.signum is None and stop_file is not None and stop_file.exists():
+            self.signum = 0  # 0: requested by file
+        return self.signum is not None

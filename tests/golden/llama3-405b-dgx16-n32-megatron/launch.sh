@@ -12,7 +12,10 @@ NODE_RANK="${NODE_RANK:-${SLURM_NODEID:-0}}"
 if [[ -z "${MASTER_ADDR:-}" ]]; then
   if [[ -n "${SLURM_JOB_NODELIST:-}" ]]; then
     # Node names need not resolve in DNS; SLURM's NodeAddr is the address to use.
-    first_node="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+    # The whole list, then its first line: `| head -n 1` would close the pipe early and, with a
+    # long node list, kill scontrol with SIGPIPE, which pipefail turns into an abort.
+    nodes="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"
+    first_node="${nodes%%$'\n'*}"
     MASTER_ADDR="$(scontrol show node "$first_node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')"
   else
     MASTER_ADDR=127.0.0.1
@@ -23,6 +26,12 @@ export CUDA_DEVICE_MAX_CONNECTIONS=1
 export NCCL_IB_HCA=mlx5
 export OMP_NUM_THREADS=12
 
+# SIGUSR2 asks the ranks to checkpoint and stop (job.sbatch passes it on before the time limit).
+# torchrun handles only TERM/INT/HUP/QUIT and would die of USR2, so it starts with USR2 ignored;
+# the ranks inherit that and install their own handler (Megatron-LM's --exit-signal-handler with --exit-signal SIGUSR2).
+trap '' USR2
+# Relative paths in megatron_args.txt (--save, --load, data) are relative to the plan directory.
+cd "$PLAN_DIR"
 exec torchrun \
   --nnodes "$NNODES" \
   --nproc-per-node 8 \
@@ -30,5 +39,5 @@ exec torchrun \
   --master-addr "$MASTER_ADDR" \
   --master-port "$MASTER_PORT" \
   "${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout}/pretrain_gpt.py" \
-  $(cat "$PLAN_DIR/megatron_args.txt") \
+  $(cat megatron_args.txt) \
   "$@"

@@ -1,0 +1,203 @@
+"""The experiment repository: its ``dsorch.yaml`` and the defaults it gives every command.
+
+An experiment repository has a small ``dsorch.yaml`` at its root (``dsorch init`` writes it),
+found from the working directory upwards as git finds ``.git``. It names the default cluster,
+the directory of the team's own cluster profiles, and where plans and runs go. The directory
+that holds it is the *experiment directory*: the job registry (``.dsorch/``) lives there, so
+``dsorch status`` answers the same from any subdirectory. Without a ``dsorch.yaml`` the working
+directory is the experiment directory and every default is the built-in one.
+
+Each setting is resolved in one order, and remembers where its value came from so that an error
+can say it: the command-line flag, then the environment (``DSORCH_CLUSTER``,
+``DSORCH_PROFILES_DIR``), then ``dsorch.yaml``, then the built-in default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import DsorchError, SpecError
+
+CONFIG_NAME = "dsorch.yaml"
+ENV_CLUSTER = "DSORCH_CLUSTER"
+ENV_PROFILES_DIR = "DSORCH_PROFILES_DIR"
+# One alphabet for every name that becomes a directory or reaches a script: letters, digits, '.',
+# '_' and '-' (the same one SLURM job names are kept to).
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class ProjectConfig(BaseModel):
+    """``dsorch.yaml``. Paths are relative to the file's directory."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cluster: str | None = Field(default=None, min_length=1, max_length=200,
+                                description="default --cluster for plan, submit, trial and calibrate")
+    profiles_dir: str | None = Field(default=None, min_length=1,
+                                     description="your cluster profiles (NAME.yaml); a name there wins over a shipped one")
+    plans_dir: str = Field(default="plans", min_length=1,
+                           description="`dsorch plan SPEC` writes PLANS_DIR/<spec>-<cluster>/")
+    runs_dir: str = Field(default="runs", min_length=1,
+                          description="`dsorch submit` writes checkpoints and metrics to RUNS_DIR/<plan>-<key>/")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A resolved value and where it came from (for messages: '--cluster', '$DSORCH_CLUSTER', ...)."""
+
+    value: str | None
+    origin: str
+
+    def describe(self) -> str:
+        return f"'{self.value}' (from {self.origin})"
+
+
+@dataclass(frozen=True)
+class Project:
+    root: Path  # the experiment directory, absolute
+    config_file: Path | None
+    config: ProjectConfig
+    lines: dict
+
+    def _origin(self, key: str) -> str:
+        line = self.lines.get((key,))
+        return f"{self.config_file}:{line} ({key})" if line else f"{self.config_file} ({key})"
+
+    def _resolve(self, flag: str | None, flag_name: str, env_name: str, key: str, env: dict | None) -> Setting:
+        """flag, then environment, then dsorch.yaml: the one order every default follows."""
+        env = os.environ if env is None else env
+        if flag:
+            return Setting(flag, flag_name)
+        if env.get(env_name):
+            return Setting(env[env_name], f"${env_name}")
+        value = getattr(self.config, key)
+        if value:
+            # Paths in dsorch.yaml are relative to it.
+            return Setting(str(self.root / value) if key.endswith("_dir") else value, self._origin(key))
+        where = f"no {key} in {self.config_file}" if self.config_file else f"no {CONFIG_NAME}"
+        return Setting(None, f"no {flag_name}, no ${env_name}, {where}")
+
+    def cluster(self, flag: str | None, env: dict | None = None) -> Setting:
+        return self._resolve(flag, "--cluster", ENV_CLUSTER, "cluster", env)
+
+    def profiles_dir(self, flag: str | None, env: dict | None = None) -> Setting:
+        return self._resolve(flag, "--profiles-dir", ENV_PROFILES_DIR, "profiles_dir", env)
+
+    @property
+    def plans_dir(self) -> Path:
+        return self.root / self.config.plans_dir
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / self.config.runs_dir
+
+    def default_plan_dir(self, spec_name: str, cluster: str, runtime: str) -> Path:
+        """PLANS_DIR/<spec>-<cluster>[-<runtime>]: predictable, so `dsorch submit` can find it."""
+        name = f"{spec_name}-{cluster}" + ("" if runtime == "deepspeed" else f"-{runtime}")
+        return self.plans_dir / (_UNSAFE.sub("-", name).strip("-.") or "plan")
+
+    def plan_dirs(self) -> list[Path]:
+        """Every plan directory directly under PLANS_DIR, sorted."""
+        if not self.plans_dir.is_dir():
+            return []
+        return sorted(p for p in self.plans_dir.iterdir() if (p / "plan.yaml").is_file())
+
+
+def find_config(start: Path) -> Path | None:
+    """The nearest dsorch.yaml in ``start`` or a parent directory, as git looks for .git."""
+    here = start.resolve()
+    for d in (here, *here.parents):
+        f = d / CONFIG_NAME
+        if f.is_file():
+            return f
+    return None
+
+
+def load_project(start: Path | None = None) -> Project:
+    start = Path.cwd() if start is None else start
+    f = find_config(start)
+    if f is None:
+        return Project(start.resolve(), None, ProjectConfig(), {})
+    from .specs import _format_validation, load_yaml
+
+    loaded = load_yaml(f, empty_ok=True)  # an empty dsorch.yaml: all defaults
+    try:
+        config = ProjectConfig.model_validate(loaded.data)
+    except ValidationError as e:
+        raise SpecError(_format_validation(e, loaded, ProjectConfig, "dsorch config"))
+    return Project(f.parent, f, config, loaded.lines)
+
+
+def plan_cluster(plan_dir: Path) -> str | None:
+    """The cluster a plan directory was made for (plan.yaml's cluster.name), or None if unreadable."""
+    try:
+        doc = yaml.safe_load((plan_dir / "plan.yaml").read_text())
+        return str(doc["cluster"]["name"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+
+
+def find_plan(project: Project, cwd: Path, cluster: Setting) -> Path:
+    """The plan `dsorch submit` means when it is given no PLAN_DIR: the working directory if it is
+    a plan directory, else the one plan in PLANS_DIR for the cluster (or the only plan there)."""
+    if (cwd / "plan.yaml").is_file():
+        return cwd
+    plans = project.plan_dirs()
+    rel = _rel(project.plans_dir, cwd)
+    if not plans:
+        raise DsorchError(f"no PLAN_DIR given and {rel}/ has no plan directory; write one with `dsorch plan SPEC"
+                          + (f" --cluster {cluster.value}" if cluster.value else " --cluster NAME") + "` or pass PLAN_DIR.")
+    if cluster.value is not None:
+        matching = [p for p in plans if plan_cluster(p) == cluster.value]
+        what = f"for cluster {cluster.describe()}"
+    else:
+        matching = plans
+        what = f"and no cluster to choose by ({cluster.origin})"
+    if len(matching) == 1:
+        return matching[0]
+    if not matching:
+        have = ", ".join(f"{_rel(p, cwd)} ({plan_cluster(p) or '?'})" for p in plans)
+        raise DsorchError(f"no PLAN_DIR given and no plan in {rel}/ {what}; plans there: {have}. Plan one with "
+                          f"`dsorch plan SPEC --cluster {cluster.value}`, or pass PLAN_DIR.")
+    listing = "\n  ".join(f"{_rel(p, cwd)} (cluster {plan_cluster(p) or '?'})" for p in matching)
+    raise DsorchError(f"no PLAN_DIR given and {len(matching)} plans in {rel}/ {what}; say which:\n  {listing}")
+
+
+def _rel(p: Path, base: Path) -> str:
+    try:
+        return os.path.relpath(p, base)
+    except ValueError:
+        return str(p)
+
+
+CONFIG_TEMPLATE = """\
+# dsorch experiment configuration (written by `dsorch init`); commit it with your plans.
+# Every dsorch command run in this directory or below reads it. A flag or the environment
+# ($DSORCH_CLUSTER, $DSORCH_PROFILES_DIR) overrides a value here.
+
+# Default --cluster: a shipped profile (`dsorch profiles`) or one of yours in profiles_dir.
+cluster: {cluster}
+
+# Your own cluster profiles, NAME.yaml; a name here wins over a shipped profile.
+profiles_dir: {profiles_dir}
+
+# `dsorch plan SPEC` writes {plans_dir}/<spec>-<cluster>/ ; `dsorch submit` finds plans there.
+plans_dir: {plans_dir}
+
+# `dsorch submit` writes checkpoints and metrics.jsonl to {runs_dir}/<plan>-<job key>/.
+runs_dir: {runs_dir}
+"""
+
+
+def render_config(cluster: str | None, profiles_dir: str | None, plans_dir: str, runs_dir: str) -> str:
+    def scalar(v: str | None) -> str:
+        return "null" if v is None else yaml.safe_dump(v, default_style=None).strip().removesuffix("\n...")
+
+    return CONFIG_TEMPLATE.format(cluster=scalar(cluster), profiles_dir=scalar(profiles_dir),
+                                  plans_dir=scalar(plans_dir), runs_dir=scalar(runs_dir))
