@@ -163,7 +163,8 @@ def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, 
                              shown_path=str(spec))
         resize = (f" --nodes {nodes}" if nodes else "") + (f" --gpus-per-node {gpus_per_node}" if gpus_per_node else "")
         files = render_all(the_plan, resize_flags=resize)
-        errors = validate_files(files, dp=the_plan.layout.dp, world_size=the_plan.profile.world_size)
+        errors = validate_files(files, dp=the_plan.layout.dp, world_size=the_plan.profile.world_size,
+                                runtime=the_plan.runtime)
         if errors:
             raise UserError("the generated files do not validate (a dsorch bug; please report it with the spec and "
                             "profile):\n  " + "\n  ".join(errors))

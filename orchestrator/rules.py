@@ -45,6 +45,22 @@ def stage_split(num_layers: int, pp: int) -> StageSplit | None:
     return None
 
 
+def zero_stages(runtime: str, pp: int, precision: str, grad_accum_steps: int) -> list[int]:
+    """The ZeRO stages a runtime can run a layout with (the solver enumerates exactly these)."""
+    if runtime == "megatron":
+        return [0, 1]  # no ZeRO stages; 1 is its distributed optimizer
+    # DeepSpeed's pipeline engine asserts stage < 2 (pipe/engine.py). With bf16, dsorch accumulates
+    # gradients in fp32 (ds_config data_types.grad_accum_dtype), which DeepSpeed refuses at ZeRO-0
+    # ("unsupported mix of model_dtype=torch.bfloat16 and grad_accum_dtype=torch.float32",
+    # engine.py _do_optimizer_sanity_check); bf16 accumulation loses gradient over many
+    # micro-batches (measured with DeepSpeed 0.19.8: 37% of the true gradient norm after 1024), so
+    # ZeRO-0 stays only where nothing accumulates.
+    stages = [0, 1] if pp > 1 else [0, 1, 2, 3]
+    if precision == "bf16" and grad_accum_steps > 1:
+        stages.remove(0)
+    return stages
+
+
 def tp_degrees(model: ModelSpec, gpus_per_node: int) -> list[int]:
     from .layout import divisors
 
@@ -90,12 +106,17 @@ def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, profi
         r.append(f"micro_batch_size*grad_accum_steps*dp = {L.micro_batch_size}*{L.grad_accum_steps}*{L.dp} = "
                  f"{L.global_batch_size} but global_batch_size is {training.global_batch_size}; choose a micro-batch "
                  f"size that divides global_batch_size/dp")
-    if runtime == "deepspeed" and L.pp > 1 and L.zero_stage > 1:
-        r.append(f"zero_stage={L.zero_stage} cannot be combined with pp={L.pp} in DeepSpeed's pipeline engine "
-                 f"(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1")
-    if runtime == "megatron" and L.zero_stage > 1:
-        r.append(f"zero_stage={L.zero_stage}: Megatron-LM has no ZeRO stages, only its distributed optimizer "
-                 f"(ZeRO-1-like, zero_stage=1); use zero_stage 0 or 1")
+    if L.zero_stage not in zero_stages(runtime, L.pp, training.precision, L.grad_accum_steps):
+        if runtime == "megatron":
+            r.append(f"zero_stage={L.zero_stage}: Megatron-LM has no ZeRO stages, only its distributed optimizer "
+                     f"(ZeRO-1-like, zero_stage=1); use zero_stage 0 or 1")
+        elif L.pp > 1 and L.zero_stage > 1:
+            r.append(f"zero_stage={L.zero_stage} cannot be combined with pp={L.pp} in DeepSpeed's pipeline engine "
+                     f"(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1")
+        else:
+            r.append(f"zero_stage=0 with bf16 and {L.grad_accum_steps} micro-batches per step: DeepSpeed accumulates "
+                     f"gradients in fp32 only from ZeRO-1 on, and bf16 accumulation loses gradient over many "
+                     f"micro-batches; use zero_stage>=1 (or one micro-batch per step)")
     if L.sequence_parallel and L.tp == 1:
         r.append("sequence parallelism splits the tensor-parallel region's activations and needs tp > 1; "
                  "use --no-sp or tp > 1")

@@ -14,7 +14,7 @@ import numpy as np
 from .costmodel import RECOMPUTE_CODES, Candidates, Evaluation, evaluate
 from .costmodel.evaluate import invariant_violations
 from .layout import RECOMPUTE_LEVELS, Layout, divisors
-from .rules import check_layout, stage_split, tp_degrees
+from .rules import check_layout, stage_split, tp_degrees, zero_stages
 from .specs import ClusterProfile, ModelSpec, TrainingSpec
 
 GIB = float(1 << 30)
@@ -83,7 +83,6 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, profile: Cluster
     gbs = training.global_batch_size
     rejected: dict[str, int] = {}
     rows: list[tuple] = []
-    zero_all = (0, 1, 2, 3) if runtime == "deepspeed" else (0, 1)
     for tp in _options(pins, "tp", tp_degrees(model, profile.gpus_per_node)):
         for pp in _options(pins, "pp", [p for p in divisors(world // tp)]):
             split = stage_split(model.num_layers, pp)
@@ -100,10 +99,10 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, profile: Cluster
                 vpps = [1]
             else:
                 vpps = divisors(model.num_layers // pp)
-            zeros = [z for z in zero_all if not (runtime == "deepspeed" and pp > 1 and z > 1)]
             sps = [False, True] if tp > 1 else [False]
             for mbs in _options(pins, "micro_batch_size", divisors(gbs // dp)):
                 gas = gbs // (dp * mbs)
+                zeros = zero_stages(runtime, pp, training.precision, gas)
                 for vpp in _options(pins, "vpp", vpps):
                     if vpp > 1 and gas % pp:
                         continue

@@ -176,6 +176,10 @@ class DataSpec(BaseModel):
     split: str = Field(default="969,30,1", pattern=r"^\d+(\.\d+)?(,\d+(\.\d+)?){0,2}$",
                        description="--split: train,valid,test proportions")
     tokenizer: TokenizerSpec = TokenizerSpec()
+    # Validation: Megatron-LM needs --eval-interval to size its datasets (its default became None;
+    # get_train_valid_test_num_samples in megatron/training/training.py divides by it).
+    eval_interval: int = Field(default=1000, gt=0, le=1_000_000_000, description="--eval-interval, in steps")
+    eval_iters: int = Field(default=100, ge=0, le=1_000_000_000, description="--eval-iters, batches per evaluation")
 
     @model_validator(mode="after")
     def _words(self) -> "DataSpec":

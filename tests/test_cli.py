@@ -155,12 +155,27 @@ def test_everything_pinned_evaluates_exactly_that_layout(runner, in_tmp):
 
 
 def test_pinned_layout_that_does_not_fit_says_by_how_much(runner, in_tmp):
-    pins = ["--tp", "1", "--pp", "1", "--dp", "128", "--zero", "0", "--mbs", "1", "--recompute", "none", "--vpp",
+    pins = ["--tp", "1", "--pp", "1", "--dp", "128", "--zero", "1", "--mbs", "1", "--recompute", "none", "--vpp",
             "1", "--no-sp"]
     r = plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", *pins, "--out", in_tmp / "p")
     assert r.exit_code == 2
-    assert re.search(r"tp1 pp1 dp128 zero0 mbs1 gas4 rc=none, needs [\d.]+ GiB \([\d.]+ GiB more\)", r.output)
+    assert re.search(r"tp1 pp1 dp128 zero1 mbs1 gas4 rc=none, needs [\d.]+ GiB \([\d.]+ GiB more\)", r.output)
     assert "Traceback" not in r.output and not (in_tmp / "p").exists()
+
+
+def test_bf16_zero0_with_accumulation_is_refused_with_the_reason(runner, in_tmp):
+    """DeepSpeed refuses fp32 gradient accumulation at ZeRO-0 with bf16, and bf16 accumulation
+    loses gradient: with bf16 and several micro-batches per step, ZeRO-0 is not a legal layout."""
+    pins = ["--tp", "8", "--pp", "4", "--zero", "0", "--mbs", "1", "--recompute", "full", "--no-sp"]
+    r = plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", *pins, "--no-write")
+    assert r.exit_code == 2
+    assert "DeepSpeed accumulates gradients in fp32 only from ZeRO-1 on" in " ".join(r.output.split())
+    # With one micro-batch per step nothing accumulates: ZeRO-0 stays legal; fp32 and Megatron are unaffected.
+    from orchestrator.rules import zero_stages
+
+    assert zero_stages("deepspeed", 1, "bf16", 1) == [0, 1, 2, 3] and zero_stages("deepspeed", 1, "bf16", 2) == [1, 2, 3]
+    assert zero_stages("deepspeed", 2, "bf16", 8) == [1] and zero_stages("deepspeed", 2, "fp32", 8) == [0, 1]
+    assert zero_stages("megatron", 4, "bf16", 64) == [0, 1]
 
 
 def test_nothing_fits_suggests_node_count(runner, in_tmp):

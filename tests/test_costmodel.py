@@ -230,4 +230,5 @@ def test_overhead_is_buffers_plus_framework():
     ev = evaluate(spec.model, spec.training, profile, "deepspeed", c)
     assert np.allclose(ev.overhead, ev.comm_buffers + ev.framework)
     assert np.all(ev.framework == profile.memory_overhead_gib * 2**30)
-    assert np.all(ev.comm_buffers[c.zero == 0] == 0) and np.all(ev.comm_buffers[c.zero >= 1] > 0)
+    # bf16: ZeRO-1 runs in DeepSpeed's BF16_Optimizer (fp32 accumulation), which keeps no reduce buckets.
+    assert np.all(ev.comm_buffers[c.zero <= 1] == 0) and np.all(ev.comm_buffers[c.zero >= 2] > 0)

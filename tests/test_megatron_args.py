@@ -315,3 +315,105 @@ def test_deprecated_flag():
 def test_errors_are_strings():
     errors = _check(world_size=7, fp16=None, sequence_parallel="x")
     assert errors and all(isinstance(e, str) for e in errors)
+
+
+def _megatron_plan_flags(tmp_path, *extra) -> str:
+    from click.testing import CliRunner
+
+    from orchestrator.cli import main
+    from tests.conftest import EXAMPLES
+
+    out = tmp_path / "m"
+    r = CliRunner().invoke(main, ["plan", str(EXAMPLES / "llama3-8b.yaml"), "--cluster", "dgx16", "--nodes", "1",
+                                  "--runtime", "megatron", "--out", str(out), *extra])
+    assert r.exit_code == 0, r.output
+    return (out / "megatron_args.txt").read_text()
+
+
+def test_megatron_plans_carry_what_pretrain_needs(tmp_path):
+    """What running Megatron-LM's own code on planned files found missing (scripts/check_megatron_lm.py):
+    every megatron-runtime plan names its tokenizer, data, length, evaluation, checkpoints and stop signal."""
+    from orchestrator.validate.megatron import check_pretrain_needs
+
+    text = _megatron_plan_flags(tmp_path)
+    flags = parse_args_lines(text)
+    assert check_pretrain_needs(flags) == []
+    given = dict(flags)
+    assert given["--tokenizer-type"] == "NullTokenizer" and "--mock-data" in given
+    assert given["--save"] == given["--load"] == "checkpoints" and given["--exit-signal"] == "SIGUSR2"
+    assert given["--attention-backend"] == "flash" and "--use-flash-attn" not in given
+    # Megatron pads the vocabulary to a multiple of divisor x tp; the planned divisor leaves it as planned.
+    tp = int(given["--tensor-model-parallel-size"])
+    assert int(given["--vocab-size"]) % (int(given["--make-vocab-size-divisible-by"]) * tp) == 0
+    for drop, message in [("--tokenizer-type", "no --tokenizer-type"), ("--train-iters", "no --train-iters"),
+                          ("--eval-interval", "no --eval-interval"), ("--mock-data", "no data"),
+                          ("--save", "without --save")]:
+        errors = check_pretrain_needs([(f, v) for f, v in flags if f != drop])
+        assert len(errors) == 1 and message in errors[0], (drop, errors)
+
+
+def test_vocab_divisor_keeps_the_planned_vocabulary():
+    from orchestrator.render.megatron import vocab_divisor
+
+    assert vocab_divisor(128256, 8) == 32  # 128256 = 2^8 x 501: 32 x 8 divides it, 64 x 8 does not
+    assert vocab_divisor(128256, 1) == 128 and vocab_divisor(32000, 4) == 64 and vocab_divisor(50257, 2) == 1
+    for v, tp in [(128256, 8), (32000, 8), (51200, 8), (256, 2), (50257, 4)]:
+        d = vocab_divisor(v, tp)
+        assert v % (d * tp) == 0 or d == 1
+
+
+def test_data_path_and_tokenizer_model_reach_the_flags(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    from tests.conftest import EXAMPLES
+
+    spec.write_text((EXAMPLES / "llama3-8b.yaml").read_text() + (
+        "  data:\n    path: ['0.7', /data/web_text_document, '0.3', /data/code_text_document]\n    split: '98,2,0'\n"
+        "    tokenizer: {type: HuggingFaceTokenizer, model: /models/llama3}\n"
+        "  checkpoint: {dir: /ckpt/llama3-8b, interval: 500}\n"))
+    from click.testing import CliRunner
+
+    from orchestrator.cli import main
+
+    out = tmp_path / "m"
+    r = CliRunner().invoke(main, ["plan", str(spec), "--cluster", "dgx16", "--nodes", "1", "--runtime", "megatron",
+                                  "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    given = dict(parse_args_lines((out / "megatron_args.txt").read_text()))
+    assert given["--data-path"] == "0.7 /data/web_text_document 0.3 /data/code_text_document"
+    assert given["--split"] == "98,2,0" and "--mock-data" not in given
+    assert given["--tokenizer-type"] == "HuggingFaceTokenizer" and given["--tokenizer-model"] == "/models/llama3"
+    assert given["--save"] == "/ckpt/llama3-8b" and given["--save-interval"] == "500"
+    assert "export DSORCH_RUN_DIR=/ckpt/llama3-8b\n" in (out / "job.sbatch").read_text()
+
+
+@pytest.mark.parametrize("yaml_text, message", [
+    ("  data: {tokenizer: {type: HuggingFaceTokenizer}}\n", "set tokenizer.model"),
+    ("  data: {path: ['/data/with space']}\n", "has whitespace"),
+    ("  data: {split: '90;10'}\n", "training.data.split"),
+    ("  steps: 100\n", "both give the training length"),
+])
+def test_bad_data_settings_are_refused(tmp_path, yaml_text, message):
+    from click.testing import CliRunner
+
+    from orchestrator.cli import main
+    from tests.conftest import EXAMPLES
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text((EXAMPLES / "llama3-8b.yaml").read_text() + yaml_text)
+    r = CliRunner().invoke(main, ["plan", str(spec), "--cluster", "dgx16", "--no-write"])
+    assert r.exit_code == 2 and message in " ".join(r.output.split()) and "Traceback" not in r.output, r.output
+
+
+def test_megatron_runtime_needs_a_training_length(tmp_path):
+    from click.testing import CliRunner
+
+    from orchestrator.cli import main
+    from tests.conftest import EXAMPLES
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text((EXAMPLES / "llama3-8b.yaml").read_text().replace("  train_tokens: 15.0e12", "  # no length"))
+    r = CliRunner().invoke(main, ["plan", str(spec), "--cluster", "dgx16", "--nodes", "1", "--runtime", "megatron",
+                                  "--no-write"])
+    assert r.exit_code == 2 and "needs the training length" in r.output and "training.steps" in r.output
+    r = CliRunner().invoke(main, ["plan", str(spec), "--cluster", "dgx16", "--nodes", "1", "--no-write"])
+    assert r.exit_code == 0, r.output

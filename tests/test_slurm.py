@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -183,6 +184,92 @@ def test_requeued_job_resumes_without_gap_or_repeat(slurm_env, tmp_path, how):
     assert len(starts) >= 2
     st = dsorch(env, tmp_path, "status").stdout
     assert "COMPLETED" in st
+
+
+def _sacct_state(env, job: str) -> str:
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], env=env, capture_output=True,
+                         text=True).stdout.split()
+    return out[-1].rstrip("+") if out else "UNKNOWN"
+
+
+def _sbatch_until_done(env, plan: Path, timeout_s: float = 1500) -> tuple[str, str, str]:
+    """Submit PLAN/job.sbatch with plain sbatch from the plan directory and leave it alone until
+    it ends; (job id, final state, the job's output over all allocations)."""
+    r = subprocess.run(["sbatch", "--parsable", "job.sbatch"], cwd=plan, env=env, capture_output=True, text=True,
+                       check=True)
+    job = r.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout_s
+    state = "PENDING"
+    while time.monotonic() < deadline:
+        state = _sacct_state(env, job)
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            break
+        time.sleep(5)
+    log = "\n".join(p.read_text(errors="replace") for p in sorted(plan.glob("slurm-*.out")))
+    if state != "COMPLETED":
+        subprocess.run(["scancel", job], env=env)
+    return job, state, log
+
+
+def _allocations_and_requeues(log: str) -> tuple[int, int]:
+    allocations = [int(a) for a in re.findall(r"^job.sbatch: job \d+ allocation (\d+)", log, re.M)]
+    requeues = re.findall(r"^job.sbatch: stopped with a checkpoint .*; requeueing job", log, re.M)
+    assert allocations == list(range(1, len(allocations) + 1)), log[-4000:]
+    assert len(allocations) >= 2 and len(requeues) == len(allocations) - 1, log[-4000:]
+    return len(allocations), len(requeues)
+
+
+def _long_tiny_spec(tmp_path: Path, steps: int) -> Path:
+    spec = tmp_path / "tiny-long.yaml"
+    spec.write_text((EXAMPLES / "tiny.yaml").read_text().replace("train_tokens: 30720", f"steps: {steps}"))
+    return spec
+
+
+ONE_NODE_DP = ["--tp", "1", "--pp", "1", "--zero", "1", "--mbs", "4", "--recompute", "none", "--no-sp"]
+
+
+def test_plain_sbatch_requeues_itself_past_its_time_limit(slurm_env, tmp_path):
+    """The committed job.sbatch, submitted with plain sbatch by someone who never runs `dsorch
+    submit`, for a job that needs several times its 2-minute limit, left alone: SLURM warns it
+    before each limit, every rank checkpoints at the same step, the job requeues itself, and it
+    ends COMPLETED with every step exactly once."""
+    # Paced at 0.4 s per step (the entrypoint's test hook): 240 steps are 96 s of training, more
+    # than one 2-minute allocation holds after start-up and SLURM's early warning, on any machine.
+    env = dict(slurm_env, PATH=f"{Path(sys.executable).parent}:{slurm_env['PATH']}",
+               DSORCH_TEST_MIN_STEP_SECONDS="0.4")
+    steps = 240
+    plan = tmp_path / "plans" / "long"
+    dsorch(env, tmp_path, "plan", _long_tiny_spec(tmp_path, steps), "--cluster", "loopback-short", "--out", plan,
+           *ONE_NODE_DP)
+    job, state, log = _sbatch_until_done(env, plan)
+    assert state == "COMPLETED", f"job {job} ended {state}:\n{log[-4000:]}"
+    allocations, requeues = _allocations_and_requeues(log)
+    assert len(re.findall(r"\(resumed from .*checkpoints/step\d+\)", log)) == requeues
+    run = plan / "run"
+    assert [s for s, _ in losses(run)] == list(range(1, steps + 1))  # each step once, none lost
+    assert not (run / "stop.request").exists() and not (run / "stopped.json").exists()
+    print(f"job {job}: {allocations} allocations of at most 2 minutes for {steps} steps")
+
+
+def test_plain_sbatch_of_a_megatron_plan_requeues_through_megatrons_signal_handler(slurm_env, tmp_path):
+    """The same for --runtime megatron: job.sbatch passes SIGUSR2 to the step, torchrun survives it,
+    the ranks (a FAKE pretrain_gpt.py with Megatron-LM's --exit-signal-handler behaviour: Megatron-LM
+    needs CUDA) checkpoint and exit 0, and the job requeues while the tracker file has advanced and is
+    below --train-iters."""
+    env = dict(slurm_env, PATH=f"{Path(sys.executable).parent}:{slurm_env['PATH']}",
+               MEGATRON_LM=str(Path(__file__).parent / "fakes" / "megatron"), FAKE_MEGATRON_ITERATION_SECONDS="0.4")
+    iters = 240
+    plan = tmp_path / "plans" / "m"
+    dsorch(env, tmp_path, "plan", _long_tiny_spec(tmp_path, iters), "--cluster", "loopback-short", "--runtime",
+           "megatron", "--out", plan, *ONE_NODE_DP)
+    job, state, log = _sbatch_until_done(env, plan)
+    assert state == "COMPLETED", f"job {job} ended {state}:\n{log[-4000:]}"
+    allocations, _ = _allocations_and_requeues(log)
+    ckpt = plan / "checkpoints"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == str(iters)
+    done = re.findall(r"^iteration (\d+)$", (ckpt / "iterations.log").read_text(), re.M)
+    assert [int(i) for i in done] == list(range(1, iters + 1))  # each iteration once, none lost
+    print(f"job {job}: {allocations} allocations of at most 2 minutes for {iters} iterations")
 
 
 def test_registry_consistent_under_concurrent_dsorch_processes(slurm_env, tmp_path):

@@ -42,7 +42,7 @@ import numpy as np
 from ..specs import ClusterProfile, ModelSpec, TrainingSpec
 from .calibration import Resolved, resolve_efficiency
 from .flops import model_flops_per_step
-from .memory import STATE_BYTES, activation_bytes_per_layer, in_flight_micro_batches, model_state_bytes
+from .memory import activation_bytes_per_layer, in_flight_micro_batches, model_state_bytes, state_bytes
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 
@@ -184,7 +184,12 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     swiglu = model.activation == "swiglu"
     precision = training.precision
     act_bytes = 4 if precision == "fp32" else 2
-    weight_b, grad_b, opt_b = STATE_BYTES[(runtime, precision)]
+    weight_b, grad_b, opt_b = state_bytes(runtime, precision, zero)
+    # Bytes per gradient element on the wire and in DeepSpeed's reduce buckets: DeepSpeed reduces in
+    # the model's 16-bit type (communication_data_type defaults to it, engine.py; the ZeRO buckets
+    # stay bf16, stage_1_and_2.py _gradient_reduction_buffer_dtype) even where it accumulates in
+    # fp32; Megatron-LM reduces its fp32 main grads as they are.
+    comm_grad_b = np.minimum(grad_b, weight_b) if runtime == "deepspeed" else grad_b
     # ---------------- memory -----------------
     norms = (2 if model.normalization == "layernorm" else 1) * 2 * h
     layer_params_local = (model.params_per_layer - norms) / tp + norms
@@ -227,8 +232,11 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
 
     # Communication buffers (DeepSpeed only; Megatron's DDP reduces in place in its grad buffer).
     if runtime == "deepspeed":
-        bucket = np.minimum(ZERO_BUCKET_ELEMENTS, params_stage) * grad_b
-        buffers = np.where((zero == 1) | (zero == 2), 2 * bucket, 0.0)
+        bucket = np.minimum(ZERO_BUCKET_ELEMENTS, params_stage) * comm_grad_b
+        # ZeRO-1/2 keep two reduce buckets (overlap_comm's double buffering); bf16 ZeRO-1 runs in
+        # BF16_Optimizer, which reduces its flat buffer in place and keeps none.
+        has_buckets = (zero == 2) | ((zero == 1) & (precision != "bf16"))
+        buffers = np.where(has_buckets, 2 * bucket, 0.0)
         # ZeRO-3 gathers one layer ahead (prefetch) besides the one in use.
         gathered = np.minimum(ZERO3_MAX_LIVE_PARAMETERS, 2 * layer_params_local) * weight_b
         buffers = buffers + np.where(zero == 3, gathered, 0.0)
@@ -349,7 +357,7 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
 
     bucket_elems = ZERO_BUCKET_ELEMENTS if runtime == "deepspeed" else MEGATRON_BUCKET_ELEMENTS
     buckets = np.ceil(params_stage / bucket_elems)
-    grad_bytes = params_stage * grad_b
+    grad_bytes = params_stage * comm_grad_b
     weight_bytes = params_stage * weight_b
     allreduce = coll(grad_bytes, 2.0, buckets)
     rs = coll(grad_bytes, 1.0, buckets)
@@ -359,14 +367,18 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     # during each backward pass). ZeRO-3 gathers weights for forward and backward and
     # reduce-scatters gradients, every micro-batch.
     zero3_per_mb = 2 * ag + rs
-    dp_total = np.select([zero == 0, zero == 1, zero == 2, zero == 3],
-                         [allreduce, rs + ag, gas * rs + ag, gas * zero3_per_mb])
+    # DeepSpeed's BF16_Optimizer (bf16 with fp32 accumulation at ZeRO-1) all-reduces its whole
+    # gradient buffer after the last micro-batch (engine.py buffered_allreduce_fallback), not
+    # overlapped, then all-gathers the updated bf16 weights (bf16_optimizer.py).
+    bf16_optimizer = (runtime == "deepspeed") & (precision == "bf16") & (zero == 1)
+    dp_total = np.select([zero == 0, bf16_optimizer, zero == 1, zero == 2, zero == 3],
+                         [allreduce, allreduce + ag, rs + ag, gas * rs + ag, gas * zero3_per_mb])
     # What can hide it: the gradient reduction overlaps the last micro-batch's backward (2/3 of its
     # compute: DeepSpeed overlap_comm, Megatron --overlap-grad-reduce, which reduces only on the
     # last micro-batch); the weight all-gather overlaps the first forward (1/3) with Megatron's
     # --overlap-param-gather; DeepSpeed's ZeRO-2 reduces during every backward pass and ZeRO-3
     # prefetches over the whole step.
-    can_overlap = eng.dp_overlap & ((pp == 1) | eng.dp_overlap_with_pp)
+    can_overlap = eng.dp_overlap & ((pp == 1) | eng.dp_overlap_with_pp) & ~bf16_optimizer
     window = np.where(zero == 3, compute, np.where(zero == 2, compute * 2.0 / 3.0,
                       compute_mb * (2.0 / 3.0 + np.where((zero == 1) & eng.param_gather_overlap, 1.0 / 3.0, 0.0))))
     hide = np.where(can_overlap, window * eff.dp_overlap, 0.0)

@@ -28,6 +28,8 @@ GIB = float(1 << 30)
 # gradient with the optimizer states it is sharded like: 2 + 2 + 16.
 # fp32 training: 4 + 4 + 8 (momentum and variance; the weights are the master copy).
 STATE_BYTES = {
+    # bf16 at ZeRO-0 (only with one micro-batch per step; see rules.zero_stages). From ZeRO-1 on see
+    # DS_BF16_FP32_ACCUM below.
     ("deepspeed", "bf16"): (2, 2, 16),
     ("deepspeed", "fp16"): (2, 2, 16),
     ("deepspeed", "fp32"): (4, 4, 8),
@@ -38,6 +40,28 @@ STATE_BYTES = {
     ("megatron", "fp16"): (2, 2, 16),
     ("megatron", "fp32"): (4, 4, 8),
 }
+
+
+# DeepSpeed with bf16 and ``data_types.grad_accum_dtype: fp32`` (what dsorch's ds_config sets from
+# ZeRO-1 on), read in deepspeed 0.19 and measured by walking the optimizer's tensors (dp=2):
+# * ZeRO-1 is BF16_Optimizer (engine.py _do_optimizer_sanity_check), not the ZeRO optimizer: a
+#   full-size fp32 accumulation buffer (bf16_optimizer.py: fp32_flat_buffer = zeros_like(bf16
+#   flat, dtype=grad_acc_dtype)), 4 bytes per parameter not sharded; with bf16.immediate_grad_update
+#   (set by dsorch) no bf16 .grad stays besides it. fp32 master + Adam moments, sharded: 12.
+# * ZeRO-2/3 keep the fp32 gradient partition itself (stage_1_and_2.py compact grad partition
+#   buffer, stage3.py grad_partitions_flat_buffer): 4 sharded, and it is what the optimizer steps
+#   on, so no extra fp32 copy: 12 for master + moments.
+DS_BF16_FP32_ACCUM = (2, 4, 12)
+
+
+def state_bytes(runtime: str, precision: str, zero_stage):
+    """(weights, gradients, optimizer) bytes per parameter before sharding; arrays over layouts."""
+    w, g, o = STATE_BYTES[(runtime, precision)]
+    if runtime == "deepspeed" and precision == "bf16":
+        z = np.asarray(zero_stage)
+        fw, fg, fo = DS_BF16_FP32_ACCUM
+        return np.where(z >= 1, fw, w), np.where(z >= 1, fg, g), np.where(z >= 1, fo, o)
+    return w, g, o
 
 
 def model_state_bytes(params, dp, zero_stage, weight_b, grad_b, opt_b):

@@ -141,6 +141,8 @@ def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
         else:
             add("--data-path", " ".join(t.data.path))
             add("--split", t.data.split)
+        add("--eval-interval", t.data.eval_interval)
+        add("--eval-iters", t.data.eval_iters)
         add("--save", checkpoint_dir(plan))
         add("--load", checkpoint_dir(plan))
         add("--save-interval", t.checkpoint.interval)

@@ -59,6 +59,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-save", action="store_true", help="write no checkpoint at all")
     # Fault injection for the resume test: SIGKILL rank 0 right after this step is logged.
     p.add_argument("--fail-after-step", type=int, default=None, help=argparse.SUPPRESS)
+    # Test pacing for the time-limit test: a floor on the seconds per step, so that how many steps
+    # fit into a 2-minute allocation does not depend on the machine's speed. From the environment,
+    # because plain `sbatch job.sbatch` passes no arguments.
+    p.add_argument("--min-step-seconds", type=float, default=float(os.environ.get("DSORCH_TEST_MIN_STEP_SECONDS", 0)),
+                   help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.keep < 1:
         p.error("--keep must be at least 1")
@@ -205,6 +210,8 @@ def train(plan: Plan, args, denv: launch.DistEnv, device: torch.device, stop: St
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
+        if dt < args.min_step_seconds:
+            time.sleep(args.min_step_seconds - dt)
         mem, kind = peak_memory_gib(device)
         # One all-reduce (MAX) for two facts: the busiest rank's memory (the one that OOMs) and
         # whether any rank was asked to stop, so that all ranks stop after the same step.

@@ -491,5 +491,28 @@ def check_megatron_args(flags: list[tuple[str, str | None]], world_size: int) ->
     return errors
 
 
-__all__ = ["check_megatron_args", "parse_args_lines", "load_table", "megatron_version",
+def check_pretrain_needs(flags: list[tuple[str, str | None]]) -> list[str]:
+    """What `pretrain_gpt.py` needs beyond valid flags before it trains, found by running Megatron-LM's
+    own code on planned files (scripts/check_megatron_lm.py, Megatron-LM main d98e8a6): each missing
+    item parses and validates, then fails at start-up."""
+    given = {flag for flag, _ in flags}
+    errors = []
+    if "--tokenizer-type" not in given:
+        # validate_args defaults to GPT2BPETokenizer, which downloads GPT-2's vocabulary and ignores --vocab-size.
+        errors.append("no --tokenizer-type: Megatron-LM falls back to GPT2BPETokenizer (a download) and ignores "
+                      "--vocab-size; name the tokenizer (NullTokenizer for mock or pre-tokenized data)")
+    if not given & {"--train-iters", "--train-samples"}:
+        errors.append("no --train-iters: pretrain() stops with 'either train-iters or train-samples should be "
+                      "provided'")
+    if "--eval-interval" not in given:
+        errors.append("no --eval-interval: get_train_valid_test_num_samples divides by it (its default is None)")
+    if not given & {"--mock-data", "--data-path", "--train-data-path"}:
+        errors.append("no data: give --data-path (and --split) or --mock-data; without either GPTDataset fails "
+                      "to build")
+    if "--exit-signal-handler" in given and "--save" not in given:
+        errors.append("--exit-signal-handler without --save exits on the signal without a checkpoint")
+    return errors
+
+
+__all__ = ["check_megatron_args", "check_pretrain_needs", "parse_args_lines", "load_table", "megatron_version",
            "known_flags"]

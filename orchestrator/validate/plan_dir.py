@@ -10,10 +10,10 @@ import yaml
 
 from ..errors import ValidationError
 from .deepspeed import validate_ds_config
-from .megatron import check_megatron_args, parse_args_lines
+from .megatron import check_megatron_args, check_pretrain_needs, parse_args_lines
 
 
-def validate_files(files: dict[str, str], *, dp: int, world_size: int) -> list[str]:
+def validate_files(files: dict[str, str], *, dp: int, world_size: int, runtime: str | None = None) -> list[str]:
     errors: list[str] = []
     if "ds_config.json" in files:
         try:
@@ -26,6 +26,8 @@ def validate_files(files: dict[str, str], *, dp: int, world_size: int) -> list[s
     if "megatron_args.txt" in files:
         flags = parse_args_lines(files["megatron_args.txt"])
         errors += [f"megatron_args.txt: {e}" for e in check_megatron_args(flags, world_size)]
+        if runtime == "megatron":
+            errors += [f"megatron_args.txt: {e}" for e in check_pretrain_needs(flags)]
     return errors
 
 
@@ -46,7 +48,8 @@ def validate_path(path: Path, dp: int | None = None) -> list[str]:
         files = {n: _read(path / n) for n in ("ds_config.json", "megatron_args.txt") if (path / n).exists()}
         if doc.get("runtime") == "deepspeed" and "ds_config.json" not in files:
             return [f"{path}: the deepspeed runtime needs ds_config.json, which is missing; regenerate the plan."]
-        return validate_files(files, dp=dp if dp is not None else dp_plan, world_size=world)
+        return validate_files(files, dp=dp if dp is not None else dp_plan, world_size=world,
+                              runtime=doc.get("runtime"))
     if not path.exists():
         raise ValidationError(f"{path}: no such file or directory.")
     if dp is None:

@@ -5,6 +5,11 @@
 # per node; by hand, run it on every node with NNODES, NODE_RANK and MASTER_ADDR set.
 # Extra arguments are passed on to the training program.
 set -euo pipefail
+# SIGUSR2 asks the ranks to checkpoint and stop (SLURM signals every process of the job step).
+# This script and torchrun (which handles only TERM/INT/HUP/QUIT) would die of it, so it is
+# ignored from the first line on; the ranks inherit that and install their own handler
+# (Megatron-LM's --exit-signal-handler with --exit-signal SIGUSR2).
+trap '' USR2
 
 PLAN_DIR="${DSORCH_PLAN_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
 NNODES="${NNODES:-${SLURM_NNODES:-32}}"
@@ -26,10 +31,6 @@ export CUDA_DEVICE_MAX_CONNECTIONS=1
 export NCCL_IB_HCA=mlx5
 export OMP_NUM_THREADS=12
 
-# SIGUSR2 asks the ranks to checkpoint and stop (job.sbatch passes it on before the time limit).
-# torchrun handles only TERM/INT/HUP/QUIT and would die of USR2, so it starts with USR2 ignored;
-# the ranks inherit that and install their own handler (Megatron-LM's --exit-signal-handler with --exit-signal SIGUSR2).
-trap '' USR2
 # Relative paths in megatron_args.txt (--save, --load, data) are relative to the plan directory.
 cd "$PLAN_DIR"
 exec torchrun \
