@@ -380,7 +380,8 @@ def _plan_dir_records(metrics: Path, plan_dir: Path) -> dict:
         position_embedding="rope" if flags.get("--position-embedding-type") == "rope" else "learned",
         bias="--disable-bias-linear" not in flags)
     training = TrainingSpec(seq_length=int(flags["--seq-length"]), global_batch_size=int(flags["--global-batch-size"]),
-                            precision=plan_doc["model"]["precision"], flash_attention="--use-flash-attn" in flags,
+                            precision=plan_doc["model"]["precision"],
+                            flash_attention=flags.get("--attention-backend", "flash") != "unfused",
                             hidden_dropout=float(flags.get("--hidden-dropout") or 0.0),
                             attention_dropout=float(flags.get("--attention-dropout") or 0.0))
     steps: dict[int, dict] = {}

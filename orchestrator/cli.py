@@ -77,7 +77,12 @@ def _project():
 
 
 def _profiles_dir(project, flag: str | None) -> str | None:
-    return project.profiles_dir(flag).value
+    """The profiles directory to use; one that does not exist is an error naming where it came from."""
+    setting = project.profiles_dir(flag)
+    if setting.value is not None and not Path(setting.value).is_dir():
+        raise DsorchError(f"profiles directory {setting.describe()} does not exist; create it, or point "
+                          f"--profiles-dir, $DSORCH_PROFILES_DIR or profiles_dir in dsorch.yaml at an existing one.")
+    return setting.value
 
 
 def _load_cluster(project, cluster, profiles_dir: str | None):
@@ -148,14 +153,16 @@ def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, 
     _ds_env()
     if check and no_write:
         raise UserError("--check compares with the plan directory and --no-write writes none; pass one of them.")
+    if no_write and out is not None:
+        raise UserError("--no-write writes no plan directory and --out names one; pass one of them.")
     try:
         project = _project()
         spec_file, loaded = load_spec(spec)
         setting = project.cluster(cluster)
         lp = _load_cluster(project, setting, _profiles_dir(project, profiles_dir))
         default_out = out is None
-        if out is None and not no_write and not as_json:
-            out = project.default_plan_dir(spec_file.name, lp.profile.name, runtime)
+        if out is None and (check or not (no_write or as_json)):
+            out = project.default_plan_dir(spec_file.name, lp.profile.name, runtime, nodes, gpus_per_node)
         pins = Pins(tp=tp, pp=pp, dp=dp, vpp=vpp, zero_stage=zero, micro_batch_size=mbs, recompute=recompute,
                     sequence_parallel=sp)
         the_plan = make_plan(spec_file, _display_path(spec, out), loaded.sha256, lp, runtime, pins, nodes=nodes,
@@ -342,7 +349,7 @@ def init(directory, cluster, profiles_dir, plans_dir, runs_dir, force):
     Every dsorch command run in DIRECTORY or below then uses these defaults (flags and the
     environment override them), and keeps its job registry in DIRECTORY/.dsorch/.
     """
-    from .project import CONFIG_NAME, render_config
+    from .project import CONFIG_NAME, ignore_lines, render_config
     from .specs import load_profile
     from .writer import write_text_atomic
 
@@ -359,13 +366,21 @@ def init(directory, cluster, profiles_dir, plans_dir, runs_dir, force):
                             f"and put your cluster profiles (NAME.yaml) in it first.")
         if cluster is not None:
             load_profile(cluster, directory / profiles_dir if profiles_dir else None)
+        ignore = directory / ".gitignore"
+        old = ignore.read_text(encoding="utf-8", errors="replace") if ignore.is_file() else ""
+        missing = [line for line in ignore_lines(plans_dir, runs_dir) if line not in old.splitlines()]
         write_text_atomic(target, render_config(cluster, profiles_dir, plans_dir, runs_dir))
+        if missing:
+            sep = "" if not old or old.endswith("\n") else "\n"
+            write_text_atomic(ignore, old + sep + "\n".join(["# dsorch: job registry, checkpoints, logs", *missing]) + "\n")
     except DsorchError as e:
         raise _fail(e)
     click.echo(f"wrote {_shown(target)}" + (f": default cluster {cluster}" if cluster else ": no default cluster "
                                             "(add one with `cluster: NAME`)"))
+    if missing:
+        click.echo(f"{'added to' if old else 'wrote'} {_shown(ignore)}: {' '.join(missing)}")
     click.echo(f"  next: dsorch plan SPEC  ->  {plans_dir}/<spec>-<cluster>/;  dsorch submit [--cluster NAME]")
-    click.echo(f"  commit dsorch.yaml and {plans_dir}/; ignore .dsorch/ (job registry) and {runs_dir}/ (checkpoints)")
+    click.echo(f"  commit dsorch.yaml and {plans_dir}/ (what runs writes there is ignored)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -514,7 +529,7 @@ def status(as_json, show_all):
         click.echo(json.dumps([asdict(r) for r in records], indent=2))
         return
     if not records:
-        click.echo("no jobs submitted from this directory yet (dsorch submit PLAN_DIR)")
+        click.echo("no jobs submitted from this experiment directory yet (dsorch submit [PLAN_DIR])")
         return
     from rich.table import Table
 
@@ -527,6 +542,11 @@ def status(as_json, show_all):
                   r.submitted_at.replace("+00:00", ""))
     con = _console()
     con.print(t)
+    import shutil
+
+    if any(r.executor == "slurm" and r.active for r in records) and shutil.which("sacct") is None:
+        con.print("note: sacct is not on PATH here, so SLURM jobs show the state last seen; run `dsorch status` on "
+                  "the cluster's login node for the current one.", markup=False)
     for r in records:
         if r.state not in ("COMPLETED", "CANCELLED") and r.error and (show_all or r is records[-1] or not r.active):
             con.print(f"\njob {r.job_id} {r.state}: last lines of the error (full log: {r.log_dir}):", markup=False)
@@ -546,6 +566,7 @@ def _elapsed(s: float | None) -> str:
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
 def logs(job, rank, follow):
     """Print a job's log (stdout, then stderr) for one rank."""
+    import shutil
     import time
 
     from . import slurm
@@ -578,6 +599,10 @@ def logs(job, rank, follow):
                     click.echo(chunk, nl=False)
         rec = refresh(reg, reg.get(job))
         if not rec.active:
+            break
+        if rec.executor == "slurm" and shutil.which("sacct") is None:
+            click.echo(f"dsorch logs: sacct is not on PATH here, so the end of job {rec.job_id} cannot be seen; "
+                       f"stopped following (the job goes on).", err=True)
             break
         time.sleep(1)
 

@@ -38,7 +38,7 @@ class ProjectConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     cluster: str | None = Field(default=None, min_length=1, max_length=200,
-                                description="default --cluster for plan, submit, trial and calibrate")
+                                description="default --cluster for plan, submit and calibrate")
     profiles_dir: str | None = Field(default=None, min_length=1,
                                      description="your cluster profiles (NAME.yaml); a name there wins over a shipped one")
     plans_dir: str = Field(default="plans", min_length=1,
@@ -97,9 +97,12 @@ class Project:
     def runs_dir(self) -> Path:
         return self.root / self.config.runs_dir
 
-    def default_plan_dir(self, spec_name: str, cluster: str, runtime: str) -> Path:
-        """PLANS_DIR/<spec>-<cluster>[-<runtime>]: predictable, so `dsorch submit` can find it."""
-        name = f"{spec_name}-{cluster}" + ("" if runtime == "deepspeed" else f"-{runtime}")
+    def default_plan_dir(self, spec_name: str, cluster: str, runtime: str, nodes: int | None = None,
+                         gpus_per_node: int | None = None) -> Path:
+        """PLANS_DIR/<spec>-<cluster>[-<N>n][-<G>g][-<runtime>]: predictable, so `dsorch submit` can
+        find it, and a resized or other-runtime plan does not overwrite the full-size one."""
+        name = (f"{spec_name}-{cluster}" + (f"-{nodes}n" if nodes else "") + (f"-{gpus_per_node}g" if gpus_per_node else "")
+                + ("" if runtime == "deepspeed" else f"-{runtime}"))
         return self.plans_dir / (_UNSAFE.sub("-", name).strip("-.") or "plan")
 
     def plan_dirs(self) -> list[Path]:
@@ -134,13 +137,17 @@ def load_project(start: Path | None = None) -> Project:
     return Project(f.parent, f, config, loaded.lines)
 
 
-def plan_cluster(plan_dir: Path) -> str | None:
-    """The cluster a plan directory was made for (plan.yaml's cluster.name), or None if unreadable."""
+def plan_field(plan_dir: Path, key: str) -> str | None:
+    """``cluster`` (plan.yaml's cluster.name) or ``runtime`` of a plan directory; None if unreadable."""
     try:
-        doc = yaml.safe_load((plan_dir / "plan.yaml").read_text())
-        return str(doc["cluster"]["name"])
-    except (OSError, yaml.YAMLError, KeyError, TypeError, UnicodeDecodeError):
+        doc = yaml.safe_load((plan_dir / "plan.yaml").read_text(encoding="utf-8"))
+        return str(doc["cluster"]["name"] if key == "cluster" else doc[key])
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
         return None
+
+
+def plan_cluster(plan_dir: Path) -> str | None:
+    return plan_field(plan_dir, "cluster")
 
 
 def find_plan(project: Project, cwd: Path, cluster: Setting) -> Path:
@@ -148,10 +155,13 @@ def find_plan(project: Project, cwd: Path, cluster: Setting) -> Path:
     a plan directory, else the one plan in PLANS_DIR for the cluster (or the only plan there)."""
     if (cwd / "plan.yaml").is_file():
         return cwd
-    plans = project.plan_dirs()
+    # `dsorch submit` runs the bundled entrypoint: only deepspeed-runtime plans; Megatron-LM plans
+    # are submitted with their job.sbatch.
+    plans = [p for p in project.plan_dirs() if plan_field(p, "runtime") in ("deepspeed", None)]
     rel = _rel(project.plans_dir, cwd)
     if not plans:
-        raise DsorchError(f"no PLAN_DIR given and {rel}/ has no plan directory; write one with `dsorch plan SPEC"
+        raise DsorchError(f"no PLAN_DIR given and {rel}/ has no plan directory for `dsorch submit` (the deepspeed "
+                          f"runtime); write one with `dsorch plan SPEC"
                           + (f" --cluster {cluster.value}" if cluster.value else " --cluster NAME") + "` or pass PLAN_DIR.")
     if cluster.value is not None:
         matching = [p for p in plans if plan_cluster(p) == cluster.value]
@@ -193,6 +203,13 @@ plans_dir: {plans_dir}
 # `dsorch submit` writes checkpoints and metrics.jsonl to {runs_dir}/<plan>-<job key>/.
 runs_dir: {runs_dir}
 """
+
+
+def ignore_lines(plans_dir: str, runs_dir: str) -> list[str]:
+    """What an experiment repository should not commit: the job registry, run directories, and
+    what a plain `sbatch job.sbatch` writes inside a plan directory (checkpoints, its log)."""
+    p = plans_dir.rstrip("/")
+    return [".dsorch/", f"/{runs_dir.rstrip('/')}/", f"/{p}/*/run/", f"/{p}/*/checkpoints/", f"/{p}/*/slurm-*.out"]
 
 
 def render_config(cluster: str | None, profiles_dir: str | None, plans_dir: str, runs_dir: str) -> str:

@@ -41,18 +41,23 @@ def plan_hash(plan_dir: Path) -> str:
 
 
 def _read_plan(plan_dir: Path) -> dict:
+    if plan_dir.exists() and not plan_dir.is_dir():
+        raise DsorchError(f"{plan_dir} is a file, not a plan directory; pass the directory `dsorch plan` wrote.")
     if not plan_dir.is_dir():
         raise DsorchError(f"plan directory {plan_dir} does not exist; write one with `dsorch plan SPEC --cluster NAME "
                           f"--out {plan_dir}`.")
     f = plan_dir / "plan.yaml"
-    if not f.exists():
-        raise DsorchError(f"{plan_dir} has no plan.yaml, so it is not a plan directory; write one with `dsorch plan "
-                          f"SPEC --cluster NAME --out {plan_dir}`.")
+    if not f.is_file():
+        raise DsorchError(f"{plan_dir} has no plan.yaml file, so it is not a plan directory; write one with `dsorch "
+                          f"plan SPEC --cluster NAME --out {plan_dir}`.")
     try:
-        doc = yaml.safe_load(f.read_text())
-        doc["cluster"]["name"], doc["layout"]["dp"], doc["model"]["name"]
-    except (yaml.YAMLError, KeyError, TypeError) as e:
-        raise DsorchError(f"{f}: not a dsorch plan ({e}); regenerate it with `dsorch plan`.")
+        doc = yaml.safe_load(f.read_text(encoding="utf-8"))
+        for section, key in (("cluster", "name"), ("cluster", "nodes"), ("cluster", "gpus_per_node"),
+                             ("layout", "dp"), ("model", "name")):
+            doc[section][key]
+    except (yaml.YAMLError, KeyError, TypeError, ValueError, OSError) as e:
+        what = f"missing {e}" if isinstance(e, KeyError) else " ".join(str(e).split())[:300]
+        raise DsorchError(f"{f}: not a dsorch plan ({what}); regenerate it with `dsorch plan`.")
     return doc
 
 

@@ -26,7 +26,7 @@ def fakes(tmp_path):
             #!/bin/bash
             # fake_{name}: records its arguments and environment instead of starting a job
             {{ echo "{name} $*"; echo "EVIL=$EVIL"; }} >> {record}
-            if [[ "{name}" == srun ]]; then exec "${{@: -2}}"; fi
+            if [[ "{name}" == srun ]]; then while [[ "$1" == -* ]]; do shift; done; exec "$@"; fi
             if [[ "{name}" == scontrol && "$1" == show && "$2" == hostnames ]]; then echo node1; fi
             if [[ "{name}" == scontrol && "$1" == show && "$2" == node ]]; then echo "NodeName=node1 NodeAddr=10.9.8.7 x"; fi
             """))

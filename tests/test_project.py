@@ -34,10 +34,14 @@ def path_without_slurm(tmp_path: Path) -> str:
         if not d or not os.path.isdir(d):
             continue
         for entry in os.scandir(d):
-            if _SLURM_TOOL.fullmatch(entry.name) or (bin_dir / entry.name).exists():
+            link = bin_dir / entry.name
+            try:
+                if _SLURM_TOOL.fullmatch(entry.name) or link.is_symlink():
+                    continue
+                if entry.is_file() and os.access(entry.path, os.X_OK):
+                    link.symlink_to(entry.path)
+            except OSError:  # a dangling or looping link (Debian's /usr/bin/X11 can loop): not a program
                 continue
-            if entry.is_file() and os.access(entry.path, os.X_OK):
-                (bin_dir / entry.name).symlink_to(entry.path)
     path = str(bin_dir)
     for tool in ("sbatch", "srun", "sacct", "scancel", "scontrol"):
         assert shutil.which(tool, path=path) is None, tool
@@ -83,13 +87,13 @@ def test_plan_with_the_default_cluster_writes_the_default_directory(exp, runner)
     assert r.exit_code == 0, r.output
     out = " ".join(r.output.split())
     assert re.search(r"runtime deepspeed \(cluster from \S*dsorch.yaml:\d+ \(cluster\)\)", out), out
-    assert "wrote plans/llama3-8b-dgx16/" in out and "the default plan directory" in out
-    assert (exp / "plans" / "llama3-8b-dgx16" / "job.sbatch").is_file()
+    assert "wrote plans/llama3-8b-dgx16-2n/" in out and "the default plan directory" in out
+    assert (exp / "plans" / "llama3-8b-dgx16-2n" / "job.sbatch").is_file()
     # The default directory is where --check looks, too.
     assert runner.invoke(main, ["plan", "examples/llama3-8b.yaml", "--nodes", "2", "--check"]).exit_code == 0
     # Another runtime gets its own directory.
     assert runner.invoke(main, ["plan", "examples/llama3-8b.yaml", "--nodes", "2", "--runtime", "megatron"]).exit_code == 0
-    assert (exp / "plans" / "llama3-8b-dgx16-megatron" / "megatron_args.txt").is_file()
+    assert (exp / "plans" / "llama3-8b-dgx16-2n-megatron" / "megatron_args.txt").is_file()
 
 
 def test_no_write_and_json_leave_no_files(exp, runner):
@@ -104,10 +108,10 @@ def test_the_config_is_found_from_a_subdirectory(exp, runner, monkeypatch):
     monkeypatch.chdir(sub)
     r = runner.invoke(main, ["plan", "../../examples/llama3-8b.yaml", "--nodes", "2"])
     assert r.exit_code == 0, r.output
-    assert (exp / "plans" / "llama3-8b-dgx16" / "plan.yaml").is_file()
+    assert (exp / "plans" / "llama3-8b-dgx16-2n" / "plan.yaml").is_file()
     assert not (sub / "plans").exists()
     # plan.yaml records the spec relative to the plan directory, wherever dsorch ran from.
-    assert "path: ../../examples/llama3-8b.yaml" in (exp / "plans" / "llama3-8b-dgx16" / "plan.yaml").read_text()
+    assert "path: ../../examples/llama3-8b.yaml" in (exp / "plans" / "llama3-8b-dgx16-2n" / "plan.yaml").read_text()
     # The registry is the experiment directory's, not the subdirectory's.
     assert runner.invoke(main, ["status"]).exit_code == 0
     assert not (sub / ".dsorch").exists()
@@ -158,7 +162,7 @@ def test_an_empty_config_means_all_defaults(in_tmp, runner):
     (in_tmp / "dsorch.yaml").write_text("# nothing yet\n")
     r = runner.invoke(main, ["plan", "examples/llama3-8b.yaml", "--cluster", "dgx16", "--nodes", "2"])
     assert r.exit_code == 0, r.output
-    assert (in_tmp / "plans" / "llama3-8b-dgx16").is_dir()
+    assert (in_tmp / "plans" / "llama3-8b-dgx16-2n").is_dir()
 
 
 def test_profiles_dir_from_the_config_is_relative_to_it(in_tmp, runner, monkeypatch):
@@ -180,10 +184,10 @@ def test_submit_finds_the_plan_for_the_cluster(exp, runner, monkeypatch):
     assert runner.invoke(main, ["plan", "examples/tiny.yaml", "--cluster", "local"]).exit_code == 0
     r = runner.invoke(main, ["submit", "--cluster", "dgx16", "--dry-run"])
     assert r.exit_code == 0, r.output
-    assert "plan: plans/llama3-8b-dgx16" in r.output and "#SBATCH --nodes=2" in r.output
+    assert "plan: plans/llama3-8b-dgx16-2n" in r.output and "#SBATCH --nodes=2" in r.output
     # Without --cluster: the default cluster of dsorch.yaml picks it.
     r = runner.invoke(main, ["submit", "--dry-run"])
-    assert r.exit_code == 0 and "plans/llama3-8b-dgx16" in r.output
+    assert r.exit_code == 0 and "plans/llama3-8b-dgx16-2n" in r.output
     # Inside a plan directory, that plan.
     monkeypatch.chdir(exp / "plans" / "tiny-local")
     r = runner.invoke(main, ["submit", "--dry-run"])
@@ -223,7 +227,7 @@ def test_without_slurm_everything_but_submitting_works(tmp_path):
     r = _run([*dsorch, "submit", "--dry-run"], env, exp)
     assert r.returncode == 0, r.stderr
     assert "#SBATCH --nodes=2" in r.stdout and "srun --unbuffered" in r.stdout
-    assert _run([*dsorch, "validate", "plans/llama3-8b-dgx16"], env, exp).returncode == 0
+    assert _run([*dsorch, "validate", "plans/llama3-8b-dgx16-2n"], env, exp).returncode == 0
     r = _run([*dsorch, "submit"], env, exp)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     msg = " ".join(r.stderr.split())
@@ -237,6 +241,8 @@ def test_without_slurm_everything_but_submitting_works(tmp_path):
                submitted_at=now_utc(), state="RUNNING", run_dir=str(exp / "runs" / "r"), log_dir=str(exp / "logs"))
     r = _run([*dsorch, "status", "--json"], env, exp)
     assert r.returncode == 0 and json.loads(r.stdout)[0]["state"] == "RUNNING"
+    r = _run([*dsorch, "status"], env, exp)
+    assert r.returncode == 0 and "sacct is not on PATH here" in " ".join(r.stdout.split())
     r = _run([*dsorch, "logs", "4242"], env, exp)
     assert r.returncode == 2 and "no log for rank 0" in r.stderr and "Traceback" not in r.stderr
     r = _run([*dsorch, "cancel", "4242"], env, exp)
@@ -256,3 +262,64 @@ def test_quickstart_runs_on_a_machine_without_slurm(tmp_path):
     assert re.search(r"job \d+: COMPLETED at step 30", r.stdout), r.stdout[-2000:]
     assert re.search(r"^step +30 \| loss", r.stdout, re.M)
     assert (tmp_path / "quickstart" / "plans" / "llama3-70b-dgx16" / "job.sbatch").is_file()
+
+
+def test_check_json_and_no_write_combinations(exp, runner):
+    assert runner.invoke(main, ["plan", "examples/llama3-8b.yaml", "--nodes", "2"]).exit_code == 0
+    r = runner.invoke(main, ["plan", "examples/llama3-8b.yaml", "--nodes", "2", "--check", "--json"])
+    assert r.exit_code == 0 and "up to date" in r.output, r.output
+    r = runner.invoke(main, ["plan", "examples/llama3-8b.yaml", "--no-write", "--out", "elsewhere"])
+    assert r.exit_code == 2 and "--no-write writes no plan directory and --out names one" in r.output
+    assert not (exp / "elsewhere").exists()
+
+
+def test_resized_plans_get_their_own_directory(exp, runner):
+    for extra in ([], ["--nodes", "2"], ["--nodes", "2", "--gpus-per-node", "4"]):
+        assert runner.invoke(main, ["plan", "examples/llama3-8b.yaml", *extra]).exit_code == 0
+    assert sorted(p.name for p in (exp / "plans").iterdir()) == [
+        "llama3-8b-dgx16", "llama3-8b-dgx16-2n", "llama3-8b-dgx16-2n-4g"]
+
+
+def test_submit_without_plan_dir_considers_only_plans_it_can_run(exp, runner):
+    assert runner.invoke(main, ["plan", "examples/llama3-8b.yaml", "--nodes", "2"]).exit_code == 0
+    assert runner.invoke(main, ["plan", "examples/llama3-8b.yaml", "--nodes", "2", "--runtime", "megatron"]).exit_code == 0
+    r = runner.invoke(main, ["submit", "--dry-run"])
+    assert r.exit_code == 0 and "plan: plans/llama3-8b-dgx16-2n\n" in r.output, r.output
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "plan.yaml").write_bytes(b"\xff\xfe runtime"), "not a dsorch plan"),
+    (lambda d: ((d / "plan.yaml").unlink(), (d / "plan.yaml").mkdir()), "has no plan.yaml file"),
+    (lambda d: (d / "plan.yaml").write_text((d / "plan.yaml").read_text().replace("  nodes: 2\n  gpus_per_node",
+                                                                                  "  gpus_per_node", 1)),
+     "missing 'nodes'"),
+])
+def test_submit_of_a_broken_plan_is_one_paragraph(exp, runner, damage, message):
+    assert runner.invoke(main, ["plan", "examples/llama3-8b.yaml", "--nodes", "2", "--out", "plans/p"]).exit_code == 0
+    damage(exp / "plans" / "p")
+    r = runner.invoke(main, ["submit", "plans/p", "--dry-run"])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+    (exp / "afile").write_text("x")
+    r = runner.invoke(main, ["submit", "afile", "--dry-run"])
+    assert r.exit_code == 2 and "is a file, not a plan directory" in r.output
+
+
+def test_init_keeps_run_outputs_out_of_git(in_tmp, runner):
+    (in_tmp / ".gitignore").write_text("*.pyc\n.dsorch/")  # no final newline
+    assert runner.invoke(main, ["init", "--cluster", "dgx16"]).exit_code == 0
+    lines = (in_tmp / ".gitignore").read_text().splitlines()
+    assert lines[:2] == ["*.pyc", ".dsorch/"] and lines.count(".dsorch/") == 1
+    for line in ("/runs/", "/plans/*/run/", "/plans/*/checkpoints/", "/plans/*/slurm-*.out"):
+        assert line in lines
+    before = (in_tmp / ".gitignore").read_text()
+    assert runner.invoke(main, ["init", "--cluster", "dgx16", "--force"]).exit_code == 0
+    assert (in_tmp / ".gitignore").read_text() == before  # nothing added twice
+
+
+def test_a_missing_profiles_dir_is_named_with_its_origin(in_tmp, runner, monkeypatch):
+    monkeypatch.delenv("DSORCH_PROFILES_DIR", raising=False)
+    (in_tmp / "dsorch.yaml").write_text("cluster: local\nprofiles_dir: nope\n")
+    r = runner.invoke(main, ["plan", "examples/tiny.yaml"])
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2 and re.search(r"profiles directory '\S*nope' \(from \S*dsorch.yaml:2 \(profiles_dir\)\) "
+                                          r"does not exist", out), out

@@ -40,7 +40,7 @@ def test_bad_submissions(runner, planned, args, message):
 def test_not_a_plan_directory(runner, planned):
     (planned / "empty").mkdir()
     r = submit(runner, "empty")
-    assert r.exit_code == 2 and "empty has no plan.yaml, so it is not a plan directory" in r.output
+    assert r.exit_code == 2 and "empty has no plan.yaml file, so it is not a plan directory" in r.output
 
 
 def test_missing_sbatch_suggests_local(runner, planned, tmp_path):
@@ -84,7 +84,7 @@ def test_slurm_time_limits(text, minutes):
 
 
 def test_status_logs_cancel_with_no_jobs(runner, in_tmp):
-    assert "no jobs submitted from this directory yet" in runner.invoke(main, ["status"]).output
+    assert "no jobs submitted from this experiment directory yet" in runner.invoke(main, ["status"]).output
     for cmd in (["logs", "12"], ["cancel", "12"]):
         r = runner.invoke(main, cmd)
         assert r.exit_code == 2 and "no job '12'" in r.output

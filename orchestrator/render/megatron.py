@@ -27,7 +27,9 @@ def vocab_divisor(vocab_size: int, tp: int) -> int:
     """--make-vocab-size-divisible-by: Megatron-LM pads the vocabulary up to a multiple of this
     times tp (vocab_size_with_padding in megatron/core/tokenizers/utils/build_tokenizer.py). The
     largest power of two up to its default 128 that leaves the spec's vocabulary unpadded, so
-    the model Megatron builds is the one dsorch counted and planned."""
+    the model Megatron builds is the one dsorch counted and planned. Where tp itself does not
+    divide the vocabulary the divisor is 1 and Megatron still adds up to tp - 1 rows, a rounding
+    the plan does not count (at most tp x hidden parameters)."""
     d = 128
     while d > 1 and vocab_size % (d * tp):
         d //= 2

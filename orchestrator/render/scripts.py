@@ -56,8 +56,8 @@ def launch_env(plan: Plan) -> list[tuple[str, str]]:
 
 # Who catches SIGUSR2 in the ranks, per runtime (for the comment in launch.sh).
 STOP_HANDLERS = {
-    "deepspeed": "orchestrator/train/stop.py",
-    "megatron": "Megatron-LM's --exit-signal-handler with --exit-signal SIGUSR2",
+    "deepspeed": "orchestrator/train/stop.py: USR2 and TERM",
+    "megatron": "Megatron-LM's --exit-signal-handler with --exit-signal SIGUSR2; job.sbatch turns TERM into USR2",
 }
 
 
@@ -100,4 +100,5 @@ def render_sbatch(plan: Plan) -> str:
         **_common(plan), job_name=job_name(plan.spec.name), gpus=plan.profile.backend == "nccl",
         cpus_per_node=s.cpus_per_task * plan.profile.gpus_per_node, slurm=s, sbatch_options=sbatch_options(plan),
         megatron_save_dir=_megatron_save_dir(plan) if megatron else None,
+        save_interval=plan.spec.training.checkpoint.interval,
         train_iters=plan.spec.training.train_steps if megatron else None)

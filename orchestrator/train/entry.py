@@ -236,6 +236,8 @@ def train(plan: Plan, args, denv: launch.DistEnv, device: torch.device, stop: St
                 print(f"dsorch train: stop requested; checkpoint of step {done} saved in {ckpt_dir}, "
                       f"exiting with code {EXIT_STOPPED} (rerun to resume)", flush=True)
             return False
+    if rank0:
+        stop_file.unlink(missing_ok=True)  # a request that came with the last step is moot
     return True
 
 

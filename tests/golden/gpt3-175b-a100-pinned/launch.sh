@@ -5,11 +5,12 @@
 # per node; by hand, run it on every node with NNODES, NODE_RANK and MASTER_ADDR set.
 # Extra arguments are passed on to the training program.
 set -euo pipefail
-# SIGUSR2 asks the ranks to checkpoint and stop (SLURM signals every process of the job step).
-# This script and torchrun (which handles only TERM/INT/HUP/QUIT) would die of it, so it is
-# ignored from the first line on; the ranks inherit that and install their own handler
-# (orchestrator/train/stop.py).
-trap '' USR2
+# SIGUSR2 (the stop request job.sbatch passes on) and SIGTERM (scancel, preemption) reach every
+# process of a SLURM job step. This script and torchrun must outlive them: torchrun dies of USR2,
+# and on TERM it shuts its ranks down and SIGKILLs them after 30 s, maybe mid-checkpoint. So both
+# are ignored from here on; the ranks inherit that and install their own handlers
+# (orchestrator/train/stop.py: USR2 and TERM), which checkpoint before they exit.
+trap '' USR2 TERM
 
 PLAN_DIR="${DSORCH_PLAN_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
 NNODES="${NNODES:-${SLURM_NNODES:-48}}"
