@@ -365,25 +365,10 @@ def _steady(values: list[float]) -> float:
 
 def _plan_dir_records(metrics: Path, plan_dir: Path) -> dict:
     """One record from a training run's metrics.jsonl and the plan directory it trained."""
-    from .validate.megatron import parse_args_lines
+    from .plandir import load_plan_dir
 
-    plan_doc = yaml.safe_load((plan_dir / "plan.yaml").read_text(encoding="utf-8"))
-    flags = dict(parse_args_lines((plan_dir / "megatron_args.txt").read_text(encoding="utf-8")))
-    heads = int(flags["--num-attention-heads"])
-    model = ModelSpec(
-        num_layers=int(flags["--num-layers"]), hidden_size=int(flags["--hidden-size"]),
-        ffn_hidden_size=int(flags["--ffn-hidden-size"]), num_attention_heads=heads,
-        num_kv_heads=int(flags["--num-query-groups"]) if "--group-query-attention" in flags else heads,
-        vocab_size=int(flags["--vocab-size"]), activation="swiglu" if "--swiglu" in flags else "gelu",
-        tied_embeddings="--untie-embeddings-and-output-weights" not in flags,
-        normalization="rmsnorm" if flags.get("--normalization") == "RMSNorm" else "layernorm",
-        position_embedding="rope" if flags.get("--position-embedding-type") == "rope" else "learned",
-        bias="--disable-bias-linear" not in flags)
-    training = TrainingSpec(seq_length=int(flags["--seq-length"]), global_batch_size=int(flags["--global-batch-size"]),
-                            precision=plan_doc["model"]["precision"],
-                            flash_attention=flags.get("--attention-backend", "flash") != "unfused",
-                            hidden_dropout=float(flags.get("--hidden-dropout") or 0.0),
-                            attention_dropout=float(flags.get("--attention-dropout") or 0.0))
+    pd = load_plan_dir(plan_dir)
+    model, training = pd.spec.model, pd.spec.training
     steps: dict[int, dict] = {}
     for line in metrics.read_text(encoding="utf-8").splitlines():
         if line.strip():
@@ -395,10 +380,10 @@ def _plan_dir_records(metrics: Path, plan_dir: Path) -> dict:
     times = [r["step_time_s"] if r.get("step_time_s") else
              training.global_batch_size * training.seq_length / r["tokens_per_s"] for r in recs]
     mems = [r["peak_mem_gib"] for r in recs if r.get("peak_mem_gib") is not None]
-    return {"id": str(metrics), "model_spec": model, "training_spec": training, "runtime": plan_doc["runtime"],
-            "layout": plan_doc["layout"], "step_time_s": _steady(times),
+    return {"id": str(metrics), "model_spec": model, "training_spec": training, "runtime": pd.runtime,
+            "layout": pd.layout.as_dict(), "step_time_s": _steady(times),
             "peak_mem_gib": max(mems) if mems else None, "mem_kind": recs[-1].get("mem_kind"),
-            "nodes": plan_doc["cluster"]["nodes"], "gpus_per_node": plan_doc["cluster"]["gpus_per_node"]}
+            "nodes": pd.doc.cluster.nodes, "gpus_per_node": pd.doc.cluster.gpus_per_node}
 
 
 def _record_row(rec: dict, base: Path, profile: ClusterProfile, index: int) -> Row:

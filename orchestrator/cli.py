@@ -168,8 +168,7 @@ def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, 
         the_plan = make_plan(spec_file, _display_path(spec, out), loaded.sha256, lp, runtime, pins, nodes=nodes,
                              gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin, keep=max(top, 8),
                              shown_path=str(spec))
-        resize = (f" --nodes {nodes}" if nodes else "") + (f" --gpus-per-node {gpus_per_node}" if gpus_per_node else "")
-        files = render_all(the_plan, resize_flags=resize)
+        files = render_all(the_plan)
         errors = validate_files(files, dp=the_plan.layout.dp, world_size=the_plan.profile.world_size,
                                 runtime=the_plan.runtime)
         if errors:

@@ -29,7 +29,15 @@ class Plan:
     memory_margin_gib: float
     result: SearchResult
     chosen: Scored
+    nodes_override: int | None = None  # --nodes, as given
+    gpus_per_node_override: int | None = None  # --gpus-per-node, as given
     version: str = __version__
+
+    @property
+    def resize_flags(self) -> str:
+        """The plan command's resizing flags, for the regenerate line in plan.yaml."""
+        return ((f" --nodes {self.nodes_override}" if self.nodes_override else "")
+                + (f" --gpus-per-node {self.gpus_per_node_override}" if self.gpus_per_node_override else ""))
 
     @property
     def layout(self) -> Layout:
@@ -77,7 +85,7 @@ def make_plan(spec: SpecFile, spec_path: str, spec_sha256: str, loaded: LoadedPr
     if result.best is None:
         raise NoFeasibleLayout(_nothing_fits(spec, profile, runtime, pins, result, memory_margin_gib))
     return Plan(spec, spec_path, spec_sha256, profile, loaded.source.origin, loaded.sha256, runtime, pins,
-                memory_margin_gib, result, result.best)
+                memory_margin_gib, result, result.best, nodes, gpus_per_node)
 
 
 def _nothing_fits(spec: SpecFile, profile: ClusterProfile, runtime: str, pins: Pins, result: SearchResult,

@@ -137,45 +137,44 @@ def load_project(start: Path | None = None) -> Project:
     return Project(f.parent, f, config, loaded.lines)
 
 
-def plan_field(plan_dir: Path, key: str) -> str | None:
-    """``cluster`` (plan.yaml's cluster.name) or ``runtime`` of a plan directory; None if unreadable."""
-    try:
-        doc = yaml.safe_load((plan_dir / "plan.yaml").read_text(encoding="utf-8"))
-        return str(doc["cluster"]["name"] if key == "cluster" else doc[key])
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
-        return None
-
-
-def plan_cluster(plan_dir: Path) -> str | None:
-    return plan_field(plan_dir, "cluster")
-
-
 def find_plan(project: Project, cwd: Path, cluster: Setting) -> Path:
     """The plan `dsorch submit` means when it is given no PLAN_DIR: the working directory if it is
-    a plan directory, else the one plan in PLANS_DIR for the cluster (or the only plan there)."""
+    a plan directory, else the one plan in PLANS_DIR for the cluster (or the only plan there).
+    `dsorch submit` runs the bundled entrypoint, so only deepspeed-runtime plans count; Megatron-LM
+    plans are submitted with their job.sbatch."""
+    from .plandir import load_plan_dir
+
     if (cwd / "plan.yaml").is_file():
         return cwd
-    # `dsorch submit` runs the bundled entrypoint: only deepspeed-runtime plans; Megatron-LM plans
-    # are submitted with their job.sbatch.
-    plans = [p for p in project.plan_dirs() if plan_field(p, "runtime") in ("deepspeed", None)]
+    plans: dict[Path, str] = {}  # plan directory -> its cluster
+    broken: list[str] = []
+    for p in project.plan_dirs():
+        try:
+            pd = load_plan_dir(p)
+        except DsorchError:
+            broken.append(_rel(p, cwd))
+            continue
+        if pd.runtime == "deepspeed":
+            plans[p] = pd.doc.cluster.name
     rel = _rel(project.plans_dir, cwd)
+    note = f" (not counted, they do not load: {', '.join(broken)}; `dsorch validate` says why)" if broken else ""
     if not plans:
         raise DsorchError(f"no PLAN_DIR given and {rel}/ has no plan directory for `dsorch submit` (the deepspeed "
-                          f"runtime); write one with `dsorch plan SPEC"
+                          f"runtime){note}; write one with `dsorch plan SPEC"
                           + (f" --cluster {cluster.value}" if cluster.value else " --cluster NAME") + "` or pass PLAN_DIR.")
     if cluster.value is not None:
-        matching = [p for p in plans if plan_cluster(p) == cluster.value]
+        matching = [p for p, c in plans.items() if c == cluster.value]
         what = f"for cluster {cluster.describe()}"
     else:
-        matching = plans
+        matching = list(plans)
         what = f"and no cluster to choose by ({cluster.origin})"
     if len(matching) == 1:
         return matching[0]
     if not matching:
-        have = ", ".join(f"{_rel(p, cwd)} ({plan_cluster(p) or '?'})" for p in plans)
-        raise DsorchError(f"no PLAN_DIR given and no plan in {rel}/ {what}; plans there: {have}. Plan one with "
+        have = ", ".join(f"{_rel(p, cwd)} ({c})" for p, c in plans.items())
+        raise DsorchError(f"no PLAN_DIR given and no plan in {rel}/ {what}; plans there: {have}{note}. Plan one with "
                           f"`dsorch plan SPEC --cluster {cluster.value}`, or pass PLAN_DIR.")
-    listing = "\n  ".join(f"{_rel(p, cwd)} (cluster {plan_cluster(p) or '?'})" for p in matching)
+    listing = "\n  ".join(f"{_rel(p, cwd)} (cluster {plans[p]})" for p in matching)
     raise DsorchError(f"no PLAN_DIR given and {len(matching)} plans in {rel}/ {what}; say which:\n  {listing}")
 
 

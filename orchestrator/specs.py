@@ -395,9 +395,13 @@ class Efficiency(BaseModel):
 class ClusterProfile(BaseModel):
     model_config = _FROZEN
 
-    name: str
+    # The file's stem. It reaches script headers and directory names: one safe word.
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=200)
     description: str = ""
     extends: str | None = None
+    # How `dsorch submit` runs a job: through SLURM (sbatch), or as processes on this machine
+    # (submitit's LocalExecutor; the shipped `local` profile).
+    executor: Literal["slurm", "local"] = "slurm"
     nodes: int = Field(gt=0, le=1_000_000)
     gpus_per_node: int = Field(gt=0, le=1024)
     gpu: GpuSpec

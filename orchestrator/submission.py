@@ -11,12 +11,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from . import slurm
 from .errors import DsorchError
 from .registry import JobRecord, Registry, now_utc
-from .writer import GENERATED
+from .plandir import GENERATED
 
 
 @dataclass(frozen=True)
@@ -32,74 +30,53 @@ class Submission:
 
 
 def plan_hash(plan_dir: Path) -> str:
+    """One digest of a plan directory's generated files, for the registry."""
     h = hashlib.sha256()
     for name in GENERATED:
         p = plan_dir / name
-        if p.exists():
+        if p.is_file():
             h.update(name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
-
-
-def _read_plan(plan_dir: Path) -> dict:
-    if plan_dir.exists() and not plan_dir.is_dir():
-        raise DsorchError(f"{plan_dir} is a file, not a plan directory; pass the directory `dsorch plan` wrote.")
-    if not plan_dir.is_dir():
-        raise DsorchError(f"plan directory {plan_dir} does not exist; write one with `dsorch plan SPEC --cluster NAME "
-                          f"--out {plan_dir}`.")
-    f = plan_dir / "plan.yaml"
-    if not f.is_file():
-        raise DsorchError(f"{plan_dir} has no plan.yaml file, so it is not a plan directory; write one with `dsorch "
-                          f"plan SPEC --cluster NAME --out {plan_dir}`.")
-    try:
-        doc = yaml.safe_load(f.read_text(encoding="utf-8"))
-        for section, key in (("cluster", "name"), ("cluster", "nodes"), ("cluster", "gpus_per_node"),
-                             ("layout", "dp"), ("model", "name")):
-            doc[section][key]
-    except (yaml.YAMLError, KeyError, TypeError, ValueError, OSError) as e:
-        what = f"missing {e}" if isinstance(e, KeyError) else " ".join(str(e).split())[:300]
-        raise DsorchError(f"{f}: not a dsorch plan ({what}); regenerate it with `dsorch plan`.")
-    return doc
 
 
 def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, steps: int | None, data: str | None,
                        run_dir: Path | None, profiles_dir: str | None, experiment_dir: Path,
                        save_interval: int = 0, runs_dir: Path | None = None) -> Submission:
+    from .plandir import load_plan_dir
     from .specs import load_profile
-    from .validate.plan_dir import validate_path
+    from .validate.plan_dir import validate_files
 
     plan_dir = Path(plan_dir)
-    doc = _read_plan(plan_dir)
-    planned = doc["cluster"]
-    cluster = cluster or planned["name"]
+    pd = load_plan_dir(plan_dir)  # schema, hashes, consistency: a tampered plan stops here
+    planned = pd.doc.cluster
+    cluster = cluster or planned.name
     load_profile(cluster, profiles_dir)  # an unknown name fails here, listing the known ones
-    if cluster != planned["name"]:
-        spec_path = (doc.get("inputs") or {}).get("model_spec", {}).get("path", "SPEC")
+    if cluster != planned.name:
         raise DsorchError(
-            f"{plan_dir} was planned for cluster '{planned['name']}' ({planned['nodes']} x {planned['gpus_per_node']}), "
+            f"{plan_dir} was planned for cluster '{planned.name}' ({planned.nodes} x {planned.gpus_per_node}), "
             f"not '{cluster}'; layouts do not carry over between clusters. Re-plan: dsorch plan "
-            f"{spec_path} --cluster {cluster} --out DIR.")
-    if nodes is not None and nodes != planned["nodes"]:
-        raise DsorchError(f"{plan_dir} was planned for {planned['nodes']} nodes, not {nodes}; re-plan with "
+            f"{pd.doc.inputs.model_spec.path or 'SPEC'} --cluster {cluster} --out DIR.")
+    if nodes is not None and nodes != planned.nodes:
+        raise DsorchError(f"{plan_dir} was planned for {planned.nodes} nodes, not {nodes}; re-plan with "
                           f"--nodes {nodes}.")
-    profile = load_profile(cluster, profiles_dir).profile.resized(planned["nodes"], planned["gpus_per_node"])
-    errors = validate_path(plan_dir)
+    if pd.runtime != "deepspeed":
+        raise DsorchError(f"{plan_dir} targets the {pd.runtime} runtime; dsorch submit runs its bundled "
+                          f"DeepSpeed entrypoint. Re-plan with --runtime deepspeed, or submit {plan_dir}/job.sbatch "
+                          f"with sbatch.")
+    profile = load_profile(cluster, profiles_dir).profile.resized(planned.nodes, planned.gpus_per_node)
+    errors = validate_files(pd.texts, dp=pd.layout.dp, world_size=planned.world_size, runtime=pd.runtime)
     if errors:
         raise DsorchError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
-    if doc.get("runtime") == "deepspeed":
-        from .train.config import load_plan
+    from .train.config import check_trainable
 
-        load_plan(plan_dir)  # what the entrypoint refuses (dropout, vpp > 1, files that disagree) fails here
+    check_trainable(pd)  # what the entrypoint refuses (dropout, vpp > 1) fails here, before queueing
     if data is not None and not (Path(data).exists() or Path(f"{data}.bin").exists()):
         raise DsorchError(f"--data {data}: no such token file (NAME or NAME.bin); make one with "
                           f"scripts/make_token_file.py.")
-    if doc.get("runtime") != "deepspeed":
-        raise DsorchError(f"{plan_dir} targets the {doc.get('runtime')} runtime; dsorch submit runs its bundled "
-                          f"DeepSpeed entrypoint. Re-plan with --runtime deepspeed, or submit {plan_dir}/job.sbatch "
-                          f"with sbatch.")
-    kind = "local" if profile.name == "local" else "slurm"
+    kind = profile.executor
     s = profile.slurm
     spec = slurm.JobSpec(
-        kind=kind, name=slurm.job_name(doc["model"]["name"]), nodes=profile.nodes,
+        kind=kind, name=slurm.job_name(pd.spec.name), nodes=profile.nodes,
         tasks_per_node=profile.gpus_per_node, use_gpus=profile.backend == "nccl", cpus_per_task=s.cpus_per_task,
         time_min=slurm.parse_slurm_time(s.time), partition=s.partition, account=s.account, qos=s.qos,
         constraint=s.constraint, mem=s.mem, exclusive=s.exclusive, signal_delay_s=s.signal_delay_s, setup=tuple(s.setup),

@@ -14,8 +14,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import OutputError
-
-GENERATED = ("ds_config.json", "job.sbatch", "launch.sh", "megatron_args.txt", "plan.yaml")
+from .plandir import GENERATED
 EXECUTABLE = ("launch.sh", "job.sbatch")
 
 

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 from ..plan import Plan
+from ..plandir import sha256_text
 from .ds_config import render_ds_config
 from .megatron import render_megatron_args
 from .report import render_plan_yaml
 from .scripts import render_launch, render_sbatch
 
 
-def render_all(plan: Plan, *, resize_flags: str = "") -> dict[str, str]:
-    """File name -> content for a plan directory. The Megatron runtime reads no ds_config.json."""
+def render_all(plan: Plan) -> dict[str, str]:
+    """File name -> content for a plan directory. The Megatron runtime reads no ds_config.json.
+    plan.yaml comes last: it records the sha256 of every other file."""
     files = {
         "megatron_args.txt": render_megatron_args(plan),
         "launch.sh": render_launch(plan),
         "job.sbatch": render_sbatch(plan),
-        "plan.yaml": render_plan_yaml(plan, resize_flags),
     }
     if plan.runtime == "deepspeed":
         files["ds_config.json"] = render_ds_config(plan)
+    files["plan.yaml"] = render_plan_yaml(plan, {name: sha256_text(text) for name, text in sorted(files.items())})
     return dict(sorted(files.items()))

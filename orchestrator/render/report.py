@@ -36,7 +36,7 @@ def scored_doc(plan: Plan, s: Scored) -> dict:
     }
 
 
-def plan_doc(plan: Plan) -> dict:
+def plan_doc(plan: Plan, file_hashes: dict[str, str] | None = None) -> dict:
     m = plan.spec.model
     t = plan.spec.training
     p = plan.profile
@@ -52,9 +52,14 @@ def plan_doc(plan: Plan) -> dict:
             "model_spec": {"path": plan.spec_path, "sha256": plan.spec_sha256},
             "cluster_profile": {"name": p.name, "origin": plan.profile_origin, "sha256": plan.profile_sha256},
             "nodes": p.nodes,
+            **({"gpus_per_node": plan.gpus_per_node_override} if plan.gpus_per_node_override else {}),
             "pinned": pins,
             "memory_margin_gib": plan.memory_margin_gib,
         },
+        # The model spec as planned, whole: what the entrypoint and calibrate read back.
+        "spec": plan.spec.model_dump(mode="json"),
+        # sha256 of the other generated files; every reader checks them (orchestrator.plandir).
+        **({"files": file_hashes} if file_hashes is not None else {}),
         "model": {
             "name": plan.spec.name,
             "params": m.num_params,
@@ -73,6 +78,7 @@ def plan_doc(plan: Plan) -> dict:
             # Dense peak of the training precision, the denominator of MFU.
             "peak_tflops": getattr(p.gpu.peak_tflops, t.precision),
             "backend": p.backend,
+            "executor": p.executor,
         },
         **chosen,
         "search": {
@@ -101,10 +107,10 @@ def _pin_flags(plan: Plan) -> str:
     return "".join(" " + x for x in out)
 
 
-def render_plan_yaml(plan: Plan, resize_flags: str = "") -> str:
-    header = HEADER.format(version=plan.version, spec=plan.spec_path, cluster=plan.profile.name, nodes=resize_flags,
-                           runtime=plan.runtime, pins=_pin_flags(plan))
-    return header + yaml.safe_dump(plan_doc(plan), sort_keys=False, default_flow_style=False, width=100)
+def render_plan_yaml(plan: Plan, file_hashes: dict[str, str]) -> str:
+    header = HEADER.format(version=plan.version, spec=plan.spec_path, cluster=plan.profile.name,
+                           nodes=plan.resize_flags, runtime=plan.runtime, pins=_pin_flags(plan))
+    return header + yaml.safe_dump(plan_doc(plan, file_hashes), sort_keys=False, default_flow_style=False, width=100)
 
 
 def render_json(plan: Plan) -> str:

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, launch
-from .config import Plan, load_plan
+from .config import Plan, load_plan, stage_layers
 from .data import micro_batches, open_dataset
 from .metrics import MetricsLog, peak_memory_gib
 from .model import DenseModel, LossFn, Pipeline, layer_specs, recompute
@@ -74,16 +74,16 @@ def build_engine(plan: Plan, grid, topo, device):
     """The model as DeepSpeed sees it: a PipelineModule for pp > 1, a plain module for pp = 1."""
     import deepspeed
 
-    lay, shape = plan.layout, plan.model
+    lay, training = plan.layout, plan.spec.training
     tp = TPContext(grid.get_slice_parallel_group(), lay.sequence_parallel)
-    specs = layer_specs(shape, lay, tp, plan.seed)
+    specs = layer_specs(plan.spec.model, training.seq_length, lay, tp, training.seed)
     loss_fn = LossFn(tp)
     if lay.pp > 1:
         # DeepSpeed's pipeline engine runs 1F1B and accepts ZeRO-0/1 only (engine.py asserts
         # stage < 2). Full recomputation is its activation_checkpoint_interval (from ds_config),
         # applied to decoder blocks only, as Megatron's --recompute-granularity full does.
         interval = int(plan.ds_config.get("pipeline", {}).get("activation_checkpoint_interval", 0))
-        model = Pipeline(specs, lay.stage_layers, topology=topo, loss_fn=loss_fn,
+        model = Pipeline(specs, stage_layers(plan), topology=topo, loss_fn=loss_fn,
                          partition_method="uniform",
                          activation_checkpoint_interval=interval if lay.recompute == "full" else 0,
                          activation_checkpoint_func=recompute,
@@ -154,13 +154,14 @@ def train(plan: Plan, args, denv: launch.DistEnv, device: torch.device, stop: St
     """Train to args.steps; returns False when a stop request ended it early (checkpoint saved)."""
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
 
-    lay, shape = plan.layout, plan.model
+    lay, training = plan.layout, plan.spec.training
+    seq, seed = training.seq_length, training.seed
     rank0 = denv.rank == 0
     if lay.world_size != denv.world_size:
         raise SystemExit(f"the plan is for {lay.world_size} ranks (tp {lay.tp} x pp {lay.pp} x dp "
                          f"{lay.dp}) but {denv.world_size} were started; launch {lay.world_size} "
                          "processes (the plan's launch.sh does) or plan for this world size")
-    torch.manual_seed(plan.seed)
+    torch.manual_seed(seed)
     # Ranks are laid out pipe-major, tp-minor (DeepSpeed's PipeModelDataParallelTopology): a tp
     # group is consecutive ranks, i.e. one node's fast interconnect.
     topo = PipeModelDataParallelTopology(num_pp=lay.pp, num_mp=lay.tp, num_dp=lay.dp)
@@ -171,7 +172,7 @@ def train(plan: Plan, args, denv: launch.DistEnv, device: torch.device, stop: St
     ckpt_dir = run_dir / "checkpoints"
     if rank0:
         run_dir.mkdir(parents=True, exist_ok=True)
-    dataset = open_dataset(args.data, shape.vocab_size, shape.seq_length, plan.seed)
+    dataset = open_dataset(args.data, plan.spec.model.vocab_size, seq, seed)
     engine = build_engine(plan, grid, topo, device)
 
     start = 0
@@ -187,14 +188,14 @@ def train(plan: Plan, args, denv: launch.DistEnv, device: torch.device, stop: St
 
     n_params = sum(p.numel() for p in engine.module.parameters())
     if rank0:
-        tokens = lay.global_batch_size * shape.seq_length
-        print(f"dsorch train: {plan.model_name} from {plan.path} on {denv.world_size} ranks "
-              f"({denv.launcher}, {device.type}, {plan.precision})\n"
+        tokens = lay.global_batch_size * seq
+        print(f"dsorch train: {plan.spec.name} from {plan.path} on {denv.world_size} ranks "
+              f"({denv.launcher}, {device.type}, {training.precision})\n"
               f"  layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp} = {lay.world_size}, ZeRO-{lay.zero_stage}, "
               f"sp {'on' if lay.sequence_parallel else 'off'}, recompute {lay.recompute}, "
-              f"decoder layers per stage {list(lay.stage_layers)}\n"
+              f"decoder layers per stage {list(stage_layers(plan))}\n"
               f"  batch:  global {lay.global_batch_size} = micro-batch {lay.micro_batch_size} x "
-              f"grad-accum {lay.grad_accum_steps} x dp {lay.dp} sequences of {shape.seq_length} "
+              f"grad-accum {lay.grad_accum_steps} x dp {lay.dp} sequences of {seq} "
               f"tokens = {tokens:,} tokens/step\n"
               f"  params on rank 0: {n_params:,}; data: {dataset.describe()}\n"
               f"  steps {start} -> {args.steps}" + (f" (resumed from {ckpt_dir / tag})" if tag else "")
@@ -255,9 +256,9 @@ def main(argv=None, stop: StopRequest | None = None) -> None:
     args = parse_args(argv)
     plan = load_plan(args.plan)
     if args.steps is None:
-        args.steps = plan.total_steps or 20
+        args.steps = plan.spec.training.train_steps or 20
     denv = launch.read_env()
-    device = launch.init(denv, plan.backend)
+    device = launch.init(denv, plan.doc.cluster.backend)
     ok = False
     finished = False
     try:

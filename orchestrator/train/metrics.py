@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import resource
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -24,12 +23,7 @@ from .config import Plan
 
 
 def step_model_flops(plan: Plan) -> float:
-    m = plan.model
-    spec = SimpleNamespace(  # the fields of ModelSpec that the FLOP formula reads
-        hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size, kv_heads=m.num_kv_heads,
-        head_dim=m.head_dim, activation="swiglu" if m.swiglu else "gelu",
-        num_layers=m.num_layers, vocab_size=m.vocab_size)
-    return model_flops_per_step(spec, m.seq_length, plan.layout.global_batch_size)
+    return model_flops_per_step(plan.spec.model, plan.spec.training.seq_length, plan.layout.global_batch_size)
 
 
 def peak_memory_gib(device: torch.device) -> tuple[float, str]:
@@ -43,8 +37,8 @@ class MetricsLog:
     def __init__(self, run_dir: Path | None, plan: Plan, world_size: int):
         self.path = None if run_dir is None else run_dir / "metrics.jsonl"
         self.flops = step_model_flops(plan)
-        self.tokens = plan.layout.global_batch_size * plan.model.seq_length
-        self.peak, self.world_size = plan.peak_tflops, world_size
+        self.tokens = plan.layout.global_batch_size * plan.spec.training.seq_length
+        self.peak, self.world_size = plan.doc.cluster.peak_tflops, world_size
         lay = plan.layout
         self.layout = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero_stage": lay.zero_stage,
                        "micro_batch_size": lay.micro_batch_size, "recompute": lay.recompute,

@@ -17,7 +17,8 @@ from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .config import ModelShape, TrainLayout
+from ..layout import Layout
+from ..specs import ModelSpec
 from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TPContext,
                               VocabParallelEmbedding, full_normal, scaled_std, scatter_to_sp,
                               vocab_parallel_cross_entropy)
@@ -25,14 +26,16 @@ from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TPContext
 # Non-reentrant checkpointing (PyTorch's recommended variant) works with inputs that do not
 # require grad and with the tp collectives inside the block, which are simply replayed.
 recompute = functools.partial(checkpoint, use_reentrant=False)
+# Megatron-LM's default --norm-epsilon, which dsorch's plans keep.
+NORM_EPS = 1e-5
 
 
 class Norm(nn.Module):
-    def __init__(self, shape: ModelShape, tp: TPContext):
+    def __init__(self, model: ModelSpec, tp: TPContext):
         super().__init__()
-        self.tp, self.eps, self.rms = tp, shape.norm_eps, shape.normalization == "RMSNorm"
-        self.weight = nn.Parameter(torch.ones(shape.hidden_size))
-        self.bias = None if self.rms else nn.Parameter(torch.zeros(shape.hidden_size))
+        self.tp, self.eps, self.rms = tp, NORM_EPS, model.normalization == "rmsnorm"
+        self.weight = nn.Parameter(torch.ones(model.hidden_size))
+        self.bias = None if self.rms else nn.Parameter(torch.zeros(model.hidden_size))
 
     def forward(self, x):
         w = self.tp.replicated(self.weight)
@@ -43,11 +46,11 @@ class Norm(nn.Module):
         return F.layer_norm(x, (x.shape[-1],), w, self.tp.replicated(self.bias), self.eps)
 
 
-def rope_tables(shape: ModelShape) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(model: ModelSpec, seq_length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of RoPE (Su et al. 2021), rotate-half convention of Llama / Megatron."""
-    d = shape.head_dim
-    inv = 1.0 / (shape.rotary_base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-    ang = torch.outer(torch.arange(shape.seq_length, dtype=torch.float32), inv)
+    d = model.head_dim
+    inv = 1.0 / (float(model.rope_theta) ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    ang = torch.outer(torch.arange(seq_length, dtype=torch.float32), inv)
     ang = torch.cat([ang, ang], dim=-1)  # [s, d]
     return ang.cos(), ang.sin()
 
@@ -58,16 +61,16 @@ def apply_rope(x, cos, sin):  # x: [b, heads, s, d]
 
 
 class Embedding(nn.Module):
-    def __init__(self, shape: ModelShape, tp: TPContext, seed: int):
+    def __init__(self, model: ModelSpec, seq_length: int, tp: TPContext, seed: int):
         super().__init__()
         self.tp = tp
         self.word = VocabParallelEmbedding(
-            tp, full_normal((shape.vocab_size, shape.hidden_size), shape.init_std, seed, "embed"))
+            tp, full_normal((model.vocab_size, model.hidden_size), model.init_method_std, seed, "embed"))
         self.pos = None
-        if shape.position_embedding == "learned_absolute":
-            self.pos = nn.Parameter(full_normal((shape.max_position_embeddings, shape.hidden_size),
-                                                shape.init_std, seed, "pos_embed"))
-        self.head_norm = None  # set when the output head is tied to this table
+        if model.position_embedding == "learned":
+            positions = model.max_position_embeddings or seq_length
+            self.pos = nn.Parameter(full_normal((positions, model.hidden_size), model.init_method_std, seed,
+                                                "pos_embed"))
 
     def forward(self, ids):  # ids [b, s] -> hidden [s(/tp), b, h]
         x = self.word(ids.t())
@@ -84,29 +87,29 @@ class Embedding(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, shape: ModelShape, layout: TrainLayout, tp: TPContext, seed: int, index: int):
+    def __init__(self, model: ModelSpec, seq_length: int, layout: Layout, tp: TPContext, seed: int, index: int):
         super().__init__()
-        h, f, d = shape.hidden_size, shape.ffn_hidden_size, shape.head_dim
-        std, out_std = shape.init_std, scaled_std(shape.init_std, shape.num_layers)
-        self.heads, self.kv_heads = shape.num_heads // tp.size, shape.num_kv_heads // tp.size
+        h, f, d = model.hidden_size, model.ffn_hidden_size, model.head_dim
+        heads, kv_heads = model.num_attention_heads, model.kv_heads
+        std, out_std = model.init_method_std, scaled_std(model.init_method_std, model.num_layers)
+        self.heads, self.kv_heads = heads // tp.size, kv_heads // tp.size
         self.head_dim, self.selective = d, layout.recompute == "selective"
         name = f"layers.{index}"
 
         def w(rows, cols, what, s=std):
             return full_normal((rows, cols), s, seed, f"{name}.{what}")
 
-        self.input_norm = Norm(shape, tp)
+        self.input_norm = Norm(model, tp)
         self.qkv = ColumnParallelLinear(
-            tp, [w(shape.num_heads * d, h, "q"), w(shape.num_kv_heads * d, h, "k"),
-                 w(shape.num_kv_heads * d, h, "v")], shape.bias)
-        self.out = RowParallelLinear(tp, w(h, shape.num_heads * d, "o", out_std), shape.bias)
-        self.post_norm = Norm(shape, tp)
-        self.swiglu = shape.swiglu
-        ups = [w(f, h, "gate"), w(f, h, "up")] if shape.swiglu else [w(f, h, "up")]
-        self.up = ColumnParallelLinear(tp, ups, shape.bias)
-        self.down = RowParallelLinear(tp, w(h, f, "down", out_std), shape.bias)
-        cos, sin = rope_tables(shape)
-        self.rope = shape.position_embedding == "rope"
+            tp, [w(heads * d, h, "q"), w(kv_heads * d, h, "k"), w(kv_heads * d, h, "v")], model.bias)
+        self.out = RowParallelLinear(tp, w(h, heads * d, "o", out_std), model.bias)
+        self.post_norm = Norm(model, tp)
+        self.swiglu = model.activation == "swiglu"
+        ups = [w(f, h, "gate"), w(f, h, "up")] if self.swiglu else [w(f, h, "up")]
+        self.up = ColumnParallelLinear(tp, ups, model.bias)
+        self.down = RowParallelLinear(tp, w(h, f, "down", out_std), model.bias)
+        cos, sin = rope_tables(model, seq_length)
+        self.rope = model.position_embedding == "rope"
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
@@ -146,10 +149,10 @@ class DecoderLayer(nn.Module):
 
 
 class OutputHead(nn.Module):
-    def __init__(self, shape: ModelShape, tp: TPContext, seed: int):
+    def __init__(self, model: ModelSpec, tp: TPContext, seed: int):
         super().__init__()
         self.proj = ColumnParallelLinear(
-            tp, [full_normal((shape.vocab_size, shape.hidden_size), shape.init_std, seed, "output")],
+            tp, [full_normal((model.vocab_size, model.hidden_size), model.init_method_std, seed, "output")],
             bias=False)
 
     def forward(self, x):
@@ -171,16 +174,16 @@ def _tied_logits(embedding: Embedding, x):
     return embedding.logits(x)
 
 
-def layer_specs(shape: ModelShape, layout: TrainLayout, tp: TPContext, seed: int) -> list:
+def layer_specs(model: ModelSpec, seq_length: int, layout: Layout, tp: TPContext, seed: int) -> list:
     """The model as pipeline layers: [embedding, decoder x L, final norm, output head]."""
-    if shape.tied_embeddings:
-        first = TiedLayerSpec("embed", Embedding, shape, tp, seed, tied_weight_attr=["word.weight"])
-        last = TiedLayerSpec("embed", Embedding, shape, tp, seed, forward_fn=_tied_logits,
+    if model.tied_embeddings:
+        first = TiedLayerSpec("embed", Embedding, model, seq_length, tp, seed, tied_weight_attr=["word.weight"])
+        last = TiedLayerSpec("embed", Embedding, model, seq_length, tp, seed, forward_fn=_tied_logits,
                              tied_weight_attr=["word.weight"])
     else:
-        first, last = LayerSpec(Embedding, shape, tp, seed), LayerSpec(OutputHead, shape, tp, seed)
-    blocks = [LayerSpec(DecoderLayer, shape, layout, tp, seed, i) for i in range(shape.num_layers)]
-    return [first, *blocks, LayerSpec(Norm, shape, tp), last]
+        first, last = LayerSpec(Embedding, model, seq_length, tp, seed), LayerSpec(OutputHead, model, tp, seed)
+    blocks = [LayerSpec(DecoderLayer, model, seq_length, layout, tp, seed, i) for i in range(model.num_layers)]
+    return [first, *blocks, LayerSpec(Norm, model, tp), last]
 
 
 class Pipeline(PipelineModule):

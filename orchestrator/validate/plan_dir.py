@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-
 from ..errors import ValidationError
 from .deepspeed import validate_ds_config
 from .megatron import check_megatron_args, check_pretrain_needs, parse_args_lines
@@ -32,24 +30,16 @@ def validate_files(files: dict[str, str], *, dp: int, world_size: int, runtime: 
 
 
 def validate_path(path: Path, dp: int | None = None) -> list[str]:
-    """Validate a plan directory, or a single ds_config.json (then ``dp`` is needed)."""
+    """Validate a plan directory (through the one loader, which checks plan.yaml's schema and the
+    recorded hashes), or a single ds_config.json (then ``dp`` is needed)."""
+    from ..plandir import changed_message, load_plan_dir
+
     path = Path(path)
     if path.is_dir():
-        plan_file = path / "plan.yaml"
-        if not plan_file.exists():
-            raise ValidationError(f"{path}: no plan.yaml here; pass a directory written by `dsorch plan --out`, "
-                                  f"or a ds_config.json file with --dp.")
-        try:
-            doc = yaml.safe_load(_read(plan_file))
-            dp_plan = int(doc["layout"]["dp"])
-            world = int(doc["cluster"]["world_size"])
-        except (yaml.YAMLError, KeyError, TypeError, ValueError) as e:
-            raise ValidationError(f"{plan_file}: not a dsorch plan ({e}); regenerate it with `dsorch plan`.")
-        files = {n: _read(path / n) for n in ("ds_config.json", "megatron_args.txt") if (path / n).exists()}
-        if doc.get("runtime") == "deepspeed" and "ds_config.json" not in files:
-            return [f"{path}: the deepspeed runtime needs ds_config.json, which is missing; regenerate the plan."]
-        return validate_files(files, dp=dp if dp is not None else dp_plan, world_size=world,
-                              runtime=doc.get("runtime"))
+        pd = load_plan_dir(path, strict=False)
+        return [changed_message(path / name) for name in pd.changed] + validate_files(
+            pd.texts, dp=dp if dp is not None else pd.layout.dp, world_size=pd.doc.cluster.world_size,
+            runtime=pd.runtime)
     if not path.exists():
         raise ValidationError(f"{path}: no such file or directory.")
     if dp is None:
@@ -59,15 +49,14 @@ def validate_path(path: Path, dp: int | None = None) -> list[str]:
         cfg = json.loads(_read(path))
     except json.JSONDecodeError as e:
         raise ValidationError(f"{path}:{e.lineno}: not valid JSON ({e.msg}).")
+    except RecursionError:
+        raise ValidationError(f"{path}: nested too deeply to be a ds_config.json.")
     if not isinstance(cfg, dict):
         raise ValidationError(f"{path}: expected a JSON object at the top level.")
     return [f"{path.name}: {e}" for e in validate_ds_config(cfg, dp)]
 
 
 def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValidationError(f"{path}: not UTF-8 text (byte {e.start}); regenerate it with `dsorch plan`.")
-    except OSError as e:
-        raise ValidationError(f"{path}: cannot be read ({e.strerror or e}).")
+    from ..plandir import read_text
+
+    return read_text(path)

@@ -1,0 +1,243 @@
+"""The plan directory as every reader sees it: one schema for plan.yaml, one loader.
+
+`dsorch plan` writes the directory (orchestrator.writer); `dsorch validate`, `dsorch submit`, the
+training entrypoint and `dsorch calibrate` read it through ``load_plan_dir`` and nothing else.
+
+plan.yaml carries the model spec as planned (``spec``) and the sha256 of every other file it was
+written with (``files``). The loader checks those hashes, so a file edited after dsorch wrote it
+is refused with the name of the file, not half-applied; the spec is validated again with the
+same pydantic model the planner uses, so readers get a ``SpecFile`` and a ``Layout``, never
+flags to re-parse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ValidationError as PlanError
+from .layout import RECOMPUTE_LEVELS, RUNTIMES, Layout
+from .specs import SpecFile
+
+PLAN_FILE = "plan.yaml"
+# Every file `dsorch plan` may write, plan.yaml last (it records the others' hashes).
+GENERATED = ("ds_config.json", "job.sbatch", "launch.sh", "megatron_args.txt", PLAN_FILE)
+# Generated files are small (a 405B plan.yaml is ~40 KB); a larger one is not ours.
+MAX_FILE_BYTES = 16 << 20
+
+_DOC = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Digest(BaseModel):
+    model_config = _DOC
+    path: str | None = None
+    name: str | None = None
+    origin: str | None = None
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class PlanInputs(BaseModel):
+    model_config = _DOC
+    model_spec: _Digest
+    cluster_profile: _Digest
+    nodes: int = Field(gt=0)
+    gpus_per_node: int | None = Field(default=None, gt=0)
+    pinned: dict[str, Any] = {}
+    memory_margin_gib: float = Field(ge=0)
+
+
+class PlanModel(BaseModel):
+    model_config = _DOC
+    name: str
+    params: int = Field(gt=0)
+    params_billion: float
+    seq_length: int = Field(gt=0)
+    global_batch_size: int = Field(gt=0)
+    precision: Literal["bf16", "fp16", "fp32"]
+
+
+class PlanCluster(BaseModel):
+    model_config = _DOC
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    nodes: int = Field(gt=0, le=1_000_000)
+    gpus_per_node: int = Field(gt=0, le=1024)
+    world_size: int = Field(gt=0)
+    gpu: str
+    gpu_memory_gib: float = Field(gt=0)
+    peak_tflops: float = Field(gt=0)
+    backend: Literal["nccl", "gloo"]
+    executor: Literal["slurm", "local"] = "slurm"
+
+
+class PlanLayout(BaseModel):
+    model_config = _DOC
+    tp: int = Field(gt=0)
+    pp: int = Field(gt=0)
+    dp: int = Field(gt=0)
+    vpp: int = Field(gt=0)
+    zero_stage: int = Field(ge=0, le=3)
+    micro_batch_size: int = Field(gt=0)
+    grad_accum_steps: int = Field(gt=0)
+    recompute: Literal[RECOMPUTE_LEVELS]  # type: ignore[valid-type]
+    sequence_parallel: bool
+
+
+class PlanDoc(BaseModel):
+    """plan.yaml. The report sections (memory, predictions, alternatives, explain) are for people;
+    readers use the typed ones."""
+
+    model_config = _DOC
+    dsorch_version: str
+    runtime: Literal[RUNTIMES]  # type: ignore[valid-type]
+    inputs: PlanInputs
+    spec: SpecFile
+    files: dict[str, str]
+    model: PlanModel
+    cluster: PlanCluster
+    layout: PlanLayout
+    memory_gib_per_gpu: dict[str, float]
+    predicted: dict[str, float]
+    time_breakdown_s: dict[str, float]
+    search: dict[str, Any]
+    alternatives: list[dict[str, Any]]
+    explain: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PlanDir:
+    path: Path
+    doc: PlanDoc
+    texts: dict[str, str]  # every generated file but plan.yaml, as written
+    changed: tuple[str, ...] = ()  # files whose sha256 differs from plan.yaml's (only with strict=False)
+
+    @property
+    def spec(self) -> SpecFile:
+        return self.doc.spec
+
+    @property
+    def runtime(self) -> str:
+        return self.doc.runtime
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(**self.doc.layout.model_dump())
+
+    @property
+    def ds_config(self) -> dict | None:
+        text = self.texts.get("ds_config.json")
+        return None if text is None else json.loads(text)
+
+    @property
+    def megatron_args(self) -> str:
+        return self.texts["megatron_args.txt"]
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def read_text(path: Path, what: str = "file") -> str:
+    """A generated file's text, with the errors a damaged directory gives turned into one line."""
+    try:
+        if not path.is_file():
+            raise PlanError(f"{path}: not a regular file; regenerate the plan directory with `dsorch plan`.")
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise PlanError(f"{path}: {path.stat().st_size:,} bytes is too large for a dsorch {what}; regenerate it "
+                            f"with `dsorch plan`.")
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise PlanError(f"{path}: not UTF-8 text (byte {e.start}); regenerate it with `dsorch plan`.")
+    except OSError as e:
+        raise PlanError(f"{path}: cannot be read ({e.strerror or e}).")
+
+
+def _fmt_errors(e: ValidationError, path: Path) -> str:
+    parts = []
+    for err in e.errors()[:8]:
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        parts.append(f"{key}: {err['msg']}")
+    more = f" (and {len(e.errors()) - 8} more)" if len(e.errors()) > 8 else ""
+    return f"{path}: not a plan.yaml of this dsorch ({'; '.join(parts)}{more}); regenerate it with `dsorch plan`."
+
+
+def changed_message(f: Path) -> str:
+    return (f"{f} was changed after dsorch wrote it (its sha256 differs from the one plan.yaml records); change "
+            f"the model spec or the profile and re-plan, instead of editing the generated files. The command is "
+            f"in the first lines of plan.yaml.")
+
+
+def load_plan_dir(path: str | Path, *, strict: bool = True) -> PlanDir:
+    """Read and check a plan directory: plan.yaml against its schema, every other file against
+    the sha256 plan.yaml recorded, and the facts two sections state twice against each other.
+    ``strict=False`` (for ``dsorch validate``, which then says what is wrong with an edited file)
+    records changed files in ``PlanDir.changed`` instead of refusing them."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise PlanError(f"{path} is a file, not a plan directory; pass the directory `dsorch plan` wrote.")
+    if not path.is_dir():
+        raise PlanError(f"plan directory {path} does not exist; write one with `dsorch plan SPEC --cluster NAME "
+                        f"--out {path}`.")
+    plan_file = path / PLAN_FILE
+    if not plan_file.exists():
+        raise PlanError(f"{path} has no plan.yaml file, so it is not a plan directory; write one with `dsorch plan "
+                        f"SPEC --cluster NAME --out {path}`.")
+    text = read_text(plan_file, "plan.yaml")
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise PlanError(f"{plan_file}: not valid YAML ({' '.join(str(e).split())[:300]}); regenerate it with "
+                        f"`dsorch plan`.")
+    except (ValueError, RecursionError) as e:
+        raise PlanError(f"{plan_file}: a value cannot be read ({e}); regenerate it with `dsorch plan`.")
+    if not isinstance(raw, dict):
+        raise PlanError(f"{plan_file}: not a dsorch plan (no mapping at the top level); regenerate it with "
+                        f"`dsorch plan`.")
+    try:
+        doc = PlanDoc.model_validate(raw)
+    except ValidationError as e:
+        raise PlanError(_fmt_errors(e, plan_file))
+    texts: dict[str, str] = {}
+    changed: list[str] = []
+    for name, digest in sorted(doc.files.items()):
+        if name not in GENERATED or name == PLAN_FILE:
+            raise PlanError(f"{plan_file}: files lists {name!r}, which dsorch does not write; regenerate the plan.")
+        f = path / name
+        if not f.exists():
+            raise PlanError(f"{f} is missing; regenerate the plan directory with `dsorch plan` (the command is in "
+                            f"the first lines of plan.yaml).")
+        texts[name] = read_text(f)
+        if sha256_text(texts[name]) != digest:
+            if strict:
+                raise PlanError(changed_message(f))
+            changed.append(name)
+    needed = {"megatron_args.txt", "launch.sh", "job.sbatch"} | ({"ds_config.json"} if doc.runtime == "deepspeed"
+                                                                    else set())
+    missing = sorted(needed - set(texts))
+    if missing:
+        raise PlanError(f"{plan_file}: records no hash for {', '.join(missing)}; regenerate the plan.")
+    _check_consistent(doc, plan_file)
+    return PlanDir(path, doc, texts, tuple(changed))
+
+
+def _check_consistent(doc: PlanDoc, plan_file: Path) -> None:
+    L, c, t = doc.layout, doc.cluster, doc.spec.training
+    problems = []
+    if L.tp * L.pp * L.dp != c.world_size:
+        problems.append(f"layout tp*pp*dp = {L.tp * L.pp * L.dp} but cluster.world_size is {c.world_size}")
+    if c.nodes * c.gpus_per_node != c.world_size:
+        problems.append(f"cluster.nodes x gpus_per_node = {c.nodes * c.gpus_per_node} but world_size is "
+                        f"{c.world_size}")
+    if L.micro_batch_size * L.grad_accum_steps * L.dp != t.global_batch_size:
+        problems.append(f"micro-batch x accumulation x dp = {L.micro_batch_size * L.grad_accum_steps * L.dp} but "
+                        f"the spec's global batch is {t.global_batch_size}")
+    if (doc.model.name, doc.model.seq_length, doc.model.global_batch_size, doc.model.precision) != \
+            (doc.spec.name, t.seq_length, t.global_batch_size, t.precision):
+        problems.append("the model section disagrees with the spec")
+    if problems:
+        raise PlanError(f"{plan_file}: " + "; ".join(problems) + "; regenerate it with `dsorch plan`.")
