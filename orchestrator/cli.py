@@ -1,5 +1,5 @@
 """The `dsorch` command. Thin: parse, call the core, print. Domain errors become one paragraph and
-exit code 2 here, and nowhere else."""
+exit code 2 in one place, ``DsorchGroup``."""
 
 from __future__ import annotations
 
@@ -39,6 +39,17 @@ def _fail(e: DsorchError) -> UserError:
     return UserError(str(e))
 
 
+class DsorchGroup(click.Group):
+    """The one place a domain error becomes one paragraph and exit code 2: every command raises
+    DsorchError (orchestrator.errors) and this turns it into a UserError."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except DsorchError as e:
+            raise _fail(e) from None
+
+
 def _console(stderr: bool = False):
     from rich.console import Console
 
@@ -46,7 +57,7 @@ def _console(stderr: bool = False):
     return Console(stderr=stderr, width=None if sys.stdout.isatty() else 140, highlight=False)
 
 
-@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=DsorchGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, "--version", "-V", prog_name="dsorch", message="%(prog)s %(version)s")
 def main() -> None:
     """dsorch plans 3D-parallel LLM training for a SLURM cluster and writes the files to run it.
@@ -143,11 +154,9 @@ def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, 
     Any part of the layout can be pinned (--tp 8 --pp 4 ...); the rest is searched. With every
     part pinned, exactly that layout is evaluated, and if it does not fit you are told by how much.
     """
-    from .plan import make_plan
-    from .render import render_all
+    from .pipeline import plan_files
     from .solver import Pins
     from .specs import load_spec
-    from .validate.plan_dir import validate_files
     from .writer import diff_plan_dir, write_plan_dir
 
     _ds_env()
@@ -155,49 +164,42 @@ def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, 
         raise UserError("--check compares with the plan directory and --no-write writes none; pass one of them.")
     if no_write and out is not None:
         raise UserError("--no-write writes no plan directory and --out names one; pass one of them.")
-    try:
-        project = _project()
-        spec_file, loaded = load_spec(spec)
-        setting = project.cluster(cluster)
-        lp = _load_cluster(project, setting, _profiles_dir(project, profiles_dir))
-        default_out = out is None
-        if out is None and (check or not (no_write or as_json)):
-            out = project.default_plan_dir(spec_file.name, lp.profile.name, runtime, nodes, gpus_per_node)
-        pins = Pins(tp=tp, pp=pp, dp=dp, vpp=vpp, zero_stage=zero, micro_batch_size=mbs, recompute=recompute,
-                    sequence_parallel=sp)
-        the_plan = make_plan(spec_file, _display_path(spec, out), loaded.sha256, lp, runtime, pins, nodes=nodes,
-                             gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin, keep=max(top, 8),
-                             shown_path=str(spec))
-        files = render_all(the_plan)
-        errors = validate_files(files, dp=the_plan.layout.dp, world_size=the_plan.profile.world_size,
-                                runtime=the_plan.runtime)
-        if errors:
-            raise UserError("the generated files do not validate (a dsorch bug; please report it with the spec and "
-                            "profile):\n  " + "\n  ".join(errors))
-        shown = _shown(out) if out is not None else None
-        if check:
-            if not out.is_dir():
-                raise UserError(f"--check: {shown} is not a plan directory; write it first without --check.")
-            diff = diff_plan_dir(out, files)
-            if diff:
-                click.echo(diff, nl=False)
-                click.echo(f"dsorch plan --check: {shown} differs from what dsorch {__version__} generates for these "
-                           f"inputs; rerun without --check to update it.", err=True)
-                sys.exit(1)
-            click.echo(f"{shown}: up to date ({len(files)} files).")
-            return
-        if out is not None:
-            write_plan_dir(out, files)
-    except DsorchError as e:
-        raise _fail(e)
+    project = _project()
+    spec_file, loaded = load_spec(spec)
+    setting = project.cluster(cluster)
+    lp = _load_cluster(project, setting, _profiles_dir(project, profiles_dir))
+    default_out = out is None
+    if out is None and (check or not (no_write or as_json)):
+        out = project.default_plan_dir(spec_file.name, lp.profile.name, runtime, nodes, gpus_per_node)
+    pins = Pins(tp=tp, pp=pp, dp=dp, vpp=vpp, zero_stage=zero, micro_batch_size=mbs, recompute=recompute,
+                sequence_parallel=sp)
+    the_plan, files = plan_files(spec_file, _display_path(spec, out), loaded.sha256, lp, runtime, pins, nodes=nodes,
+                                 gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin, keep=max(top, 8),
+                                 shown_path=str(spec))
+    shown = _shown(out) if out is not None else None
+    if check:
+        if not out.is_dir():
+            raise UserError(f"--check: {shown} is not a plan directory; write it first without --check.")
+        diff = diff_plan_dir(out, files)
+        if diff:
+            click.echo(diff, nl=False)
+            click.echo(f"dsorch plan --check: {shown} differs from what dsorch {__version__} generates for these "
+                       f"inputs; rerun without --check to update it.", err=True)
+            sys.exit(1)
+        click.echo(f"{shown}: up to date ({len(files)} files).")
+        return
+    if out is not None:
+        write_plan_dir(out, files)
 
     if as_json:
         from .render.report import render_json
 
         click.echo(render_json(the_plan), nl=False)
         return
-    _print_plan(the_plan, top, shown, files, cluster_note=None if setting.origin == "--cluster" else setting,
-                default_out=default_out)
+    from .render.console import print_plan
+
+    print_plan(_console(), the_plan, top, shown, files, cluster_note=None if setting.origin == "--cluster" else setting,
+               default_out=default_out)
     if explain:
         from .explain import explain_text
 
@@ -226,49 +228,6 @@ def _display_path(p: Path, out: Path | None) -> str:
         return p.name
 
 
-def _print_plan(the_plan, top: int, out: str | None, files: dict[str, str], cluster_note=None,
-                default_out: bool = False) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    con = _console()
-    m = the_plan.spec.model
-    p = the_plan.profile
-    r = the_plan.result
-    n = m.num_params
-    size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
-    con.print(f"[bold]{the_plan.spec.name}[/]: {size} parameters, seq {the_plan.spec.training.seq_length}, "
-              f"global batch {the_plan.spec.training.global_batch_size}, {the_plan.spec.training.precision}")
-    con.print(f"[bold]{p.name}[/]: {p.nodes} node{'s' if p.nodes != 1 else ''} x {p.gpus_per_node} {p.gpu.name} "
-              f"({p.gpu.memory_gib:g} GiB), "
-              f"runtime {the_plan.runtime}" + (f" (cluster from {escape(cluster_note.origin)})" if cluster_note else ""))
-    con.print(f"searched {r.evaluated} legal layouts: {r.feasible} fit, {r.rejected_memory} exceed "
-              f"{r.capacity_gib:g} GiB per GPU")
-    t = Table(show_edge=False, pad_edge=False)
-    for col in ("", "TP", "PP", "VPP", "DP", "ZeRO", "MBS", "GAS", "recompute", "SP", "GiB/GPU", "step s",
-                "tokens/s", "MFU"):
-        t.add_column(col, justify="left" if col in ("", "recompute") else "right")
-    for i, s in enumerate(r.ranked[:top]):
-        L = s.layout
-        t.add_row("*" if i == 0 else "", str(L.tp), str(L.pp), str(L.vpp), str(L.dp), str(L.zero_stage),
-                  str(L.micro_batch_size), str(L.grad_accum_steps), L.recompute, "yes" if L.sequence_parallel else "no",
-                  f"{s.memory_gib['total']:.1f}", f"{s.step_time_s:.3g}", f"{s.tokens_per_s:,.0f}",
-                  f"{100 * s.mfu:.1f}%")
-    con.print(t)
-    best = the_plan.chosen
-    mem = best.memory_gib
-    con.print(f"* chosen: {best.layout.short()}: {mem['total']:.1f} GiB per GPU (params {mem['params']:.1f}, grads "
-              f"{mem['grads']:.1f}, optimizer {mem['optimizer']:.1f}, activations {mem['activations']:.1f}, overhead "
-              f"{mem['overhead']:.1f}), {best.step_time_s:.3g} s per step")
-    if the_plan.spec.training.train_steps:
-        days = the_plan.spec.training.train_steps * best.step_time_s / 86400
-        con.print(f"  {the_plan.spec.training.tokens:.3g} tokens in {the_plan.spec.training.train_steps} steps: "
-                  f"{days:.1f} days")
-    if out is not None:
-        con.print(f"wrote {out}/: {', '.join(files)}" + (" (the default plan directory; --out DIR to choose)"
-                                                         if default_out else ""), markup=False)
-
-
 # --------------------------------------------------------------------------------------------
 # profiles
 # --------------------------------------------------------------------------------------------
@@ -284,43 +243,34 @@ def profiles(name, as_json, profiles_dir):
 
     from .specs import discover_profiles, load_profile
 
-    try:
-        pdir = _profiles_dir(_project(), profiles_dir)
-        if name:
-            lp = load_profile(name, pdir)
-            doc = {"source": {"origin": lp.source.origin, "path": str(lp.source.path)},
-                   **lp.profile.model_dump(mode="json")}
-            if as_json:
-                click.echo(json.dumps(doc, indent=2))
-            else:
-                click.echo(yaml.safe_dump(doc, sort_keys=False), nl=False)
-            return
-        rows = []
-        for pname, src in sorted(discover_profiles(pdir).items()):
-            try:
-                p = load_profile(pname, pdir).profile
-            except DsorchError as e:  # one broken profile must not hide the others
-                rows.append({"name": pname, "origin": src.origin, "path": str(src.path), "nodes": None,
-                             "gpus_per_node": None, "gpu": None, "gpu_memory_gib": None,
-                             "description": f"INVALID: {' '.join(str(e).split())}"})
-                continue
-            rows.append({"name": pname, "origin": src.origin, "path": str(src.path), "nodes": p.nodes,
-                         "gpus_per_node": p.gpus_per_node, "gpu": p.gpu.name, "gpu_memory_gib": p.gpu.memory_gib,
-                         "description": p.description})
-    except DsorchError as e:
-        raise _fail(e)
+    pdir = _profiles_dir(_project(), profiles_dir)
+    if name:
+        lp = load_profile(name, pdir)
+        doc = {"source": {"origin": lp.source.origin, "path": str(lp.source.path)},
+               **lp.profile.model_dump(mode="json")}
+        if as_json:
+            click.echo(json.dumps(doc, indent=2))
+        else:
+            click.echo(yaml.safe_dump(doc, sort_keys=False), nl=False)
+        return
+    rows = []
+    for pname, src in sorted(discover_profiles(pdir).items()):
+        try:
+            p = load_profile(pname, pdir).profile
+        except DsorchError as e:  # one broken profile must not hide the others
+            rows.append({"name": pname, "origin": src.origin, "path": str(src.path), "nodes": None,
+                         "gpus_per_node": None, "gpu": None, "gpu_memory_gib": None,
+                         "description": f"INVALID: {' '.join(str(e).split())}"})
+            continue
+        rows.append({"name": pname, "origin": src.origin, "path": str(src.path), "nodes": p.nodes,
+                     "gpus_per_node": p.gpus_per_node, "gpu": p.gpu.name, "gpu_memory_gib": p.gpu.memory_gib,
+                     "description": p.description})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    from rich.table import Table
+    from .render.console import profile_table
 
-    t = Table(show_edge=False, pad_edge=False)
-    for col in ("name", "origin", "nodes", "GPUs/node", "GPU", "GiB", "description"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(r["name"], r["origin"], str(r["nodes"] or "-"), str(r["gpus_per_node"] or "-"), r["gpu"] or "-",
-                  f"{r['gpu_memory_gib']:g}" if r["gpu_memory_gib"] else "-", r["description"])
-    _console().print(t)
+    _console().print(profile_table(rows))
 
 
 # --------------------------------------------------------------------------------------------
@@ -353,27 +303,24 @@ def init(directory, cluster, profiles_dir, plans_dir, runs_dir, force):
     from .writer import write_text_atomic
 
     target = directory / CONFIG_NAME
-    try:
-        for flag, value in (("--profiles-dir", profiles_dir), ("--plans-dir", plans_dir), ("--runs-dir", runs_dir)):
-            if value is not None and (Path(value).is_absolute() or ".." in Path(value).parts or "\n" in value):
-                raise UserError(f"{flag} {value!r}: give a path inside {directory}, relative to it, so the "
-                                f"repository works wherever it is cloned.")
-        if target.exists() and not force:
-            raise UserError(f"{target} exists; edit it, or pass --force to overwrite it.")
-        if profiles_dir is not None and not (directory / profiles_dir).is_dir():
-            raise UserError(f"--profiles-dir {profiles_dir}: {directory / profiles_dir} is not a directory; create it "
-                            f"and put your cluster profiles (NAME.yaml) in it first.")
-        if cluster is not None:
-            load_profile(cluster, directory / profiles_dir if profiles_dir else None)
-        ignore = directory / ".gitignore"
-        old = ignore.read_text(encoding="utf-8", errors="replace") if ignore.is_file() else ""
-        missing = [line for line in ignore_lines(plans_dir, runs_dir) if line not in old.splitlines()]
-        write_text_atomic(target, render_config(cluster, profiles_dir, plans_dir, runs_dir))
-        if missing:
-            sep = "" if not old or old.endswith("\n") else "\n"
-            write_text_atomic(ignore, old + sep + "\n".join(["# dsorch: job registry, checkpoints, logs", *missing]) + "\n")
-    except DsorchError as e:
-        raise _fail(e)
+    for flag, value in (("--profiles-dir", profiles_dir), ("--plans-dir", plans_dir), ("--runs-dir", runs_dir)):
+        if value is not None and (Path(value).is_absolute() or ".." in Path(value).parts or "\n" in value):
+            raise UserError(f"{flag} {value!r}: give a path inside {directory}, relative to it, so the "
+                            f"repository works wherever it is cloned.")
+    if target.exists() and not force:
+        raise UserError(f"{target} exists; edit it, or pass --force to overwrite it.")
+    if profiles_dir is not None and not (directory / profiles_dir).is_dir():
+        raise UserError(f"--profiles-dir {profiles_dir}: {directory / profiles_dir} is not a directory; create it "
+                        f"and put your cluster profiles (NAME.yaml) in it first.")
+    if cluster is not None:
+        load_profile(cluster, directory / profiles_dir if profiles_dir else None)
+    ignore = directory / ".gitignore"
+    old = ignore.read_text(encoding="utf-8", errors="replace") if ignore.is_file() else ""
+    missing = [line for line in ignore_lines(plans_dir, runs_dir) if line not in old.splitlines()]
+    write_text_atomic(target, render_config(cluster, profiles_dir, plans_dir, runs_dir))
+    if missing:
+        sep = "" if not old or old.endswith("\n") else "\n"
+        write_text_atomic(ignore, old + sep + "\n".join(["# dsorch: job registry, checkpoints, logs", *missing]) + "\n")
     click.echo(f"wrote {_shown(target)}" + (f": default cluster {cluster}" if cluster else ": no default cluster "
                                             "(add one with `cluster: NAME`)"))
     if missing:
@@ -397,10 +344,7 @@ def validate(path, dp):
     from .validate.plan_dir import validate_path
 
     _ds_env()
-    try:
-        errors = validate_path(path, dp)
-    except DsorchError as e:
-        raise _fail(e)
+    errors = validate_path(path, dp)
     if errors:
         raise UserError(f"{path}: {len(errors)} problem(s):\n  " + "\n  ".join(errors))
     click.echo(f"{path}: valid")
@@ -422,10 +366,7 @@ def _registry():
     """The job registry of the experiment directory (where dsorch.yaml is, else the working directory)."""
     from .registry import Registry
 
-    try:
-        return Registry(_project().root)
-    except DsorchError as e:
-        raise _fail(e)
+    return Registry(_project().root)
 
 
 @main.command(epilog="""\b
@@ -461,25 +402,22 @@ def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, dry_ru
     from .submission import prepare_submission, record_submission
 
     _ds_env()
-    try:
-        project = _project()
-        if plan_dir is None:
-            plan_dir = find_plan(project, Path.cwd(), project.cluster(cluster))
-            click.echo(f"plan: {_shown(plan_dir)}", err=True)
-        sub = prepare_submission(plan_dir, cluster, nodes, steps, data, run_dir,
-                                 _profiles_dir(project, profiles_dir), project.root, save_interval,
-                                 runs_dir=project.runs_dir)
-        if dry_run:
-            if sub.spec.kind == "local":
-                click.echo(f"# --cluster local: {sub.spec.tasks_per_node} processes on this machine through "
-                           f"submitit's LocalExecutor (no sbatch script).", err=True)
-            else:
-                click.echo(slurm.sbatch_script(sub.spec, sub.folder), nl=False)
-            return
-        slurm.check_scheduler(sub.spec.kind)
-        record = record_submission(Registry(project.root), sub, force)
-    except DsorchError as e:
-        raise _fail(e)
+    project = _project()
+    if plan_dir is None:
+        plan_dir = find_plan(project, Path.cwd(), project.cluster(cluster))
+        click.echo(f"plan: {_shown(plan_dir)}", err=True)
+    sub = prepare_submission(plan_dir, cluster, nodes, steps, data, run_dir,
+                             _profiles_dir(project, profiles_dir), project.root, save_interval,
+                             runs_dir=project.runs_dir)
+    if dry_run:
+        if sub.spec.kind == "local":
+            click.echo(f"# --cluster local: {sub.spec.tasks_per_node} processes on this machine through "
+                       f"submitit's LocalExecutor (no sbatch script).", err=True)
+        else:
+            click.echo(slurm.sbatch_script(sub.spec, sub.folder), nl=False)
+        return
+    slurm.check_scheduler(sub.spec.kind)
+    record = record_submission(Registry(project.root), sub, force)
     click.echo(f"submitted job {record.job_id} ({record.executor}, cluster {record.cluster}): plan {record.plan_dir}, "
                f"run dir {record.run_dir}")
     click.echo(f"  logs: dsorch logs {record.job_id} [--rank N] [--follow]    status: dsorch status")
@@ -518,10 +456,7 @@ def status(as_json, show_all):
     from .submission import refresh
 
     reg = _registry()
-    try:
-        records = [refresh(reg, r) for r in reg.all()]
-    except DsorchError as e:
-        raise _fail(e)
+    records = [refresh(reg, r) for r in reg.all()]
     if as_json:
         from dataclasses import asdict
 
@@ -530,17 +465,10 @@ def status(as_json, show_all):
     if not records:
         click.echo("no jobs submitted from this experiment directory yet (dsorch submit [PLAN_DIR])")
         return
-    from rich.table import Table
+    from .render.console import job_table
 
-    t = Table(show_edge=False, pad_edge=False)
-    for col in ("job", "cluster", "plan", "state", "elapsed", "requeues", "step", "loss", "submitted (UTC)"):
-        t.add_column(col)
-    for r in records:
-        t.add_row(r.job_id, r.cluster, r.plan_dir, r.state, _elapsed(r.elapsed_s), str(r.requeues),
-                  "" if r.last_step is None else str(r.last_step), "" if r.last_loss is None else f"{r.last_loss:.4f}",
-                  r.submitted_at.replace("+00:00", ""))
     con = _console()
-    con.print(t)
+    con.print(job_table(records))
     import shutil
 
     if any(r.executor == "slurm" and r.active for r in records) and shutil.which("sacct") is None:
@@ -550,13 +478,6 @@ def status(as_json, show_all):
         if r.state not in ("COMPLETED", "CANCELLED") and r.error and (show_all or r is records[-1] or not r.active):
             con.print(f"\njob {r.job_id} {r.state}: last lines of the error (full log: {r.log_dir}):", markup=False)
             con.print(_tail(r.error, 8), markup=False, highlight=False)
-
-
-def _elapsed(s: float | None) -> str:
-    if s is None:
-        return ""
-    s = int(s)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 @main.command()
@@ -572,10 +493,7 @@ def logs(job, rank, follow):
     from .submission import refresh
 
     reg = _registry()
-    try:
-        rec = reg.get(job)
-    except DsorchError as e:
-        raise _fail(e)
+    rec = reg.get(job)
     out, err = slurm.log_paths(Path(rec.log_dir), rec.job_id, rank)
     if not follow:
         if not out.exists() and not err.exists():
@@ -613,15 +531,12 @@ def cancel(job):
     from . import slurm
 
     reg = _registry()
-    try:
-        rec = reg.get(job)
-        if not rec.active:
-            raise UserError(f"job {rec.job_id} is already {rec.state}; nothing to cancel.")
-        if rec.job_id != "pending":  # a row whose submission never reached the scheduler
-            slurm.cancel(rec.executor, rec.job_id)
-        reg.update(rec.key, state="CANCELLED")
-    except DsorchError as e:
-        raise _fail(e)
+    rec = reg.get(job)
+    if not rec.active:
+        raise UserError(f"job {rec.job_id} is already {rec.state}; nothing to cancel.")
+    if rec.job_id != "pending":  # a row whose submission never reached the scheduler
+        slurm.cancel(rec.executor, rec.job_id)
+    reg.update(rec.key, state="CANCELLED")
     click.echo(f"cancelled job {rec.job_id}")
 
 
@@ -655,42 +570,20 @@ def calibrate(metrics, cluster, plan_dir, name, out, as_json, profiles_dir):
     from .calibrate import calibrate as fit
     from .calibrate import calibrated_profile_yaml
 
-    try:
-        project = _project()
-        lp = _load_cluster(project, project.cluster(cluster), _profiles_dir(project, profiles_dir))
-        calibrated, report = fit(list(metrics), lp.profile, plan_dir=plan_dir)
-        text = calibrated_profile_yaml(calibrated, report, name=name)
-        if out is not None:
-            from .writer import write_text_atomic
+    project = _project()
+    lp = _load_cluster(project, project.cluster(cluster), _profiles_dir(project, profiles_dir))
+    calibrated, report = fit(list(metrics), lp.profile, plan_dir=plan_dir)
+    text = calibrated_profile_yaml(calibrated, report, name=name)
+    if out is not None:
+        from .writer import write_text_atomic
 
-            write_text_atomic(out, text)
-    except DsorchError as e:
-        raise _fail(e)
+        write_text_atomic(out, text)
     doc = report.as_dict()
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     elif out is None:
         click.echo(text, nl=False)
     if not as_json:
-        click.echo(_calibration_summary(doc, out), err=out is None)
+        from .render.console import calibration_summary
 
-
-def _calibration_summary(doc: dict, out) -> str:
-    before, after = doc["step_time_error_before"], doc["step_time_error_after"]
-    records = doc["records"]
-    lines = [f"fitted {len(records)} measured run(s) on profile {doc['profile']}:"]
-    for rec in records:
-        lines.append(f"  {rec.get('id')}: {rec.get('layout')}: measured {rec.get('measured_step_s')} s/step, predicted "
-                     f"{rec.get('predicted_before_s')} s before, {rec.get('predicted_after_s')} s after")
-    for key in sorted(set(before) | set(after)):
-        b, a = before.get(key), after.get(key)
-        if isinstance(b, float) and isinstance(a, float):
-            lines.append(f"  step-time {key.replace('_', ' ')}: {100 * b:.1f}% before, {100 * a:.1f}% after")
-    changed = {k: (doc["efficiency_before"].get(k), v) for k, v in doc["efficiency_after"].items()
-               if doc["efficiency_before"].get(k) != v}
-    for k, (b, a) in sorted(changed.items()):
-        lines.append(f"  efficiency.{k}: {b} -> {a}")
-    lines += [f"  note: {n}" for n in doc.get("notes", [])]
-    if out is not None:
-        lines.append(f"wrote {out}")
-    return "\n".join(lines)
+        click.echo(calibration_summary(doc, out), err=out is None)

@@ -79,6 +79,7 @@ def explain_doc(plan: Plan) -> dict:
         "capacity_gib": _r(res.capacity_gib),
         "layouts": layouts,
         "rejected_by_memory": {"count": res.rejected_memory, "closest": rejected},
+        "ruled_out": dict(sorted(res.rejected_rules.items(), key=lambda kv: (-kv[1], kv[0]))),
         "top_two": _close_call(plan),
     }
 
@@ -113,6 +114,10 @@ def explain_text(plan: Plan) -> str:
              f"{100 * L['vs_chosen']:+.1f}%"] for L in doc["layouts"]]
     widths = [max(len(r[i]) for r in [th, *rows]) for i in range(len(th))]
     out += [_fmt_row(th, widths), *[_fmt_row(r, widths) for r in rows]]
+    if doc["ruled_out"]:
+        out.append("")
+        out.append("Ruled out before the search (combinations that break a rule; see orchestrator/rules.py):")
+        out += [f"  {n:,}  {reason}" for reason, n in doc["ruled_out"].items()]
     rej = doc["rejected_by_memory"]
     if rej["count"]:
         out.append("")

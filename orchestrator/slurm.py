@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import DsorchError
+from .train.hosts import node_address
 from .train.stop import EXIT_STOPPED
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -34,6 +35,7 @@ STARTS_FILE = "starts.jsonl"
 
 def parse_slurm_time(text: str) -> int:
     """SLURM time limits ("MM", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS") in minutes."""
+    # sbatch(1) --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
     m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
     if not m:
         raise DsorchError(f"slurm.time '{text}' is not a SLURM time limit; write HH:MM:SS or D-HH:MM:SS.")
@@ -49,22 +51,21 @@ def parse_slurm_time(text: str) -> int:
     return parts[0] * 60 + parts[1] + (1 if parts[2] else 0)
 
 
+def rank_env(profile) -> dict[str, str]:
+    """Environment of every rank, for launch.sh and for `dsorch submit` alike: the profile's
+    slurm.env, plus one OpenMP thread per rank unless set (ranks share the node's cores; without a
+    cap each starts one thread per core and they thrash, which is why torchrun sets 1), plus
+    DS_ACCELERATOR=cpu for CPU (gloo) profiles so that DeepSpeed does not look for a GPU."""
+    env = dict(profile.slurm.env)
+    env.setdefault("OMP_NUM_THREADS", str(profile.slurm.cpus_per_task if profile.backend == "nccl" else 1))
+    if profile.backend == "gloo":
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    return dict(sorted(env.items()))
+
+
 def job_name(spec_name: str) -> str:
     """SLURM job names go into #SBATCH lines: keep them to a safe alphabet."""
     return _SAFE_NAME.sub("-", f"dsorch-{spec_name}")[:100]
-
-
-def node_address(hostname: str) -> str:
-    """The address of a SLURM node: its NodeAddr, since node names need not resolve in DNS."""
-    if shutil.which("scontrol") is None:
-        return hostname
-    try:
-        out = subprocess.run(["scontrol", "show", "node", hostname], capture_output=True, text=True, timeout=30,
-                             check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return hostname
-    m = re.search(r"NodeAddr=(\S+)", out)
-    return m.group(1) if m else hostname
 
 
 # --------------------------------------------------------------------------------------------
@@ -110,7 +111,7 @@ class TrainingJob:
         env = submitit.JobEnvironment()
         dist_env = TorchDistributedEnvironment().export(set_cuda_visible_devices=self.use_gpus, overwrite=True)
         # Node names need not resolve: the master is the first node's NodeAddr.
-        master = node_address(dist_env.master_addr) if env.num_nodes > 1 else "127.0.0.1"
+        master = node_address(dist_env.master_addr) if env.num_nodes > 1 else "127.0.0.1"  # train/hosts.py
         child_env = dict(os.environ, MASTER_ADDR=master)
         run_dir = Path(self.run_dir)
         if env.global_rank == 0:

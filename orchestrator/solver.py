@@ -13,11 +13,11 @@ import numpy as np
 
 from .costmodel import RECOMPUTE_CODES, Candidates, Evaluation, evaluate
 from .costmodel.evaluate import invariant_violations
+from .costmodel.memory import GIB
 from .layout import RECOMPUTE_LEVELS, Layout, divisors
 from .rules import check_layout, stage_split, tp_degrees, zero_stages
 from .specs import ClusterProfile, ModelSpec, TrainingSpec
 
-GIB = float(1 << 30)
 _RC_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
 
 
@@ -76,37 +76,61 @@ def _options(pins: Pins, name: str, values):
     return [v for v in values if pinned is None or v == pinned]
 
 
+# Reasons a combination is ruled out before evaluation, as the plan output and --explain say them.
+RULE_TP = "tp does not divide the attention or kv heads"
+RULE_PP = "pp does not split the layers"
+RULE_DP = "global batch not divisible by dp"
+RULE_VPP = "interleaving needs micro-batches a multiple of pp"
+RULE_ZERO_PP = "ZeRO-2/3 with pipeline parallelism (DeepSpeed)"
+RULE_ZERO_BF16 = "bf16 ZeRO-0 with gradient accumulation (DeepSpeed accumulates in fp32 from ZeRO-1)"
+
+
 def enumerate_layouts(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
                       pins: Pins = Pins()) -> tuple[Candidates, dict[str, int]]:
-    """All legal layouts (honouring pins) as arrays, plus counts of combinations each rule removed."""
+    """All legal layouts (honouring pins) as arrays, plus how many combinations each rule ruled
+    out (counted where the rule applies: a tp degree, a (tp, pp) pair, or a whole layout)."""
     world = profile.world_size
     gbs = training.global_batch_size
     rejected: dict[str, int] = {}
+
+    def reject(reason: str, n: int = 1) -> None:
+        if n:
+            rejected[reason] = rejected.get(reason, 0) + n
+
     rows: list[tuple] = []
-    for tp in _options(pins, "tp", tp_degrees(model, profile.gpus_per_node)):
+    legal_tp = tp_degrees(model, profile.gpus_per_node)
+    reject(RULE_TP, len([t for t in _options(pins, "tp", divisors(profile.gpus_per_node)) if t not in legal_tp]))
+    all_zero = zero_stages(runtime, 1, "fp32", 1)
+    for tp in _options(pins, "tp", legal_tp):
         for pp in _options(pins, "pp", [p for p in divisors(world // tp)]):
             split = stage_split(model.num_layers, pp)
             if split is None:
-                rejected["layers do not split over pp"] = rejected.get("layers do not split over pp", 0) + 1
+                reject(RULE_PP)
                 continue
             dp = world // (tp * pp)
             if pins.dp is not None and dp != pins.dp:
                 continue
             if gbs % dp:
-                rejected["global batch not divisible by dp"] = rejected.get("global batch not divisible by dp", 0) + 1
+                reject(RULE_DP)
                 continue
             if runtime == "deepspeed" or pp == 1 or split.kind != "even":
                 vpps = [1]
             else:
                 vpps = divisors(model.num_layers // pp)
             sps = [False, True] if tp > 1 else [False]
+            inner = len(_options(pins, "recompute", RECOMPUTE_LEVELS)) * len(_options(pins, "sequence_parallel", sps))
             for mbs in _options(pins, "micro_batch_size", divisors(gbs // dp)):
                 gas = gbs // (dp * mbs)
                 zeros = zero_stages(runtime, pp, training.precision, gas)
+                wanted = _options(pins, "zero_stage", all_zero)
                 for vpp in _options(pins, "vpp", vpps):
                     if vpp > 1 and gas % pp:
+                        reject(RULE_VPP, len(wanted) * inner)
                         continue
-                    for z, rc, sp in itertools.product(_options(pins, "zero_stage", zeros),
+                    for z in wanted:
+                        if z not in zeros:
+                            reject(RULE_ZERO_PP if z > 1 and pp > 1 else RULE_ZERO_BF16, inner)
+                    for z, rc, sp in itertools.product([z for z in wanted if z in zeros],
                                                        _options(pins, "recompute", RECOMPUTE_LEVELS),
                                                        _options(pins, "sequence_parallel", sps)):
                         rows.append((tp, pp, dp, vpp, z, mbs, gas, RECOMPUTE_CODES[rc], sp,

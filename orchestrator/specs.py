@@ -344,8 +344,12 @@ class SlurmSpec(BaseModel):
             value = getattr(self, key)
             if value is not None and not re.fullmatch(_NO_LINE_BREAKS, value):
                 raise ValueError(f"slurm.{key} contains a line break; write it on one line")
-        # sbatch's --time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
-        if not re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", self.time.strip()):
+        from .errors import DsorchError
+        from .slurm import parse_slurm_time  # the one reader of sbatch's --time formats
+
+        try:
+            parse_slurm_time(self.time)
+        except DsorchError:
             raise ValueError(f"slurm.time {self.time!r} is not a SLURM time limit; write HH:MM:SS or D-HH:MM:SS")
         for i, line in enumerate(self.setup):
             if not re.fullmatch(_NO_LINE_BREAKS, line):

@@ -80,8 +80,7 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
         tasks_per_node=profile.gpus_per_node, use_gpus=profile.backend == "nccl", cpus_per_task=s.cpus_per_task,
         time_min=slurm.parse_slurm_time(s.time), partition=s.partition, account=s.account, qos=s.qos,
         constraint=s.constraint, mem=s.mem, exclusive=s.exclusive, signal_delay_s=s.signal_delay_s, setup=tuple(s.setup),
-        env=tuple(sorted({"OMP_NUM_THREADS": str(1 if profile.backend == "gloo" else s.cpus_per_task),
-                          **({"DS_ACCELERATOR": "cpu"} if profile.backend == "gloo" else {}), **s.env}.items())),
+        env=tuple(slurm.rank_env(profile).items()),
         extra=tuple(sorted(s.extra.items())))
     plan_abs = plan_dir.resolve()
     folder = (experiment_dir / ".dsorch" / "jobs" / plan_abs.name).resolve()

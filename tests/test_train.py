@@ -252,7 +252,8 @@ def test_token_file_round_trip(tmp_path):
 
 
 def test_slurm_environment_is_read():
-    from orchestrator.train.launch import first_host, read_env
+    from orchestrator.train.hosts import first_host
+    from orchestrator.train.launch import read_env
 
     e = read_env({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
                   "SLURM_JOB_NODELIST": "gpu[003-004]", "SLURM_JOB_ID": "4242"})

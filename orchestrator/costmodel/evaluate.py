@@ -42,7 +42,7 @@ import numpy as np
 from ..specs import ClusterProfile, ModelSpec, TrainingSpec
 from .calibration import Resolved, resolve_efficiency
 from .flops import model_flops_per_step
-from .memory import activation_bytes_per_layer, in_flight_micro_batches, model_state_bytes, state_bytes
+from .memory import GIB, activation_bytes_per_layer, in_flight_micro_batches, model_state_bytes, state_bytes
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 
@@ -242,7 +242,7 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
         buffers = buffers + np.where(zero == 3, gathered, 0.0)
     else:
         buffers = np.zeros_like(tp)
-    framework = np.full_like(tp, profile.memory_overhead_gib * (1 << 30))
+    framework = np.full_like(tp, profile.memory_overhead_gib * GIB)
     overhead = framework + buffers
 
     totals = [st[0] + st[1] + st[2] + st[3] for st in (first, middle, last)]

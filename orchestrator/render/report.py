@@ -85,6 +85,7 @@ def plan_doc(plan: Plan, file_hashes: dict[str, str] | None = None) -> dict:
             "evaluated": plan.result.evaluated,
             "fit": plan.result.feasible,
             "rejected_by_memory": plan.result.rejected_memory,
+            "ruled_out": dict(sorted(plan.result.rejected_rules.items())),
         },
         "alternatives": [scored_doc(plan, s) for s in plan.alternatives],
         "explain": explain_doc(plan),

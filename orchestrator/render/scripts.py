@@ -13,7 +13,7 @@ import jinja2
 
 from ..plan import Plan
 from ..resources import templates_dir
-from ..slurm import job_name
+from ..slurm import job_name, rank_env
 
 MASTER_PORT = 29500
 
@@ -43,15 +43,8 @@ def _common(plan: Plan) -> dict:
 
 
 def launch_env(plan: Plan) -> list[tuple[str, str]]:
-    """Environment of every rank: the profile's, plus one OpenMP thread per rank unless set."""
-    env = dict(plan.profile.slurm.env)
-    cpus = plan.profile.slurm.cpus_per_task
-    # One rank per GPU shares the node's cores; without a cap every rank starts one OpenMP thread
-    # per core and they thrash (PyTorch's torchrun sets 1 for the same reason).
-    env.setdefault("OMP_NUM_THREADS", str(cpus if plan.profile.backend == "nccl" else 1))
-    if plan.profile.backend == "gloo":
-        env.setdefault("DS_ACCELERATOR", "cpu")
-    return [(k, shlex.quote(str(v))) for k, v in sorted(env.items())]
+    """Every rank's environment (orchestrator.slurm.rank_env), shell-quoted for launch.sh."""
+    return [(k, shlex.quote(str(v))) for k, v in rank_env(plan.profile).items()]
 
 
 # Who catches SIGUSR2 in the ranks, per runtime (for the comment in launch.sh).

@@ -5,8 +5,8 @@ Two launchers are understood:
 * torchrun (also what launch.sh runs, one torchrun per node): RANK, LOCAL_RANK, WORLD_SIZE,
   MASTER_ADDR, MASTER_PORT.
 * SLURM with one task per GPU (``srun --ntasks-per-node=G python -m orchestrator.train ...``):
-  SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS; the master is the first host of
-  SLURM_JOB_NODELIST, the port MASTER_PORT or one derived from SLURM_JOB_ID (so that two jobs
+  SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS; the master is the NodeAddr of the first host of
+  SLURM_JOB_NODELIST (orchestrator/train/hosts.py), the port MASTER_PORT or one derived from SLURM_JOB_ID (so that two jobs
   sharing a node do not collide).
 
 torchrun's variables win when both are present (torchrun started inside an allocation).
@@ -15,14 +15,14 @@ torchrun's variables win when both are present (torchrun started inside an alloc
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from .hosts import master_address
 
 
 @dataclass(frozen=True)
@@ -35,24 +35,6 @@ class DistEnv:
     launcher: str  # "torchrun" | "slurm" | "single"
 
 
-def first_host(nodelist: str) -> str:
-    """First host of a SLURM hostlist: "gpu[003-005,9],login1" -> "gpu003"."""
-    try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
-                             capture_output=True, text=True, timeout=30).stdout.split()
-        if out:
-            return out[0]
-    except (OSError, subprocess.SubprocessError):
-        pass  # no scontrol on this host: parse the common forms ourselves
-    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
-    if not m:
-        return nodelist
-    prefix, ranges = m.group(1), m.group(2)
-    if not ranges:
-        return prefix
-    return prefix + ranges.split(",")[0].split("-")[0]
-
-
 def read_env(environ=None) -> DistEnv:
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -62,7 +44,7 @@ def read_env(environ=None) -> DistEnv:
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         port = int(env.get("MASTER_PORT", 20000 + int(env.get("SLURM_JOB_ID", 0)) % 20000))
         return DistEnv(int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0)),
-                       int(env["SLURM_NTASKS"]), first_host(env.get("SLURM_JOB_NODELIST", "localhost")),
+                       int(env["SLURM_NTASKS"]), master_address(env.get("SLURM_JOB_NODELIST", "localhost")),
                        port, "slurm")
     return DistEnv(0, 0, 1, "127.0.0.1", int(env.get("MASTER_PORT", 29500)), "single")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..costmodel.flops import model_flops_per_step
+from ..costmodel.memory import GIB
 from .config import Plan
 
 
@@ -28,7 +29,7 @@ def step_model_flops(plan: Plan) -> float:
 
 def peak_memory_gib(device: torch.device) -> tuple[float, str]:
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30, "cuda_max_allocated"
+        return torch.cuda.max_memory_allocated(device) / GIB, "cuda_max_allocated"
     # On CPU there is no allocator counter; the process's peak resident set (KiB on Linux).
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "cpu_peak_rss"
 

@@ -1,0 +1,101 @@
+"""What the commands print for people: rich tables and summaries. No I/O of its own beyond the
+console it is given; the CLI decides where output goes."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], cluster_note=None,
+               default_out: bool = False) -> None:
+    """The plan as `dsorch plan` shows it: the inputs, the ranked table, the chosen layout."""
+    from rich.markup import escape
+
+    m = the_plan.spec.model
+    p = the_plan.profile
+    r = the_plan.result
+    n = m.num_params
+    size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
+    con.print(f"[bold]{the_plan.spec.name}[/]: {size} parameters, seq {the_plan.spec.training.seq_length}, "
+              f"global batch {the_plan.spec.training.global_batch_size}, {the_plan.spec.training.precision}")
+    con.print(f"[bold]{p.name}[/]: {p.nodes} node{'s' if p.nodes != 1 else ''} x {p.gpus_per_node} {p.gpu.name} "
+              f"({p.gpu.memory_gib:g} GiB), "
+              f"runtime {the_plan.runtime}" + (f" (cluster from {escape(cluster_note.origin)})" if cluster_note else ""))
+    con.print(f"searched {r.evaluated} legal layouts: {r.feasible} fit, {r.rejected_memory} exceed "
+              f"{r.capacity_gib:g} GiB per GPU")
+    if r.rejected_rules:
+        ruled = sorted(r.rejected_rules.items(), key=lambda kv: (-kv[1], kv[0]))
+        con.print("ruled out by the rules: " + "; ".join(f"{n:,} {reason}" for reason, n in ruled), markup=False)
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("", "TP", "PP", "VPP", "DP", "ZeRO", "MBS", "GAS", "recompute", "SP", "GiB/GPU", "step s",
+                "tokens/s", "MFU"):
+        t.add_column(col, justify="left" if col in ("", "recompute") else "right")
+    for i, s in enumerate(r.ranked[:top]):
+        L = s.layout
+        t.add_row("*" if i == 0 else "", str(L.tp), str(L.pp), str(L.vpp), str(L.dp), str(L.zero_stage),
+                  str(L.micro_batch_size), str(L.grad_accum_steps), L.recompute, "yes" if L.sequence_parallel else "no",
+                  f"{s.memory_gib['total']:.1f}", f"{s.step_time_s:.3g}", f"{s.tokens_per_s:,.0f}",
+                  f"{100 * s.mfu:.1f}%")
+    con.print(t)
+    best = the_plan.chosen
+    mem = best.memory_gib
+    con.print(f"* chosen: {best.layout.short()}: {mem['total']:.1f} GiB per GPU (params {mem['params']:.1f}, grads "
+              f"{mem['grads']:.1f}, optimizer {mem['optimizer']:.1f}, activations {mem['activations']:.1f}, overhead "
+              f"{mem['overhead']:.1f}), {best.step_time_s:.3g} s per step")
+    if the_plan.spec.training.train_steps:
+        days = the_plan.spec.training.train_steps * best.step_time_s / 86400
+        con.print(f"  {the_plan.spec.training.tokens:.3g} tokens in {the_plan.spec.training.train_steps} steps: "
+                  f"{days:.1f} days")
+    if out is not None:
+        con.print(f"wrote {out}/: {', '.join(files)}" + (" (the default plan directory; --out DIR to choose)"
+                                                         if default_out else ""), markup=False)
+
+
+def profile_table(rows: list[dict]) -> Table:
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("name", "origin", "nodes", "GPUs/node", "GPU", "GiB", "description"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r["origin"], str(r["nodes"] or "-"), str(r["gpus_per_node"] or "-"), r["gpu"] or "-",
+                  f"{r['gpu_memory_gib']:g}" if r["gpu_memory_gib"] else "-", r["description"])
+    return t
+
+
+def job_table(records) -> Table:
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("job", "cluster", "plan", "state", "elapsed", "requeues", "step", "loss", "submitted (UTC)"):
+        t.add_column(col)
+    for r in records:
+        t.add_row(r.job_id, r.cluster, r.plan_dir, r.state, elapsed(r.elapsed_s), str(r.requeues),
+                  "" if r.last_step is None else str(r.last_step), "" if r.last_loss is None else f"{r.last_loss:.4f}",
+                  r.submitted_at.replace("+00:00", ""))
+    return t
+
+
+def elapsed(s: float | None) -> str:
+    if s is None:
+        return ""
+    s = int(s)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def calibration_summary(doc: dict, out) -> str:
+    """`dsorch calibrate`'s report: per run, error before and after, what changed."""
+    before, after = doc["step_time_error_before"], doc["step_time_error_after"]
+    records = doc["records"]
+    lines = [f"fitted {len(records)} measured run(s) on profile {doc['profile']}:"]
+    for rec in records:
+        lines.append(f"  {rec.get('id')}: {rec.get('layout')}: measured {rec.get('measured_step_s')} s/step, predicted "
+                     f"{rec.get('predicted_before_s')} s before, {rec.get('predicted_after_s')} s after")
+    for key in sorted(set(before) | set(after)):
+        b, a = before.get(key), after.get(key)
+        if isinstance(b, float) and isinstance(a, float):
+            lines.append(f"  step-time {key.replace('_', ' ')}: {100 * b:.1f}% before, {100 * a:.1f}% after")
+    changed = {k: (doc["efficiency_before"].get(k), v) for k, v in doc["efficiency_after"].items()
+               if doc["efficiency_before"].get(k) != v}
+    for k, (b, a) in sorted(changed.items()):
+        lines.append(f"  efficiency.{k}: {b} -> {a}")
+    lines += [f"  note: {n}" for n in doc.get("notes", [])]
+    if out is not None:
+        lines.append(f"wrote {out}")
+    return "\n".join(lines)
