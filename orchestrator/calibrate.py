@@ -31,14 +31,17 @@ import statistics
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .costmodel import RECOMPUTE_CODES, Candidates, evaluate
 from .costmodel.calibration import FIELDS, Resolved, resolve_efficiency
 from .costmodel.evaluate import Engine
 from .errors import SpecError
+from .layout import RECOMPUTE_LEVELS, RUNTIMES
 from .rules import stage_split
 from .solver import GIB, Pins, enumerate_layouts
 from .specs import ClusterProfile, Efficiency, ModelSpec, TrainingSpec, load_profile, load_spec
@@ -340,10 +343,6 @@ class CalibrationReport:
         }
 
 
-_LAYOUT_KEYS = {"tp", "pp", "dp", "vpp", "zero_stage", "micro_batch_size", "recompute", "sequence_parallel",
-                "grad_accum_steps"}
-
-
 def _read_records(path: Path) -> list[dict]:
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
@@ -363,7 +362,7 @@ def _steady(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def _plan_dir_records(metrics: Path, plan_dir: Path) -> dict:
+def _plan_dir_records(metrics: Path, plan_dir: Path) -> CalibrationRecord:
     """One record from a training run's metrics.jsonl and the plan directory it trained."""
     from .plandir import load_plan_dir
 
@@ -380,47 +379,80 @@ def _plan_dir_records(metrics: Path, plan_dir: Path) -> dict:
     times = [r["step_time_s"] if r.get("step_time_s") else
              training.global_batch_size * training.seq_length / r["tokens_per_s"] for r in recs]
     mems = [r["peak_mem_gib"] for r in recs if r.get("peak_mem_gib") is not None]
-    return {"id": str(metrics), "model_spec": model, "training_spec": training, "runtime": pd.runtime,
-            "layout": pd.layout.as_dict(), "step_time_s": _steady(times),
-            "peak_mem_gib": max(mems) if mems else None, "mem_kind": recs[-1].get("mem_kind"),
-            "nodes": pd.doc.cluster.nodes, "gpus_per_node": pd.doc.cluster.gpus_per_node}
+    return CalibrationRecord(id=str(metrics), model=model, training=training, runtime=pd.runtime,
+                             layout=RecordLayout(**pd.layout.as_dict()), step_time_s=_steady(times),
+                             peak_mem_gib=max(mems) if mems else None, mem_kind=recs[-1].get("mem_kind"),
+                             nodes=pd.doc.cluster.nodes, gpus_per_node=pd.doc.cluster.gpus_per_node)
 
 
-def _record_row(rec: dict, base: Path, profile: ClusterProfile, index: int) -> Row:
-    if "model_spec" in rec:
-        model, training = rec["model_spec"], rec["training_spec"]
+class RecordLayout(BaseModel):
+    """The layout a measured run used (the keys of plan.yaml's layout section)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    dp: int = Field(gt=0)
+    vpp: int = Field(default=1, gt=0)
+    zero_stage: int = Field(default=0, ge=0, le=3)
+    micro_batch_size: int = Field(gt=0)
+    grad_accum_steps: int | None = Field(default=None, gt=0)  # implied by the batch; accepted as plan.yaml has it
+    recompute: Literal[RECOMPUTE_LEVELS] = "none"  # type: ignore[valid-type]
+    sequence_parallel: bool = False
+
+
+class CalibrationRecord(BaseModel):
+    """One measured run in a records file (format in this module's docstring). extra="forbid": a
+    misspelt key (``runtme``, ``peak_mem_gb``) is an error, not a silently ignored value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    id: str | None = None
+    model: str | ModelSpec
+    training: dict[str, Any] | TrainingSpec | None = None
+    runtime: Literal[RUNTIMES] = "deepspeed"  # type: ignore[valid-type]
+    layout: RecordLayout
+    step_time_s: float = Field(gt=0, allow_inf_nan=False)
+    peak_mem_gib: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    mem_kind: str | None = None
+    nodes: int | None = Field(default=None, gt=0)
+    gpus_per_node: int | None = Field(default=None, gt=0)
+
+
+def _record_row(rec: CalibrationRecord, base: Path, profile: ClusterProfile, index: int) -> Row:
+    if isinstance(rec.model, str):
+        spec, _ = load_spec(base / rec.model)
+        model, training = spec.model, spec.training
+        if isinstance(rec.training, dict):
+            training = TrainingSpec.model_validate({**training.model_dump(), **rec.training})
     else:
-        m = rec.get("model")
-        if isinstance(m, str):
-            spec, _ = load_spec(base / m)
-            model, training = spec.model, spec.training
-            if rec.get("training"):
-                training = training.model_copy(update=rec["training"])
-        elif isinstance(m, dict):
-            model = ModelSpec.model_validate(m)
-            training = TrainingSpec.model_validate(rec.get("training") or {})
-        else:
-            raise SpecError(f"record {index}: 'model' must be a spec file path or a mapping of ModelSpec fields.")
-    L = dict(rec["layout"])
-    unknown = set(L) - _LAYOUT_KEYS
-    if unknown:
-        raise SpecError(f"record {index}: unknown layout keys {sorted(unknown)}; valid: {sorted(_LAYOUT_KEYS)}.")
-    tp, pp, dp = int(L.get("tp", 1)), int(L.get("pp", 1)), int(L["dp"])
-    world = tp * pp * dp
-    gpn = int(rec.get("gpus_per_node") or min(profile.gpus_per_node, world))
-    nodes = int(rec.get("nodes") or max(1, world // gpn))
+        model = rec.model
+        training = rec.training if isinstance(rec.training, TrainingSpec) else \
+            TrainingSpec.model_validate(rec.training or {})
+    L = rec.layout
+    world = L.tp * L.pp * L.dp
+    gpn = rec.gpus_per_node or min(profile.gpus_per_node, world)
+    nodes = rec.nodes or max(1, world // gpn)
     prof = profile.resized(nodes=nodes, gpus_per_node=gpn)
     if prof.world_size != world:
         raise SpecError(f"record {index}: tp*pp*dp = {world} GPUs but {nodes} nodes x {gpn} GPUs = {prof.world_size}.")
-    pins = Pins(tp=tp, pp=pp, dp=dp, vpp=int(L.get("vpp", 1)), zero_stage=int(L.get("zero_stage", 0)),
-                micro_batch_size=int(L["micro_batch_size"]), recompute=L.get("recompute", "none"),
-                sequence_parallel=bool(L.get("sequence_parallel", False)))
-    if stage_split(model.num_layers, pp) is None:
-        raise SpecError(f"record {index}: pp={pp} cannot split {model.num_layers} layers.")
-    peak = rec.get("peak_mem_gib")
-    return Row(str(rec.get("id", f"record {index}")), model, training, prof, rec.get("runtime", "deepspeed"), pins,
-               float(rec["step_time_s"]), measured_peak_gib=None if peak is None else float(peak),
-               note=str(rec.get("mem_kind") or ""))
+    pins = Pins(tp=L.tp, pp=L.pp, dp=L.dp, vpp=L.vpp, zero_stage=L.zero_stage, micro_batch_size=L.micro_batch_size,
+                recompute=L.recompute, sequence_parallel=L.sequence_parallel)
+    if stage_split(model.num_layers, L.pp) is None:
+        raise SpecError(f"record {index}: pp={L.pp} cannot split {model.num_layers} layers.")
+    return Row(rec.id or f"record {index}", model, training, prof, rec.runtime, pins, rec.step_time_s,
+               measured_peak_gib=rec.peak_mem_gib, note=rec.mem_kind or "")
+
+
+def _parse_record(raw: object, path: Path, index: int) -> CalibrationRecord:
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: record {index} must be a mapping, got {type(raw).__name__}.")
+    try:
+        return CalibrationRecord.model_validate(raw)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(record)'}: {err['msg']}"
+                             for err in e.errors()[:6])
+        valid = ", ".join(CalibrationRecord.model_fields)
+        raise SpecError(f"{path}: record {index}: {problems}. Valid keys: {valid}; the format is in "
+                        f"orchestrator/calibrate.py.")
 
 
 def load_records(metrics_paths: list[Path], profile: ClusterProfile, plan_dir: Path | None = None) -> list[Row]:
@@ -452,10 +484,8 @@ def _load_one(path: Path, profile: ClusterProfile, plan_dir: Path | None, rows: 
                             f"it was trained from (--plan DIR).")
         rows.append(_record_row(_plan_dir_records(path, pdir), path.parent, profile, len(rows)))
         return
-    for rec in _read_records(path):
-        if not isinstance(rec, dict):
-            raise TypeError(f"a record must be a mapping, got {type(rec).__name__}")
-        rows.append(_record_row(rec, path.parent, profile, len(rows)))
+    for i, raw in enumerate(_read_records(path)):
+        rows.append(_record_row(_parse_record(raw, path, i), path.parent, profile, len(rows)))
 
 
 def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: Path | None = None,
@@ -534,10 +564,6 @@ def calibrated_profile_yaml(calibrated: ClusterProfile, report: CalibrationRepor
            "memory_overhead_gib": calibrated.memory_overhead_gib,
            "efficiency": {f: getattr(calibrated.efficiency, f) for f in FIELDS}}
     return "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
-
-
-def with_efficiency(profile: ClusterProfile, values: dict[str, float]) -> ClusterProfile:
-    return profile.model_copy(update={"efficiency": Efficiency(**values)})
 
 
 __all__ = ["Row", "RowError", "FitResult", "CalibrationReport", "published_rows", "published_errors", "row_errors",

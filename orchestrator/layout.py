@@ -7,9 +7,7 @@ rules that depend on the model, the cluster or the runtime live in ``orchestrato
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
 
-Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_LEVELS: tuple[str, ...] = ("none", "selective", "full")
 RUNTIMES: tuple[str, ...] = ("deepspeed", "megatron")
 
@@ -40,25 +38,8 @@ class Layout:
         return self.tp * self.pp * self.dp
 
     @property
-    def model_parallel_size(self) -> int:
-        return self.tp * self.pp
-
-    @property
     def global_batch_size(self) -> int:
         return self.micro_batch_size * self.grad_accum_steps * self.dp
-
-    @property
-    def num_micro_batches(self) -> int:
-        """Micro-batches each pipeline processes per step (m in Narayanan et al. 2021)."""
-        return self.grad_accum_steps
-
-    @property
-    def tp_enabled(self) -> bool:
-        return self.tp > 1
-
-    @property
-    def pp_enabled(self) -> bool:
-        return self.pp > 1
 
     def as_dict(self) -> dict:
         return asdict(self)

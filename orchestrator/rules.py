@@ -1,8 +1,9 @@
 """Legality rules of a layout for a model, a cluster and a runtime.
 
-Each rule returns a reason that names the conflict and the fix. The solver only enumerates
-degrees these rules allow (see ``orchestrator.solver``); ``check_layout`` explains a pinned
-layout that breaks one. Both read the same helpers so they cannot disagree.
+Each rule returns a reason that names the conflict and the fix. The solver enumerates only what
+``tp_degrees``, ``stage_split`` and ``zero_stages`` allow, and counts what they rule out
+(``orchestrator.solver``); ``check_layout`` explains a pinned layout that breaks a rule, from
+the same helpers, so the two cannot disagree.
 """
 
 from __future__ import annotations

@@ -177,7 +177,8 @@ def _tail_file(path: Path, n: int) -> str:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """Everything a submission needs, resolved by the CLI from the plan and the profile."""
+    """Everything a submission needs, resolved from the plan and the profile by
+    ``orchestrator.submission.prepare_submission``."""
 
     kind: str  # "slurm" | "local"
     name: str

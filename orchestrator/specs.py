@@ -529,17 +529,24 @@ def _valid_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return []
 
 
-def _format_validation(e: ValidationError, loaded: Loaded, model: type[BaseModel], what: str) -> str:
+def _format_validation(e: ValidationError, loaded: Loaded | list[Loaded], model: type[BaseModel], what: str) -> str:
+    """One line per error: file:line, key, what is wrong, the fix. With a profile's ``extends``
+    chain (most derived first), each error names the file that sets the key, not the child."""
+    chain = loaded if isinstance(loaded, list) else [loaded]
     msgs = []
     for err in e.errors():
         loc = tuple(err["loc"])
         key = ".".join(str(p) for p in loc) or "(top level)"
-        line = None
+        where = str(chain[0].path)
+        found = False
         for n in range(len(loc), 0, -1):
-            line = loaded.lines.get(loc[:n])
-            if line:
+            for ld in chain:
+                line = ld.lines.get(loc[:n])
+                if line:
+                    where, found = f"{ld.path}:{line}", True
+                    break
+            if found:
                 break
-        where = f"{loaded.path}:{line}" if line else str(loaded.path)
         if err["type"] == "extra_forbidden":
             valid = _valid_keys(model, loc)
             hint = difflib.get_close_matches(str(loc[-1]), valid, n=1)
@@ -649,6 +656,6 @@ def load_profile(name: str, profiles_dir: str | Path | None = None) -> LoadedPro
     try:
         profile = ClusterProfile.model_validate(merged)
     except ValidationError as e:
-        raise SpecError(_format_validation(e, chain[0], ClusterProfile, "cluster profile"))
+        raise SpecError(_format_validation(e, chain, ClusterProfile, "cluster profile"))
     digest = hashlib.sha256("".join(ld.sha256 for ld in chain).encode()).hexdigest() if len(chain) > 1 else chain[0].sha256
     return LoadedProfile(profile, known[name], digest)

@@ -401,6 +401,24 @@ def test_calibrate_command_end_to_end(runner, in_tmp):
     assert json.loads(r.output)["predicted"]["step_time_s"] == pytest.approx(records[0]["step_time_s"], rel=0.1)
 
 
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r: r.update(runtme="megatron"), "runtme: Extra inputs are not permitted"),
+    (lambda r: r.update(peak_mem_gb=61.2), "peak_mem_gb: Extra inputs are not permitted"),
+    (lambda r: r["layout"].update(zero=1), "layout.zero: Extra inputs are not permitted"),
+    (lambda r: r.update(runtime="megatorn"), "runtime: Input should be 'deepspeed' or 'megatron'"),
+    (lambda r: r.update(step_time_s=-1), "step_time_s: Input should be greater than 0"),
+])
+def test_calibration_records_are_typed(runner, in_tmp, mutate, message):
+    """A misspelt key in a records file is an error naming it, not a value silently ignored."""
+    rec = {"model": "examples/tiny.yaml", "step_time_s": 0.1,
+           "layout": {"tp": 1, "pp": 1, "dp": 4, "zero_stage": 1, "micro_batch_size": 4}}
+    mutate(rec)
+    (in_tmp / "measured.yaml").write_text(yaml.safe_dump({"records": [rec]}))
+    r = runner.invoke(main, ["calibrate", "measured.yaml", "--cluster", "local"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "measured.yaml: record 0: " + message in " ".join(r.output.split()), r.output
+
+
 def test_a_directory_in_the_way_leaves_the_old_plan_untouched(runner, in_tmp):
     out = in_tmp / "p"
     assert plan(runner, "examples/tiny.yaml", "--cluster", "local", "--out", out).exit_code == 0

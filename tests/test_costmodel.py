@@ -29,7 +29,7 @@ def test_zero_paper_model_states(stage, printed, exact):
 
 
 # ---- Korthikanti et al. 2022, Table 2 applied to a GPT-3 175B layer (s=2048, b=1, h=12288, a=96, t=8);
-# worked values in ../shared/reference/formulas.md Sec. 2. Exact to the byte.
+# the paper's Table 2 formulas are in the comments of each row; exact to the byte.
 GPT3 = dict(s=2048, b=1, h=12288, f=4 * 12288, a=96, kv=96)
 KORTHIKANTI = [
     # (t, sp, recompute, bytes per layer)

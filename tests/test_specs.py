@@ -152,3 +152,14 @@ def test_extends_cycle(tmp_path):
 def test_missing_profiles_dir(tmp_path):
     with pytest.raises(SpecError, match="profiles directory .* does not exist"):
         load_profile("dgx16", tmp_path / "nope")
+
+
+def test_an_error_in_a_parent_profile_names_the_parents_file_and_line(tmp_path):
+    from orchestrator.errors import SpecError
+    from orchestrator.specs import load_profile
+
+    (tmp_path / "parent.yaml").write_text("extends: dgx16\ndescription: mine\ngpu: {memory_gib: -5}\n")
+    (tmp_path / "child.yaml").write_text("extends: parent\nnodes: 2\n")
+    with pytest.raises(SpecError) as e:
+        load_profile("child", tmp_path)
+    assert f"{tmp_path / 'parent.yaml'}:3: key 'gpu.memory_gib'" in str(e.value)

@@ -34,7 +34,3 @@ def model_flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: i
     fwd = model.num_layers * (w + sc) + logits_forward_flops_per_token(model)
     return 3.0 * fwd * seq_length * global_batch_size
 
-
-def recompute_forward_factor(recompute) -> np.ndarray:
-    """Extra forward passes of the layer GEMMs that recomputation adds: 1 for full, 0 otherwise."""
-    return np.where(np.asarray(recompute) == 2, 1.0, 0.0)

@@ -100,27 +100,14 @@ def build_engine(plan: Plan, grid, topo, device):
 
 
 def ds_config_for(plan: Plan, device) -> dict:
-    """ds_config.json as DeepSpeed gets it, with two substitutions, each printed or explained.
-
-    On CPU only, torch's AdamW: DeepSpeed's default Adam there is its fused C++ op, JIT-compiled
-    on first use (~80 s on 2 cores); torch.optim.AdamW computes the same update (decoupled
-    weight decay, Loshchilov & Hutter 2019), so unless the plan says otherwise CPU runs use it
-    (DeepSpeed's "torch_adam" optimizer parameter)."""
+    """ds_config.json as DeepSpeed gets it (the plan's, whose sha256 the loader checked), with one
+    substitution: on CPU, torch's AdamW. DeepSpeed's default Adam there is its fused C++ op,
+    JIT-compiled on first use (~80 s on 2 cores); torch.optim.AdamW computes the same update
+    (decoupled weight decay, Loshchilov & Hutter 2019), so unless the plan says otherwise CPU
+    runs use it (DeepSpeed's "torch_adam" optimizer parameter). A GPU plan run on CPU gets it too."""
     import copy
 
     cfg = copy.deepcopy(plan.ds_config)
-    pipe = cfg.get("pipeline", {})
-    if plan.layout.sequence_parallel and (pipe.get("pipe_partitioned") or pipe.get("grad_partitioned")):
-        # DeepSpeed's partitioned pipe send (pipe/engine.py, PartitionedTensor) assumes the
-        # activation is replicated over the tp group: each tp rank sends 1/tp of it and the
-        # receiver all-gathers. Under sequence parallelism each tp rank holds a *different*
-        # sequence shard, already 1/tp of the activation, so partitioning would mix shards
-        # (measured: tp2 x pp2 + SP losses differ from step 1). Send the shards as they are.
-        if dist.get_rank() == 0:
-            print("dsorch train: pipeline.pipe_partitioned/grad_partitioned turned off: they "
-                  "assume tp-replicated activations, which sequence parallelism does not have",
-                  flush=True)
-        pipe["pipe_partitioned"] = pipe["grad_partitioned"] = False
     opt = cfg.get("optimizer", {})
     if device.type == "cpu" and str(opt.get("type", "")).lower() in ("adam", "adamw"):
         opt.setdefault("params", {}).setdefault("torch_adam", True)

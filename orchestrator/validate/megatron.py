@@ -32,7 +32,6 @@ _TABLE_FILE = "megatron_args.json"
 _SWITCH_ACTIONS = {"store_true", "store_false", "store_const", "append_const", "count",
                    "BooleanOptionalAction"}
 
-Flags = list[tuple[str, "str | None"]]
 
 
 # --------------------------------------------------------------------------- the table
