@@ -7,12 +7,9 @@ deterministic) and ``explain_text`` (what ``dsorch plan --explain`` prints).
 
 from __future__ import annotations
 
-from .costmodel import evaluate
 from .costmodel.calibration import resolve_efficiency
-from .costmodel.evaluate import Evaluation
-from .layout import Layout
 from .plan import Plan
-from .solver import GIB, Scored, candidates_of
+from .solver import Scored
 
 MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "comm_buffers", "framework", "total")
 TIME_KEYS = ("compute", "tp_comm_exposed", "bubble", "pp_comm", "dp_comm_exposed", "optimizer")
@@ -22,20 +19,16 @@ def _r(x: float, nd: int = 3) -> float:
     return float(round(float(x), nd))
 
 
-def _evaluate_layouts(plan: Plan, layouts: list[Layout]) -> Evaluation:
-    """The cost model on exactly these layouts (one vectorized call)."""
-    m = plan.spec.model
-    cand = candidates_of(m, layouts)
-    return evaluate(m, plan.spec.training, plan.profile, plan.runtime, cand)
+# Scored.time_s key -> the name --explain shows (only the exposed part of TP and DP communication
+# is in the step).
+_TIME_NAMES = {"compute": "compute", "tp_comm": "tp_comm_exposed", "bubble": "bubble", "pp_comm": "pp_comm",
+               "dp_comm": "dp_comm_exposed", "optimizer": "optimizer"}
 
 
-def _stacks(ev: Evaluation, i: int) -> tuple[dict, dict]:
-    mem = {"params": ev.params[i], "grads": ev.grads[i], "optimizer": ev.optimizer[i],
-           "activations": ev.activations[i], "comm_buffers": ev.comm_buffers[i], "framework": ev.framework[i],
-           "total": ev.total[i]}
-    t = {"compute": ev.compute[i], "tp_comm_exposed": ev.tp_comm[i], "bubble": ev.bubble[i],
-         "pp_comm": ev.pp_comm[i], "dp_comm_exposed": ev.dp_comm[i], "optimizer": ev.optimizer_step[i]}
-    return {k: _r(v / GIB) for k, v in mem.items()}, {k: _r(v, 4) for k, v in t.items()}
+def _stacks(s: Scored) -> tuple[dict, dict]:
+    """The stacks the search computed, rounded: nothing is evaluated again here."""
+    return ({k: _r(s.memory_gib[k]) for k in MEMORY_KEYS},
+            {_TIME_NAMES[k]: _r(v, 4) for k, v in s.time_s.items()})
 
 
 def _model_error(plan: Plan) -> tuple[float | None, float | None, str | None]:
@@ -58,12 +51,10 @@ def _close_call(plan: Plan) -> dict | None:
 def explain_doc(plan: Plan) -> dict:
     """The ``explain:`` section of plan.yaml: stacks per layout, rejections, model error."""
     res = plan.result
-    shown: list[Scored] = list(res.ranked)
-    ev = _evaluate_layouts(plan, [s.layout for s in shown]) if shown else None
     best = plan.chosen.step_time_s
     layouts = []
-    for i, s in enumerate(shown):
-        mem, t = _stacks(ev, i)
+    for s in res.ranked:
+        mem, t = _stacks(s)
         layouts.append({"layout": s.layout.short(), "chosen": s.layout == plan.chosen.layout,
                         "step_time_s": _r(s.step_time_s, 4), "vs_chosen": _r(s.step_time_s / best - 1.0, 4),
                         "memory_gib_per_gpu": mem, "time_s": t})

@@ -38,9 +38,16 @@ class Pins:
         return all(getattr(self, f) is not None for f in self.__dataclass_fields__)
 
 
+# The memory stack a Scored carries (GiB per GPU, binding pipeline stage); overhead is buffers +
+# framework, and what plan.yaml's memory section shows.
+MEMORY_STACK = ("params", "grads", "optimizer", "activations", "comm_buffers", "framework", "overhead", "total")
+PLAN_MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "overhead", "total")
+
+
 @dataclass(frozen=True)
 class Scored:
-    """A layout with its predicted memory (GiB per GPU) and time stacks."""
+    """A layout with its predicted memory (GiB per GPU, MEMORY_STACK) and time (s) stacks: all that
+    renderers and --explain show, computed once by the search."""
 
     layout: Layout
     memory_gib: dict[str, float]
@@ -160,7 +167,7 @@ def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float) -> Score
     layout = Layout(tp=int(c.tp[i]), pp=int(c.pp[i]), dp=int(c.dp[i]), vpp=int(c.vpp[i]),
                     zero_stage=int(c.zero[i]), micro_batch_size=int(c.mbs[i]), grad_accum_steps=int(c.gas[i]),
                     recompute=_RC_NAMES[int(c.rc[i])], sequence_parallel=bool(c.sp[i]))
-    mem = {k: float(getattr(ev, k)[i]) / GIB for k in ("params", "grads", "optimizer", "activations", "overhead", "total")}
+    mem = {k: float(getattr(ev, k)[i]) / GIB for k in MEMORY_STACK}
     t = {"compute": float(ev.compute[i]), "tp_comm": float(ev.tp_comm[i]), "bubble": float(ev.bubble[i]),
          "pp_comm": float(ev.pp_comm[i]), "dp_comm": float(ev.dp_comm[i]), "optimizer": float(ev.optimizer_step[i])}
     return Scored(layout, mem, t, float(ev.step_time[i]), float(ev.tokens_per_s[i]), float(ev.mfu[i]),

@@ -165,32 +165,52 @@ def _hierarchical_time(nbytes, d, k, bw_intra, lat_intra, bw_inter, lat_inter, f
     return inside + across
 
 
-def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
-             c: Candidates, *, efficiency: Resolved | None = None, engine: Engine | None = None) -> Evaluation:
-    """Memory and time stacks of every layout in ``c``.
+@dataclass(frozen=True)
+class _Inputs:
+    """What every part of the model reads: the layouts as float arrays, the model's shape, the
+    bytes per parameter, the efficiencies and the engine. Built once by ``_inputs``."""
 
-    ``efficiency`` overrides the profile's resolved efficiencies and ``engine`` the runtime's
-    overlap settings (calibration uses both); plain callers pass neither.
-    """
-    eff = resolve_efficiency(profile) if efficiency is None else efficiency
-    eng = ENGINES[runtime] if engine is None else engine
+    model: ModelSpec
+    training: TrainingSpec
+    profile: ClusterProfile
+    runtime: str
+    eff: Resolved
+    eng: Engine
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    vpp: np.ndarray
+    mbs: np.ndarray
+    gas: np.ndarray
+    zero: np.ndarray
+    rc: np.ndarray
+    sp: np.ndarray
+    lf: np.ndarray  # decoder layers on the first, a middle and the last stage
+    lm: np.ndarray
+    ll: np.ndarray
+    act_bytes: int
+    weight_b: np.ndarray
+    grad_b: np.ndarray
+    opt_b: np.ndarray
+    comm_grad_b: np.ndarray
+    layer_params_local: np.ndarray  # parameters of one decoder layer on one GPU
+    first_params: np.ndarray  # parameters each stage holds on one GPU
+    middle_params: np.ndarray
+    last_params: np.ndarray
+    params_stage: np.ndarray  # of the largest stage
+
+
+def _inputs(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str, c: Candidates,
+            eff: Resolved, eng: Engine) -> _Inputs:
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
-    tp, pp, dp, vpp = f64(c.tp), f64(c.pp), f64(c.dp), f64(c.vpp)
-    mbs, gas, zero, rc, sp = f64(c.mbs), f64(c.gas), np.asarray(c.zero), np.asarray(c.rc), np.asarray(c.sp, dtype=bool)
-    s = float(training.seq_length)
-    h, f, a, kv, V = (float(model.hidden_size), float(model.ffn_hidden_size), float(model.num_attention_heads),
-                      float(model.kv_heads), float(model.vocab_size))
-    d_head = float(model.head_dim)
-    swiglu = model.activation == "swiglu"
-    precision = training.precision
-    act_bytes = 4 if precision == "fp32" else 2
-    weight_b, grad_b, opt_b = state_bytes(runtime, precision, zero)
+    tp, pp, zero = f64(c.tp), f64(c.pp), np.asarray(c.zero)
+    h = float(model.hidden_size)
+    weight_b, grad_b, opt_b = state_bytes(runtime, training.precision, zero)
     # Bytes per gradient element on the wire and in DeepSpeed's reduce buckets: DeepSpeed reduces in
     # the model's 16-bit type (communication_data_type defaults to it, engine.py; the ZeRO buckets
     # stay bf16, stage_1_and_2.py _gradient_reduction_buffer_dtype) even where it accumulates in
     # fp32; Megatron-LM reduces its fp32 main grads as they are.
     comm_grad_b = np.minimum(grad_b, weight_b) if runtime == "deepspeed" else grad_b
-    # ---------------- memory -----------------
     norms = (2 if model.normalization == "layernorm" else 1) * 2 * h
     layer_params_local = (model.params_per_layer - norms) / tp + norms
     emb_local = model.embedding_params / tp
@@ -198,7 +218,25 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     # With tied embeddings and pp > 1 the last stage keeps its own copy of the embedding matrix
     # for the output layer, synchronized by an extra all-reduce (Megatron-LM, Shoeybi 2019).
     tied_copy = np.where((pp > 1) & model.tied_embeddings, model.vocab_size * h / tp, 0.0)
+    lf, lm, ll = f64(c.layers_first), f64(c.layers_middle), f64(c.layers_last)
+    first_params = lf * layer_params_local + emb_local + np.where(pp == 1, out_local, 0.0)
+    middle_params = lm * layer_params_local
+    last_params = ll * layer_params_local + out_local + tied_copy
+    params_stage = np.maximum(np.maximum(first_params, middle_params), np.where(pp > 1, last_params, 0.0))
+    return _Inputs(model, training, profile, runtime, eff, eng, tp, pp, f64(c.dp), f64(c.vpp), f64(c.mbs),
+                   f64(c.gas), zero, np.asarray(c.rc), np.asarray(c.sp, dtype=bool), lf, lm, ll,
+                   4 if training.precision == "fp32" else 2, weight_b, grad_b, opt_b, comm_grad_b,
+                   layer_params_local, first_params, middle_params, last_params, params_stage)
 
+
+def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
+    """Bytes per GPU on the binding pipeline stage: (weights, gradients, optimizer states,
+    activations, communication buffers, framework, total)."""
+    model, training, tp, pp, dp, vpp, gas, zero = x.model, x.training, x.tp, x.pp, x.dp, x.vpp, x.gas, x.zero
+    s, mbs, sp, rc = float(training.seq_length), x.mbs, x.sp, x.rc
+    h, f, a, kv, V = (float(model.hidden_size), float(model.ffn_hidden_size), float(model.num_attention_heads),
+                      float(model.kv_heads), float(model.vocab_size))
+    act_bytes = x.act_bytes
     act_layer = activation_bytes_per_layer(
         s, mbs, h, f, a, kv, tp, sp, rc, swiglu=model.activation == "swiglu", flash=training.flash_attention,
         hidden_dropout=training.hidden_dropout > 0, attention_dropout=training.attention_dropout > 0,
@@ -216,47 +254,51 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     logits = s * mbs * V / tp * (act_bytes + 4)
 
     def stage_memory(layers, params_local, stage_index, extra_act):
-        w, g, o = model_state_bytes(params_local, dp, zero, weight_b, grad_b, opt_b)
+        w, g, o = model_state_bytes(params_local, dp, zero, x.weight_b, x.grad_b, x.opt_b)
         inflight = in_flight_micro_batches(pp, vpp, gas, stage_index)
         act = layers * act_layer * inflight + working_layer + extra_act
         return w, g, o, act
 
-    first_params = f64(c.layers_first) * layer_params_local + emb_local + np.where(pp == 1, out_local, 0.0)
-    middle_params = f64(c.layers_middle) * layer_params_local
-    last_params = f64(c.layers_last) * layer_params_local + out_local + tied_copy
-    first = stage_memory(f64(c.layers_first), first_params, 0.0,
+    first = stage_memory(x.lf, x.first_params, 0.0,
                          sbh_local * in_flight_micro_batches(pp, vpp, gas, 0.0) + np.where(pp == 1, logits, 0.0))
-    middle = stage_memory(f64(c.layers_middle), middle_params, np.minimum(1.0, pp - 1), 0.0)
-    last = stage_memory(f64(c.layers_last), last_params, pp - 1, logits)
-    params_stage = np.maximum(np.maximum(first_params, middle_params), np.where(pp > 1, last_params, 0.0))
+    middle = stage_memory(x.lm, x.middle_params, np.minimum(1.0, pp - 1), 0.0)
+    last = stage_memory(x.ll, x.last_params, pp - 1, logits)
 
     # Communication buffers (DeepSpeed only; Megatron's DDP reduces in place in its grad buffer).
-    if runtime == "deepspeed":
-        bucket = np.minimum(ZERO_BUCKET_ELEMENTS, params_stage) * comm_grad_b
+    if x.runtime == "deepspeed":
+        bucket = np.minimum(ZERO_BUCKET_ELEMENTS, x.params_stage) * x.comm_grad_b
         # ZeRO-1/2 keep two reduce buckets (overlap_comm's double buffering); bf16 ZeRO-1 runs in
         # BF16_Optimizer, which reduces its flat buffer in place and keeps none.
-        has_buckets = (zero == 2) | ((zero == 1) & (precision != "bf16"))
+        has_buckets = (zero == 2) | ((zero == 1) & (training.precision != "bf16"))
         buffers = np.where(has_buckets, 2 * bucket, 0.0)
         # ZeRO-3 gathers one layer ahead (prefetch) besides the one in use.
-        gathered = np.minimum(ZERO3_MAX_LIVE_PARAMETERS, 2 * layer_params_local) * weight_b
+        gathered = np.minimum(ZERO3_MAX_LIVE_PARAMETERS, 2 * x.layer_params_local) * x.weight_b
         buffers = buffers + np.where(zero == 3, gathered, 0.0)
     else:
         buffers = np.zeros_like(tp)
-    framework = np.full_like(tp, profile.memory_overhead_gib * GIB)
-    overhead = framework + buffers
+    framework = np.full_like(tp, x.profile.memory_overhead_gib * GIB)
 
     totals = [st[0] + st[1] + st[2] + st[3] for st in (first, middle, last)]
-    stacked = np.stack(totals)
-    which = np.argmax(stacked, axis=0)
+    which = np.argmax(np.stack(totals), axis=0)
     pick = lambda k: np.choose(which, [first[k], middle[k], last[k]])  # noqa: E731
     params_b, grads_b, opt_bytes, act_b = pick(0), pick(1), pick(2), pick(3)
-    total = params_b + grads_b + opt_bytes + act_b + overhead
+    total = params_b + grads_b + opt_bytes + act_b + (framework + buffers)
+    return params_b, grads_b, opt_bytes, act_b, buffers, framework, total
 
-    # ---------------- time -----------------
-    peak = _peak_flops(profile, precision)
+
+def _compute(x: _Inputs) -> tuple[np.ndarray, ...]:
+    """GEMMs, attention and element-wise work of the slowest stage: (seconds per micro-batch,
+    seconds per step, FLOPs of the stage per step for the at-peak bound)."""
+    model, training, eff, tp, rc, sp, gas = x.model, x.training, x.eff, x.tp, x.rc, x.sp, x.gas
+    s, mbs = float(training.seq_length), x.mbs
+    h, f, a, kv, V = (float(model.hidden_size), float(model.ffn_hidden_size), float(model.num_attention_heads),
+                      float(model.kv_heads), float(model.vocab_size))
+    d_head = float(model.head_dim)
+    swiglu = model.activation == "swiglu"
+    peak = _peak_flops(x.profile, training.precision)
     flop_rate = peak * eff.gemm
-    hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * eff.hbm
-    e = float(act_bytes)
+    hbm = x.profile.gpu.hbm_bandwidth_gbps * 1e9 * eff.hbm
+    e = float(x.act_bytes)
     T = s * mbs  # tokens per micro-batch
 
     def gemm(m, n, k, count=1.0):
@@ -313,22 +355,29 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     logit_t, logit_flops = gemm(T, V / tp, h)
     logit_time_mb = 3 * logit_t + T * V / tp * (e + 3 * 4) / hbm
     logit_flops_mb = 3 * logit_flops
+    lf, lm, ll = x.lf, x.lm, x.ll
+    compute_mb = np.maximum(lm * layer_time_mb, np.maximum(lf * layer_time_mb, ll * layer_time_mb + logit_time_mb))
+    flops_step = gas * np.maximum(np.maximum(lm, lf) * layer_flops_mb, ll * layer_flops_mb + logit_flops_mb)
+    return compute_mb, gas * compute_mb, flops_step
 
+
+def _communication(x: _Inputs, compute_mb: np.ndarray, compute: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Exposed seconds per step of tensor-parallel, pipeline and data-parallel communication:
+    (TP per micro-batch exposed, TP per step before overlap, PP point-to-point, DP exposed, DP
+    before overlap)."""
+    profile, eff, eng, training = x.profile, x.eff, x.eng, x.training
+    tp, pp, dp, vpp, gas, zero, rc, sp = x.tp, x.pp, x.dp, x.vpp, x.gas, x.zero, x.rc, x.sp
+    h = float(x.model.hidden_size)
+    e = float(x.act_bytes)
+    T = float(training.seq_length) * x.mbs
     # Tensor-parallel collectives, per layer per micro-batch.
     nvlink = profile.intra_node.bandwidth_gbps * 1e9 / 2 * eff.intra_node_comm  # one direction
     lat_intra = profile.intra_node.latency_us * 1e-6
-    n_coll = 4 + 2 * full_rc
+    n_coll = 4 + 2 * (rc == 2)
     tp_layer_mb = n_coll * _ring_time(T * h * e, tp, nvlink, lat_intra, 2.0)
-
-    lf, lm, ll = f64(c.layers_first), f64(c.layers_middle), f64(c.layers_last)
-    stage_layers = np.maximum(np.maximum(lf, lm), ll)
-    compute_mb = np.maximum(lm * layer_time_mb, np.maximum(lf * layer_time_mb, ll * layer_time_mb + logit_time_mb))
+    stage_layers = np.maximum(np.maximum(x.lf, x.lm), x.ll)
     tp_total_mb = stage_layers * tp_layer_mb
     tp_mb = tp_total_mb * (1.0 - (eff.tp_overlap if eng.tp_overlap else 0.0))
-    mb_time = compute_mb + tp_mb
-    compute = gas * compute_mb
-    tp_comm = gas * tp_mb
-    bubble = (pp - 1) / vpp * mb_time
 
     # Pipeline point-to-point: neighbouring stages are tp*dp ranks apart (Megatron's rank order
     # tp, dp, pp), so they sit on different nodes once tp*dp >= gpus_per_node.
@@ -355,10 +404,10 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
         lat = np.where(one_node, lat_intra, lat_inter) * factor * np.maximum(dp - 1, 0.0)
         return t + np.maximum(buckets - 1, 0.0) * np.where(dp > 1, lat, 0.0)
 
-    bucket_elems = ZERO_BUCKET_ELEMENTS if runtime == "deepspeed" else MEGATRON_BUCKET_ELEMENTS
-    buckets = np.ceil(params_stage / bucket_elems)
-    grad_bytes = params_stage * comm_grad_b
-    weight_bytes = params_stage * weight_b
+    bucket_elems = ZERO_BUCKET_ELEMENTS if x.runtime == "deepspeed" else MEGATRON_BUCKET_ELEMENTS
+    buckets = np.ceil(x.params_stage / bucket_elems)
+    grad_bytes = x.params_stage * x.comm_grad_b
+    weight_bytes = x.params_stage * x.weight_b
     allreduce = coll(grad_bytes, 2.0, buckets)
     rs = coll(grad_bytes, 1.0, buckets)
     ag = coll(weight_bytes, 1.0, buckets)
@@ -370,7 +419,7 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     # DeepSpeed's BF16_Optimizer (bf16 with fp32 accumulation at ZeRO-1) all-reduces its whole
     # gradient buffer after the last micro-batch (engine.py buffered_allreduce_fallback), not
     # overlapped, then all-gathers the updated bf16 weights (bf16_optimizer.py).
-    bf16_optimizer = (runtime == "deepspeed") & (precision == "bf16") & (zero == 1)
+    bf16_optimizer = (x.runtime == "deepspeed") & (training.precision == "bf16") & (zero == 1)
     dp_total = np.select([zero == 0, bf16_optimizer, zero == 1, zero == 2, zero == 3],
                          [allreduce, allreduce + ag, rs + ag, gas * rs + ag, gas * zero3_per_mb])
     # What can hide it: the gradient reduction overlaps the last micro-batch's backward (2/3 of its
@@ -383,20 +432,37 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
                       compute_mb * (2.0 / 3.0 + np.where((zero == 1) & eng.param_gather_overlap, 1.0 / 3.0, 0.0))))
     hide = np.where(can_overlap, window * eff.dp_overlap, 0.0)
     dp_comm = np.maximum(0.0, dp_total - hide)
+    return tp_mb, gas * tp_total_mb, pp_comm, dp_comm, dp_total
 
-    opt_params = params_stage / np.where(zero >= 1, dp, 1.0)
+
+def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
+             c: Candidates, *, efficiency: Resolved | None = None, engine: Engine | None = None) -> Evaluation:
+    """Memory and time stacks of every layout in ``c``: ``_memory``, ``_compute`` and
+    ``_communication`` on the same inputs, put together.
+
+    ``efficiency`` overrides the profile's resolved efficiencies and ``engine`` the runtime's
+    overlap settings (calibration uses both); plain callers pass neither.
+    """
+    eff = resolve_efficiency(profile) if efficiency is None else efficiency
+    eng = ENGINES[runtime] if engine is None else engine
+    x = _inputs(model, training, profile, runtime, c, eff, eng)
+    params_b, grads_b, opt_bytes, act_b, buffers, framework, total = _memory(x)
+    compute_mb, compute, flops_step = _compute(x)
+    tp_mb, tp_total, pp_comm, dp_comm, dp_total = _communication(x, compute_mb, compute)
+    tp_comm = x.gas * tp_mb
+    bubble = (x.pp - 1) / x.vpp * (compute_mb + tp_mb)
+    hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * eff.hbm
+    opt_params = x.params_stage / np.where(x.zero >= 1, x.dp, 1.0)
     optimizer_step = opt_params * OPTIMIZER_BYTES_PER_PARAM / hbm
 
     step = compute + tp_comm + bubble + pp_comm + dp_comm + optimizer_step
-    tokens = training.global_batch_size * s
+    tokens = training.global_batch_size * float(training.seq_length)
     mflops = model_flops_per_step(model, training.seq_length, training.global_batch_size)
-    world = tp * pp * dp
-    mfu = mflops / (step * world * peak)
-    compute_at_peak = gas * np.maximum(np.maximum(lm, lf) * layer_flops_mb, ll * layer_flops_mb + logit_flops_mb) / peak
-    return Evaluation(params_b, grads_b, opt_bytes, act_b, overhead, total,
+    peak = _peak_flops(profile, training.precision)
+    mfu = mflops / (step * (x.tp * x.pp * x.dp) * peak)
+    return Evaluation(params_b, grads_b, opt_bytes, act_b, framework + buffers, total,
                       compute, tp_comm, bubble, pp_comm, dp_comm, optimizer_step, step,
-                      tokens / step, mfu, compute_at_peak, buffers + np.zeros_like(tp), framework,
-                      gas * tp_total_mb, dp_total)
+                      tokens / step, mfu, flops_step / peak, buffers, framework, tp_total, dp_total)
 
 
 def invariant_violations(c: Candidates, ev: Evaluation) -> list[str]:

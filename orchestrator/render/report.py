@@ -12,7 +12,7 @@ import yaml
 from ..costmodel.flops import model_flops_per_step
 from ..explain import explain_doc
 from ..plan import Plan
-from ..solver import Scored
+from ..solver import PLAN_MEMORY_KEYS, Scored
 
 
 def _r(x: float, nd: int = 3) -> float:
@@ -25,7 +25,7 @@ def scored_doc(plan: Plan, s: Scored) -> dict:
     flops = model_flops_per_step(plan.spec.model, t.seq_length, t.global_batch_size)
     return {
         "layout": s.layout.as_dict(),
-        "memory_gib_per_gpu": {k: _r(v) for k, v in s.memory_gib.items()},
+        "memory_gib_per_gpu": {k: _r(s.memory_gib[k]) for k in PLAN_MEMORY_KEYS},
         "predicted": {
             "step_time_s": _r(s.step_time_s, 4),
             "tokens_per_s": _r(s.tokens_per_s, 1),
