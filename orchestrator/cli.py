@@ -565,7 +565,7 @@ def calibrate(metrics, cluster, plan_dir, name, out, as_json, profiles_dir):
 
     METRICS are run directories or metrics.jsonl files written by the training entrypoint, or
     record files (YAML/JSONL of {layout, model, step_time_s, peak_mem_gib}; see
-    orchestrator/calibrate.py).
+    orchestrator/calibrate/__init__.py).
     """
     from .calibrate import calibrate as fit
     from .calibrate import calibrated_profile_yaml

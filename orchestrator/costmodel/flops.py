@@ -9,8 +9,6 @@ figures compare with Megatron's. Recomputation adds forward FLOPs to the hardwar
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..specs import ModelSpec
 
 

@@ -1,0 +1,148 @@
+"""Calibration of the time model: against published runs, and against a user's own runs.
+
+Two uses, one fitter:
+
+* ``published_rows`` turns the published Megatron-LM runs (``costmodel/published_runs.yaml``,
+  evaluated as ``costmodel/calibration_sets.yaml`` says) into rows with a measured step time;
+  ``scripts/fit_calibration.py`` fits each hardware entry's efficiencies to them and writes
+  ``costmodel/calibration.yaml``; ``published_errors`` is the table the tests assert on.
+* ``calibrate`` reads a user's measured step times (the training entrypoint's ``metrics.jsonl``
+  next to its plan directory, or a records file, format below), fits the profile's efficiencies
+  to them and returns a calibrated profile; ``calibrated_profile_yaml`` renders it.
+
+Records file (YAML with a top-level ``records:`` list, or JSONL with one record per line)::
+
+    records:
+      - model: examples/llama3-8b.yaml        # a spec file (path relative to the records file)
+        # or inline: model: {num_layers: 32, hidden_size: 4096, ...}  plus  training: {...}
+        training: {global_batch_size: 512}    # optional; overrides the spec file's training keys
+        runtime: deepspeed                    # optional, default deepspeed
+        layout: {tp: 2, pp: 1, dp: 8, zero_stage: 1, micro_batch_size: 2,
+                 recompute: none, sequence_parallel: false, vpp: 1}
+        step_time_s: 1.234                    # measured, steady state
+        peak_mem_gib: 61.2                    # optional: torch.cuda.max_memory_allocated
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..costmodel import evaluate
+from ..costmodel.calibration import FIELDS, resolve_efficiency
+from ..solver import GIB
+from ..specs import ClusterProfile, Efficiency
+from .fit import FitResult, fit
+from .published import published_errors, published_rows, step_time_from_tflops
+from .records import CalibrationRecord, load_records
+from .rows import (BOUNDS, CPU_BOUNDS, Row, RowError, _prepare, _resolved, error_summary, error_table,
+                   row_errors)
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    profile: str
+    records: list[dict]  # per record: id, measured, predicted before / after, memory
+    before: dict
+    after: dict
+    values_before: dict[str, float]
+    values_after: dict[str, float]
+    memory_overhead_gib: tuple[float, float]
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        r = lambda x: round(float(x), 4)  # noqa: E731
+        return {
+            "profile": self.profile,
+            "records": self.records,
+            "step_time_error_before": {k: r(v) if isinstance(v, float) else v for k, v in self.before.items()},
+            "step_time_error_after": {k: r(v) if isinstance(v, float) else v for k, v in self.after.items()},
+            "efficiency_before": {k: r(v) for k, v in self.values_before.items()},
+            "efficiency_after": {k: r(v) for k, v in self.values_after.items()},
+            "memory_overhead_gib": {"before": r(self.memory_overhead_gib[0]), "after": r(self.memory_overhead_gib[1])},
+            "notes": list(self.notes),
+        }
+
+
+def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: Path | None = None,
+              free: tuple[str, ...] | None = None, prior_weight: float = 0.02) -> tuple[ClusterProfile, CalibrationReport]:
+    """Fit ``profile``'s efficiencies to measured step times; returns the calibrated profile (all
+    efficiencies explicit) and a report of errors before and after.
+
+    Memory: where the measured peak is ``torch.cuda.max_memory_allocated`` it excludes the CUDA
+    context and NCCL's own buffers, so it is compared with the predicted total minus the
+    profile's framework overhead; a record without ``mem_kind`` is taken as the device total, and
+    ``memory_overhead_gib`` grows to cover the largest shortfall (never shrinks).
+    """
+    rows = load_records(metrics_paths, profile, plan_dir)
+    start = resolve_efficiency(profile)
+    # Fit only what the runs exercise (a parameter no run depends on would drift freely); which
+    # overlaps exist is the runtime's (costmodel.evaluate.ENGINES): DeepSpeed overlaps the DP
+    # reduction only without pipelining, and neither runtime as dsorch launches it overlaps TP.
+    if free is None:
+        exercised = {"gemm", "hbm"}
+        for r in rows:
+            tp, pp, dp = r.pins.tp or 1, r.pins.pp or 1, r.pins.dp or 1
+            if r.training.flash_attention:
+                exercised.add("attention")
+            if tp > 1 or (dp > 1 and r.profile.gpus_per_node > 1):
+                exercised.add("intra_node_comm")
+            if r.profile.nodes > 1:
+                exercised.add("inter_node_comm")
+            if dp > 1 and (r.runtime == "megatron" or pp == 1):
+                exercised.add("dp_overlap")
+        free = tuple(f for f in FIELDS if f in exercised)
+    before = row_errors(rows, lambda row: start)
+    # A user's handful of runs makes a cheap objective: more restarts buy a better optimum.
+    result = fit(rows, start.values(), free, prior_weight=prior_weight, restarts=4, iters=800,
+                 bounds=CPU_BOUNDS if profile.backend == "gloo" else BOUNDS)
+    after = result.errors
+    fitted = _resolved(result.values)
+
+    overhead = profile.memory_overhead_gib
+    new_overhead = overhead
+    records = []
+    notes = [f"fitted {', '.join(free)} to {len(rows)} run(s); other efficiencies kept"]
+    for row, b, a in zip(rows, before, after):
+        item = {"id": row.id, "layout": a.layout, "measured_step_s": round(row.measured_step_s, 4),
+                "predicted_before_s": round(b.predicted_s, 4), "predicted_after_s": round(a.predicted_s, 4)}
+        if row.measured_peak_gib is not None:
+            p = _prepare(row)
+            ev = evaluate(row.model, row.training, row.profile, row.runtime, p.cand, efficiency=fitted)
+            total = float(ev.total[0]) / GIB
+            allocator_only = row.note == "cuda_max_allocated"
+            predicted = total - overhead if allocator_only else total
+            item.update({"measured_peak_gib": round(row.measured_peak_gib, 3), "predicted_peak_gib": round(predicted, 3),
+                         "peak_kind": "allocator (no CUDA context / NCCL)" if allocator_only else "device total"})
+            if not allocator_only and row.measured_peak_gib > total:
+                new_overhead = max(new_overhead, overhead + row.measured_peak_gib - total)
+        records.append(item)
+    if new_overhead != overhead:
+        notes.append(f"memory_overhead_gib raised from {overhead:g} to {new_overhead:.2f} to cover the measured peaks")
+    eff = Efficiency(**{f: round(result.values[f], 4) for f in FIELDS})
+    calibrated = profile.model_copy(update={"efficiency": eff, "memory_overhead_gib": round(new_overhead, 2)})
+    report = CalibrationReport(profile.name, records, error_summary(before), error_summary(after), start.values(),
+                               result.values, (overhead, new_overhead), notes)
+    return calibrated, report
+
+
+def calibrated_profile_yaml(calibrated: ClusterProfile, report: CalibrationReport, *, name: str | None = None) -> str:
+    """A profile file that extends the original and states the fitted values (deterministic)."""
+    d = report.as_dict()
+    before, after = d["step_time_error_before"], d["step_time_error_after"]
+    header = [
+        f"# Calibrated by `dsorch calibrate` from {len(report.records)} measured run(s) of profile '{report.profile}'.",
+        f"# Step-time error: mean {100 * before['mean']:.1f}% / max {100 * before['max']:.1f}% before, "
+        f"mean {100 * after['mean']:.1f}% / max {100 * after['max']:.1f}% after.",
+        *[f"# {n}" for n in report.notes],
+    ]
+    doc = {"name": name or f"{report.profile}-calibrated", "extends": report.profile,
+           "memory_overhead_gib": calibrated.memory_overhead_gib,
+           "efficiency": {f: getattr(calibrated.efficiency, f) for f in FIELDS}}
+    return "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+
+__all__ = ["Row", "RowError", "FitResult", "CalibrationReport", "CalibrationRecord", "published_rows",
+           "published_errors", "row_errors", "error_summary", "error_table", "fit", "calibrate",
+           "calibrated_profile_yaml", "load_records", "step_time_from_tflops", "BOUNDS", "CPU_BOUNDS"]

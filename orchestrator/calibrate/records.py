@@ -1,0 +1,163 @@
+"""A user's measured runs: records files (YAML/JSONL, format in ``orchestrator.calibrate``) and
+run directories (metrics.jsonl beside the plan directory they trained), as typed records and Rows."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import SpecError
+from ..layout import RECOMPUTE_LEVELS, RUNTIMES
+from ..rules import stage_split
+from ..solver import Pins
+from ..specs import ClusterProfile, ModelSpec, TrainingSpec, load_spec
+from .rows import Row
+
+def _read_records(path: Path) -> list[dict]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    data = yaml.safe_load(text)
+    if isinstance(data, dict) and "records" in data:
+        return list(data["records"])
+    if isinstance(data, list):
+        return data
+    raise SpecError(f"{path}: expected a 'records:' list (see `dsorch calibrate --help`).")
+
+
+def _steady(values: list[float]) -> float:
+    """Median of the steps after warm-up (the first fifth, at least one step, is dropped)."""
+    if len(values) > 1:
+        values = values[max(1, len(values) // 5):]
+    return statistics.median(values)
+
+
+def _plan_dir_records(metrics: Path, plan_dir: Path) -> CalibrationRecord:
+    """One record from a training run's metrics.jsonl and the plan directory it trained."""
+    from ..plandir import load_plan_dir
+
+    pd = load_plan_dir(plan_dir)
+    model, training = pd.spec.model, pd.spec.training
+    steps: dict[int, dict] = {}
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            steps[int(rec["step"])] = rec  # a resumed run repeats steps: keep the last record
+    recs = [steps[k] for k in sorted(steps)]
+    if not recs:
+        raise SpecError(f"{metrics}: no step records.")
+    times = [r["step_time_s"] if r.get("step_time_s") else
+             training.global_batch_size * training.seq_length / r["tokens_per_s"] for r in recs]
+    mems = [r["peak_mem_gib"] for r in recs if r.get("peak_mem_gib") is not None]
+    return CalibrationRecord(id=str(metrics), model=model, training=training, runtime=pd.runtime,
+                             layout=RecordLayout(**pd.layout.as_dict()), step_time_s=_steady(times),
+                             peak_mem_gib=max(mems) if mems else None, mem_kind=recs[-1].get("mem_kind"),
+                             nodes=pd.doc.cluster.nodes, gpus_per_node=pd.doc.cluster.gpus_per_node)
+
+
+class RecordLayout(BaseModel):
+    """The layout a measured run used (the keys of plan.yaml's layout section)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    dp: int = Field(gt=0)
+    vpp: int = Field(default=1, gt=0)
+    zero_stage: int = Field(default=0, ge=0, le=3)
+    micro_batch_size: int = Field(gt=0)
+    grad_accum_steps: int | None = Field(default=None, gt=0)  # implied by the batch; accepted as plan.yaml has it
+    recompute: Literal[RECOMPUTE_LEVELS] = "none"  # type: ignore[valid-type]
+    sequence_parallel: bool = False
+
+
+class CalibrationRecord(BaseModel):
+    """One measured run in a records file (format in this module's docstring). extra="forbid": a
+    misspelt key (``runtme``, ``peak_mem_gb``) is an error, not a silently ignored value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    id: str | None = None
+    model: str | ModelSpec
+    training: dict[str, Any] | TrainingSpec | None = None
+    runtime: Literal[RUNTIMES] = "deepspeed"  # type: ignore[valid-type]
+    layout: RecordLayout
+    step_time_s: float = Field(gt=0, allow_inf_nan=False)
+    peak_mem_gib: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    mem_kind: str | None = None
+    nodes: int | None = Field(default=None, gt=0)
+    gpus_per_node: int | None = Field(default=None, gt=0)
+
+
+def _record_row(rec: CalibrationRecord, base: Path, profile: ClusterProfile, index: int) -> Row:
+    if isinstance(rec.model, str):
+        spec, _ = load_spec(base / rec.model)
+        model, training = spec.model, spec.training
+        if isinstance(rec.training, dict):
+            training = TrainingSpec.model_validate({**training.model_dump(), **rec.training})
+    else:
+        model = rec.model
+        training = rec.training if isinstance(rec.training, TrainingSpec) else \
+            TrainingSpec.model_validate(rec.training or {})
+    L = rec.layout
+    world = L.tp * L.pp * L.dp
+    gpn = rec.gpus_per_node or min(profile.gpus_per_node, world)
+    nodes = rec.nodes or max(1, world // gpn)
+    prof = profile.resized(nodes=nodes, gpus_per_node=gpn)
+    if prof.world_size != world:
+        raise SpecError(f"record {index}: tp*pp*dp = {world} GPUs but {nodes} nodes x {gpn} GPUs = {prof.world_size}.")
+    pins = Pins(tp=L.tp, pp=L.pp, dp=L.dp, vpp=L.vpp, zero_stage=L.zero_stage, micro_batch_size=L.micro_batch_size,
+                recompute=L.recompute, sequence_parallel=L.sequence_parallel)
+    if stage_split(model.num_layers, L.pp) is None:
+        raise SpecError(f"record {index}: pp={L.pp} cannot split {model.num_layers} layers.")
+    return Row(rec.id or f"record {index}", model, training, prof, rec.runtime, pins, rec.step_time_s,
+               measured_peak_gib=rec.peak_mem_gib, note=rec.mem_kind or "")
+
+
+def _parse_record(raw: object, path: Path, index: int) -> CalibrationRecord:
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: record {index} must be a mapping, got {type(raw).__name__}.")
+    try:
+        return CalibrationRecord.model_validate(raw)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(record)'}: {err['msg']}"
+                             for err in e.errors()[:6])
+        valid = ", ".join(CalibrationRecord.model_fields)
+        raise SpecError(f"{path}: record {index}: {problems}. Valid keys: {valid}; the format is in "
+                        f"orchestrator/calibrate/__init__.py.")
+
+
+def load_records(metrics_paths: list[Path], profile: ClusterProfile, plan_dir: Path | None = None) -> list[Row]:
+    """Rows from run directories, metrics.jsonl files (with their plan directory) or records files."""
+    rows: list[Row] = []
+    for path in map(Path, metrics_paths):
+        try:
+            _load_one(path, profile, plan_dir, rows)
+        except SpecError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, OSError, yaml.YAMLError) as e:
+            # json.JSONDecodeError and pydantic's ValidationError are ValueErrors.
+            raise SpecError(f"{path}: cannot read a measurement from it ({type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:300]}). Each record needs layout, model and step_time_s; "
+                            f"see the format in orchestrator/calibrate/__init__.py.")
+    if not rows:
+        raise SpecError("no measurements to calibrate from.")
+    return rows
+
+
+def _load_one(path: Path, profile: ClusterProfile, plan_dir: Path | None, rows: list[Row]) -> None:
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if path.name == "metrics.jsonl":
+        candidates = [plan_dir] if plan_dir else [path.parent, path.parent.parent]
+        pdir = next((d for d in candidates if d is not None and (d / "plan.yaml").exists()), None)
+        if pdir is None:
+            raise SpecError(f"{path}: no plan.yaml next to it or one level up; pass the plan directory "
+                            f"it was trained from (--plan DIR).")
+        rows.append(_record_row(_plan_dir_records(path, pdir), path.parent, profile, len(rows)))
+        return
+    for i, raw in enumerate(_read_records(path)):
+        rows.append(_record_row(_parse_record(raw, path, i), path.parent, profile, len(rows)))

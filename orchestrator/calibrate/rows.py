@@ -1,0 +1,120 @@
+"""Rows of the calibration: one layout (or a pinned family of layouts) with a measured step time,
+the model's prediction for it, and the errors. Shared by the published set and a user's runs."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..costmodel import Candidates, evaluate
+from ..costmodel.calibration import FIELDS, Resolved, resolve_efficiency
+from ..costmodel.evaluate import RECOMPUTE_CODES, Engine
+from ..errors import SpecError
+from ..solver import GIB, Pins, enumerate_layouts
+from ..specs import ClusterProfile, ModelSpec, TrainingSpec
+
+# Physical bounds of the fitted fractions: no kernel reaches 100% of peak or of a link, and
+# an overlap fraction is a fraction.
+BOUNDS = {"gemm": (0.3, 0.95), "attention": (0.2, 0.95), "hbm": (0.5, 0.95), "intra_node_comm": (0.5, 0.95),
+          "inter_node_comm": (0.5, 0.95), "dp_overlap": (0.0, 1.0), "tp_overlap": (0.0, 1.0)}
+# CPU ranks (gloo profiles such as `local`) sit far below datacenter-GPU figures against their
+# stated peak: still fractions in (0, 1], with a floor low enough for them.
+CPU_BOUNDS = {k: (min(lo, 0.02), hi) for k, (lo, hi) in BOUNDS.items()}
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    model: ModelSpec
+    training: TrainingSpec
+    profile: ClusterProfile
+    runtime: str
+    pins: Pins
+    measured_step_s: float
+    engine: Engine | None = None
+    measured_peak_gib: float | None = None
+    hardware: str | None = None  # calibration entry id (published rows)
+    note: str = ""
+
+
+@dataclass
+class _Prepared:
+    row: Row
+    cand: Candidates
+    fits: np.ndarray
+
+
+def _prepare(row: Row) -> _Prepared:
+    cand, _ = enumerate_layouts(row.model, row.training, row.profile, row.runtime, row.pins)
+    if len(cand) == 0:
+        raise SpecError(f"calibration row {row.id}: no legal layout with {row.pins}")
+    ev = evaluate(row.model, row.training, row.profile, row.runtime, cand, engine=row.engine)
+    fits = ev.total / GIB <= row.profile.gpu.memory_gib
+    if not fits.any():  # a published run did fit: keep the smallest rather than nothing
+        fits = ev.total == ev.total.min()
+    return _Prepared(row, cand.take(np.flatnonzero(fits)), fits)
+
+
+def _predict(p: _Prepared, eff: Resolved) -> tuple[float, int]:
+    ev = evaluate(p.row.model, p.row.training, p.row.profile, p.row.runtime, p.cand, efficiency=eff,
+                  engine=p.row.engine)
+    i = int(np.argmin(ev.step_time))
+    return float(ev.step_time[i]), i
+
+
+def _resolved(values: dict[str, float], like: Resolved | None = None) -> Resolved:
+    return Resolved(**{f: float(values[f]) for f in FIELDS}, sources=tuple((f, "fit") for f in FIELDS),
+                    entry=None if like is None else like.entry,
+                    mean_rel_error=None if like is None else like.mean_rel_error,
+                    max_rel_error=None if like is None else like.max_rel_error)
+
+
+@dataclass(frozen=True)
+class RowError:
+    id: str
+    hardware: str | None
+    measured_s: float
+    predicted_s: float
+    layout: str
+
+    @property
+    def rel_error(self) -> float:
+        return self.predicted_s / self.measured_s - 1.0
+
+
+def _layout_text(cand: Candidates, i: int) -> str:
+    rc = {v: k for k, v in RECOMPUTE_CODES.items()}[int(cand.rc[i])]
+    return (f"tp{int(cand.tp[i])} pp{int(cand.pp[i])} vpp{int(cand.vpp[i])} dp{int(cand.dp[i])} "
+            f"zero{int(cand.zero[i])} mbs{int(cand.mbs[i])} rc={rc}{' sp' if cand.sp[i] else ''}")
+
+
+def row_errors(rows: list[Row], efficiency_for=None) -> list[RowError]:
+    """Predicted vs measured step time of each row; ``efficiency_for(row)`` gives the efficiencies
+    (default: what the row's profile resolves to, i.e. the shipped calibration)."""
+    out = []
+    for row in rows:
+        p = _prepare(row)
+        eff = resolve_efficiency(row.profile) if efficiency_for is None else efficiency_for(row)
+        t, i = _predict(p, eff)
+        out.append(RowError(row.id, row.hardware, row.measured_step_s, t, _layout_text(p.cand, i)))
+    return out
+
+
+def error_summary(errors: list[RowError]) -> dict:
+    rel = [abs(e.rel_error) for e in errors]
+    return {"rows": len(rel), "mean": statistics.fmean(rel) if rel else 0.0, "max": max(rel) if rel else 0.0}
+
+
+def error_table(errors: list[RowError]) -> str:
+    lines = [f"{'run':48s} {'layout (pinned + searched)':44s} {'measured s':>10s} {'predicted s':>11s} {'error':>7s}"]
+    for e in errors:
+        lines.append(f"{e.id:48s} {e.layout:44s} {e.measured_s:10.3f} {e.predicted_s:11.3f} {100 * e.rel_error:+6.1f}%")
+    groups: dict[str | None, list[RowError]] = {}
+    for e in errors:
+        groups.setdefault(e.hardware, []).append(e)
+    for hw, errs in [*groups.items(), ("all", errors)]:
+        s = error_summary(errs)
+        lines.append(f"{hw}: {s['rows']} rows, mean |error| {100 * s['mean']:.2f}%, max |error| {100 * s['max']:.2f}%")
+    return "\n".join(lines)
