@@ -62,6 +62,23 @@ def zero_stages(runtime: str, pp: int, precision: str, grad_accum_steps: int) ->
     return stages
 
 
+def vpp_degrees(runtime: str, num_layers: int, pp: int) -> list[int]:
+    """Virtual stages per rank the interleaved schedule can use: only Megatron-LM has it, only with
+    pp > 1 and an even split, and vpp must divide each stage's layers."""
+    from .layout import divisors
+
+    split = stage_split(num_layers, pp)
+    if runtime != "megatron" or pp == 1 or split is None or split.kind != "even":
+        return [1]
+    return divisors(num_layers // pp)
+
+
+def interleaving_fits(vpp: int, pp: int, grad_accum_steps: int) -> bool:
+    """The interleaved schedule needs the micro-batch count to be a multiple of pp
+    (Narayanan et al. 2021, Sec. 2.2.2)."""
+    return vpp == 1 or grad_accum_steps % pp == 0
+
+
 def tp_degrees(model: ModelSpec, gpus_per_node: int) -> list[int]:
     from .layout import divisors
 
@@ -100,7 +117,7 @@ def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, profi
         elif split is not None and (split.kind != "even" or (model.num_layers // L.pp) % L.vpp):
             r.append(f"vpp={L.vpp} must divide the {model.num_layers // L.pp} layers of each of the pp={L.pp} "
                      f"stages (an even split); choose a vpp dividing the layers per stage")
-        elif L.grad_accum_steps % L.pp:
+        elif not interleaving_fits(L.vpp, L.pp, L.grad_accum_steps):
             r.append(f"the interleaved schedule needs the number of micro-batches ({L.grad_accum_steps}) to be a "
                      f"multiple of pp={L.pp} (Narayanan et al. 2021, Sec. 2.2.2); change the micro-batch size")
     if L.global_batch_size != training.global_batch_size:

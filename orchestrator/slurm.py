@@ -51,6 +51,11 @@ def parse_slurm_time(text: str) -> int:
     return parts[0] * 60 + parts[1] + (1 if parts[2] else 0)
 
 
+# The profile's slurm settings that become `#SBATCH --KEY=VALUE` lines as they are, in job.sbatch
+# (render/scripts.py) and in the script submitit writes (make_executor).
+SBATCH_KEYS = ("partition", "account", "qos", "constraint", "mem")
+
+
 def rank_env(profile) -> dict[str, str]:
     """Environment of every rank, for launch.sh and for `dsorch submit` alike: the profile's
     slurm.env, plus one OpenMP thread per rank unless set (ranks share the node's cores; without a
@@ -238,7 +243,7 @@ def make_executor(spec: JobSpec, folder: Path, script_only: bool = False):
                   setup=_setup_lines(spec), additional_parameters=dict(spec.extra))
     if spec.use_gpus:
         params["gpus_per_node"] = spec.tasks_per_node
-    for key in ("partition", "account", "qos", "constraint", "mem"):
+    for key in SBATCH_KEYS:
         if getattr(spec, key) is not None:
             params[key] = getattr(spec, key)
     if spec.exclusive:

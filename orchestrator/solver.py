@@ -15,7 +15,7 @@ from .costmodel import RECOMPUTE_CODES, Candidates, Evaluation, evaluate
 from .costmodel.evaluate import invariant_violations
 from .costmodel.memory import GIB
 from .layout import RECOMPUTE_LEVELS, Layout, divisors
-from .rules import check_layout, stage_split, tp_degrees, zero_stages
+from .rules import check_layout, interleaving_fits, stage_split, tp_degrees, vpp_degrees, zero_stages
 from .specs import ClusterProfile, ModelSpec, TrainingSpec
 
 _RC_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
@@ -120,10 +120,7 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, profile: Cluster
             if gbs % dp:
                 reject(RULE_DP)
                 continue
-            if runtime == "deepspeed" or pp == 1 or split.kind != "even":
-                vpps = [1]
-            else:
-                vpps = divisors(model.num_layers // pp)
+            vpps = vpp_degrees(runtime, model.num_layers, pp)
             sps = [False, True] if tp > 1 else [False]
             inner = len(_options(pins, "recompute", RECOMPUTE_LEVELS)) * len(_options(pins, "sequence_parallel", sps))
             for mbs in _options(pins, "micro_batch_size", divisors(gbs // dp)):
@@ -131,7 +128,7 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, profile: Cluster
                 zeros = zero_stages(runtime, pp, training.precision, gas)
                 wanted = _options(pins, "zero_stage", all_zero)
                 for vpp in _options(pins, "vpp", vpps):
-                    if vpp > 1 and gas % pp:
+                    if not interleaving_fits(vpp, pp, gas):
                         reject(RULE_VPP, len(wanted) * inner)
                         continue
                     for z in wanted:

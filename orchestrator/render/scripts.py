@@ -13,7 +13,7 @@ import jinja2
 
 from ..plan import Plan
 from ..resources import templates_dir
-from ..slurm import job_name, rank_env
+from ..slurm import SBATCH_KEYS, job_name, rank_env
 
 MASTER_PORT = 29500
 
@@ -66,7 +66,7 @@ def _sbatch_value(v: str) -> str:
 def sbatch_options(plan: Plan) -> list[tuple[str, str | None]]:
     s = plan.profile.slurm
     opts: list[tuple[str, str | None]] = []
-    for key in ("partition", "account", "qos", "constraint", "mem"):
+    for key in SBATCH_KEYS:
         value = getattr(s, key)
         if value is not None:
             opts.append((key, _sbatch_value(str(value))))
