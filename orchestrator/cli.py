@@ -4,6 +4,7 @@ exit code 2 in one place, ``DsorchGroup``."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -48,6 +49,13 @@ class DsorchGroup(click.Group):
             return super().invoke(ctx)
         except DsorchError as e:
             raise _fail(e) from None
+        except OSError as e:
+            # The last net for the filesystem (a path too long, a disk full, permissions): the
+            # modules raise DsorchError with a fix where they can; this keeps the rest one line.
+            where = f"{e.filename}: " if e.filename else ""
+            raise UserError(f"{where}{e.strerror or e}; check the path and that you can write there.") from None
+        except RecursionError:
+            raise UserError("the input is nested too deeply to be a dsorch file or path.") from None
 
 
 def _console(stderr: bool = False):
@@ -130,22 +138,22 @@ def _load_cluster(project, cluster, profiles_dir: str | None):
 @click.option("--runtime", type=click.Choice(RUNTIMES), default="deepspeed", show_default=True,
               help="deepspeed: dsorch's bundled entrypoint on DeepSpeed's pipeline engine (1F1B, ZeRO 0-3). "
                    "megatron: Megatron-LM's pretrain_gpt.py (interleaved 1F1B, distributed optimizer).")
-@click.option("--nodes", type=click.IntRange(min=1), default=None, help="Override the profile's node count.")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+@click.option("--nodes", type=click.IntRange(1, 1_000_000), default=None, help="Override the profile's node count.")
+@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
               help="Override the profile's GPUs (processes) per node, e.g. to plan for part of a node.")
-@click.option("--tp", type=click.IntRange(min=1), default=None, help="Pin the tensor-parallel degree.")
-@click.option("--pp", type=click.IntRange(min=1), default=None, help="Pin the pipeline-parallel degree.")
-@click.option("--dp", type=click.IntRange(min=1), default=None, help="Pin the data-parallel degree.")
-@click.option("--vpp", type=click.IntRange(min=1), default=None,
+@click.option("--tp", type=click.IntRange(1, 1024), default=None, help="Pin the tensor-parallel degree.")
+@click.option("--pp", type=click.IntRange(1, 1_000_000), default=None, help="Pin the pipeline-parallel degree.")
+@click.option("--dp", type=click.IntRange(1, 1_000_000_000), default=None, help="Pin the data-parallel degree.")
+@click.option("--vpp", type=click.IntRange(1, 1_000_000), default=None,
               help="Pin virtual pipeline stages per rank (interleaved schedule; megatron runtime only).")
 @click.option("--zero", type=click.IntRange(0, 3), default=None,
               help="Pin the ZeRO stage (megatron runtime: 1 = distributed optimizer).")
-@click.option("--mbs", type=click.IntRange(min=1), default=None, help="Pin the micro-batch size (sequences).")
+@click.option("--mbs", type=click.IntRange(1, 100_000_000), default=None, help="Pin the micro-batch size (sequences).")
 @click.option("--recompute", type=click.Choice(RECOMPUTE_LEVELS), default=None, help="Pin activation recomputation.")
 @click.option("--sp/--no-sp", "sp", default=None, help="Pin sequence parallelism on or off.")
-@click.option("--memory-margin", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="GIB",
+@click.option("--memory-margin", type=click.FloatRange(0, 1_000_000), default=0.0, show_default=True, metavar="GIB",
               help="Headroom to keep free on every GPU, in GiB.")
-@click.option("--top", type=click.IntRange(min=1), default=8, show_default=True, help="Rows in the table.")
+@click.option("--top", type=click.IntRange(1, 10_000), default=8, show_default=True, help="Rows in the table.")
 @_profiles_dir_option
 def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, gpus_per_node, tp, pp, dp, vpp, zero,
          mbs, recompute, sp, memory_margin, top, profiles_dir):
@@ -160,6 +168,10 @@ def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, 
     from .writer import diff_plan_dir, write_plan_dir
 
     _ds_env()
+    if not math.isfinite(memory_margin):  # click's FloatRange lets nan through (nan < 0 is false)
+        raise UserError(f"--memory-margin {memory_margin}: give a number of GiB, e.g. 2.")
+    if out is not None:
+        _check_path(out, "--out")
     if check and no_write:
         raise UserError("--check compares with the plan directory and --no-write writes none; pass one of them.")
     if no_write and out is not None:
@@ -205,6 +217,14 @@ def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, 
 
         click.echo()
         click.echo(explain_text(the_plan), nl=False)
+
+
+def _check_path(p: Path, flag: str) -> None:
+    """A path the filesystem can hold: each name at most 255 bytes, 4096 in all, 256 levels deep."""
+    text = os.fsencode(str(p))
+    if len(text) > 4096 or len(p.parts) > 256 or any(len(os.fsencode(part)) > 255 for part in p.parts):
+        raise UserError(f"{flag}: the path is too long or too deep for a filesystem (names of at most 255 bytes, "
+                        f"4096 in all); choose a shorter one.")
 
 
 def _shown(p: Path) -> str:
@@ -336,7 +356,7 @@ def init(directory, cluster, profiles_dir, plans_dir, runs_dir, force):
 
 @main.command()
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--dp", type=click.IntRange(min=1), default=None,
+@click.option("--dp", type=click.IntRange(1, 1_000_000_000), default=None,
               help="Data-parallel size to check a single ds_config.json at (a plan directory records its own).")
 def validate(path, dp):
     """Re-validate a plan directory (or one ds_config.json) with DeepSpeed's own config classes and
@@ -381,12 +401,12 @@ Examples:
               help="Cluster to run on; default: the one the plan was made for. Without PLAN_DIR it picks the plan: "
                    "this directory if it is one, else the one plan for the cluster (--cluster, $DSORCH_CLUSTER or "
                    "dsorch.yaml) in the plans directory. `local` runs on this machine.")
-@click.option("--nodes", type=click.IntRange(min=1), default=None,
+@click.option("--nodes", type=click.IntRange(1, 1_000_000), default=None,
               help="Node count you expect; refused when the plan was made for another.")
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="Training steps (default: the plan's).")
+@click.option("--steps", type=click.IntRange(1, 1_000_000_000_000), default=None, help="Training steps (default: the plan's).")
 @click.option("--data", type=click.Path(dir_okay=False), default=None,
               help="Token file NAME (NAME.bin + NAME.json) to train on (default: deterministic synthetic tokens).")
-@click.option("--save-interval", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--save-interval", type=click.IntRange(0, 1_000_000_000_000), default=0, show_default=True,
               help="Checkpoint every N steps (0: only at the end and when preempted).")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where checkpoints and metrics.jsonl go; default runs/<plan>-<key>.")
@@ -482,7 +502,7 @@ def status(as_json, show_all):
 
 @main.command()
 @click.argument("job")
-@click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True, help="Which task's log.")
+@click.option("--rank", type=click.IntRange(0, 10_000_000), default=0, show_default=True, help="Which task's log.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
 def logs(job, rank, follow):
     """Print a job's log (stdout, then stderr) for one rank."""

@@ -218,7 +218,7 @@ class TrainingSpec(BaseModel):
     flash_attention: bool = True
     hidden_dropout: float = Field(default=0.0, ge=0, lt=1)
     attention_dropout: float = Field(default=0.0, ge=0, lt=1)
-    seed: int = 1234
+    seed: int = Field(default=1234, ge=0, lt=2**63)  # torch.manual_seed takes a 64-bit integer
     optimizer: OptimizerSpec = OptimizerSpec()
     data: DataSpec = DataSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
@@ -475,12 +475,57 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# A spec, profile or dsorch.yaml is a page of YAML. Limits that stop hostile or broken input before
+# it costs time or memory: the file's size (read no further: /dev/zero has no end), and the nodes
+# its aliases expand to ("billion laughs": nine aliases of nine make 10^9 nodes from 1 KB).
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_NODES = 100_000
+
+
+def _read_input(path: Path) -> bytes:
+    """The bytes of a regular file of at most MAX_YAML_BYTES; never blocks on a FIFO or a device."""
+    import stat
+
+    try:
+        st = path.stat()
+        if stat.S_ISDIR(st.st_mode):
+            raise SpecError(f"{path}: is a directory; pass a YAML file.")
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecError(f"{path}: not a regular file (a pipe or a device); pass a YAML file.")
+        if st.st_size > MAX_YAML_BYTES:
+            raise SpecError(f"{path}: {st.st_size:,} bytes; a spec or profile is at most {MAX_YAML_BYTES:,}. "
+                            f"Pass the YAML file itself.")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_YAML_BYTES + 1)
+        if len(raw) > MAX_YAML_BYTES:  # it grew while we looked
+            raise SpecError(f"{path}: more than {MAX_YAML_BYTES:,} bytes; a spec or profile is smaller.")
+        return raw
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such file. Check the path (it is read relative to the current directory).")
+    except OSError as e:
+        raise SpecError(f"{path}: cannot be read ({e.strerror or e}).")
+
+
+def _count_nodes(node: yaml.Node, path: Path, budget: list[int]) -> None:
+    """Refuse documents whose aliases expand to more than MAX_YAML_NODES nodes."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise SpecError(f"{path}: more than {MAX_YAML_NODES:,} YAML values (counting what anchors and aliases "
+                            f"repeat); a spec or profile has a few hundred. Pass the right file, or write aliases out.")
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                stack.extend((k, v))
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+
+
 def load_yaml(path: Path, empty_ok: bool = False) -> Loaded:
     """Parse a YAML mapping; ``empty_ok``: a file with no content (or only comments) is ``{}``."""
     try:
-        if path.is_dir():
-            raise SpecError(f"{path}: is a directory; pass a YAML file.")
-        raw = path.read_bytes()
+        raw = _read_input(path)
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file. Check the path (it is read relative to the current directory).")
     except OSError as e:
@@ -489,20 +534,26 @@ def load_yaml(path: Path, empty_ok: bool = False) -> Loaded:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SpecError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8.")
-    loader = _UniqueKeyLoader(text)
+    loader = None
     try:
+        loader = _UniqueKeyLoader(text)  # its reader refuses control characters here already
         # One parse: the node tree gives the line numbers, the same tree gives the data.
         node = loader.get_single_node()
+        if node is not None:
+            _count_nodes(node, path, [MAX_YAML_NODES])
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         problem = getattr(e, "problem", None) or str(e)
         raise SpecError(f"{where}: malformed YAML ({problem}). Fix the syntax at that line.")
-    except (ValueError, OverflowError, RecursionError) as e:  # e.g. a date like 2024-02-30
-        raise SpecError(f"{path}: a value cannot be read ({e}); quote it if it is meant as a string.")
+    except (ValueError, OverflowError, RecursionError, AttributeError, TypeError) as e:
+        # e.g. a date like 2024-02-30, or an explicit tag (!!timestamp, !!binary) on a value that is not one
+        raise SpecError(f"{path}: a value cannot be read ({' '.join(str(e).split())[:200]}); quote it if it is "
+                        f"meant as a string, and drop explicit !!tags.")
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if data is None and empty_ok:
         data = {}
     if not isinstance(data, dict):
@@ -529,12 +580,20 @@ def _valid_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return []
 
 
+MAX_ERRORS = 20
+
+
 def _format_validation(e: ValidationError, loaded: Loaded | list[Loaded], model: type[BaseModel], what: str) -> str:
     """One line per error: file:line, key, what is wrong, the fix. With a profile's ``extends``
     chain (most derived first), each error names the file that sets the key, not the child."""
     chain = loaded if isinstance(loaded, list) else [loaded]
     msgs = []
-    for err in e.errors():
+    errors = e.errors()
+    if len(errors) > MAX_ERRORS:
+        # One line per problem up to a page; a file with thousands of unknown keys is summarised.
+        msgs.append(f"{chain[0].path}: {len(errors):,} problems; the first {MAX_ERRORS}:")
+        errors = errors[:MAX_ERRORS]
+    for err in errors:
         loc = tuple(err["loc"])
         key = ".".join(str(p) for p in loc) or "(top level)"
         where = str(chain[0].path)
