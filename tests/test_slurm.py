@@ -41,8 +41,6 @@ def slurm_env(tmp_path_factory):
                           check=True).stdout.strip().split("=", 1)[1].strip("'\"")
     env = dict(os.environ, SLURM_CONF=conf, DSORCH_PROFILES_DIR=str(PROFILES), DS_ACCELERATOR="cpu",
                OMP_NUM_THREADS="1")
-    # A shared, warm cache for DeepSpeed's CPU communication op (compiled once per machine).
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "dsorch" / "torch_extensions"))
     yield env
     if not was_up:
         subprocess.run(["bash", str(CLUSTER_SCRIPT), "stop"], capture_output=True, timeout=300, check=True)

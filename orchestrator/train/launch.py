@@ -72,6 +72,18 @@ def init(denv: DistEnv, backend: str) -> torch.device:
                             world_size=denv.world_size, timeout=timedelta(minutes=10))
     import deepspeed  # after DS_ACCELERATOR is set: DeepSpeed picks its accelerator on import
 
+    if device.type == "cpu":
+        # DeepSpeed's CPU backend JIT-builds a shared-memory op (ShareMemCommBuilder) in
+        # init_distributed, used only by inference_all_reduce (deepspeed/comm/torch.py); training
+        # collectives go through torch.distributed (gloo). Its build is ~50 s the first time, and
+        # every start takes torch's build lock file for a ninja check: a rank killed in that second
+        # (scancel, a preempted job) leaves the lock behind and every later rank on the machine
+        # waits for it forever (seen on the loopback cluster). Training never calls it: skip it.
+        # (By module name: `import deepspeed.comm.torch as m` would bind the torch library, which
+        # deepspeed.comm re-exports under that attribute name.)
+        import importlib
+
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend=backend)
     return device
 
