@@ -471,11 +471,21 @@ def _tail(text: str, n: int) -> str:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--all", "show_all", is_flag=True, help="Also show the traceback tail of every failed job.")
-def status(as_json, show_all):
+@click.option("--repair", is_flag=True,
+              help="Repair a damaged job registry: keep it aside as jobs.sqlite.damaged-<time>, copy every row that "
+                   "still reads into a new one.")
+def status(as_json, show_all, repair):
     """Jobs submitted from this experiment directory: id, plan, state, elapsed, requeues, last step/loss."""
     from .submission import refresh
 
     reg = _registry()
+    if repair:
+        kept, lost, backup = reg.repair()
+        if backup is None:
+            click.echo(f"{reg.path}: intact ({kept} job(s)); nothing to repair.")
+        else:
+            click.echo(f"{reg.path}: repaired; {kept} job(s) kept, {lost} unreadable; the damaged file is {backup}.")
+        return
     records = [refresh(reg, r) for r in reg.all()]
     if as_json:
         from dataclasses import asdict

@@ -92,8 +92,19 @@ class Registry:
         self.dir = Path(experiment_dir) / ".dsorch"
         self.path = self.dir / "jobs.sqlite"
 
+    def _damaged(self, e: Exception) -> DsorchError:
+        return DsorchError(f"{self.path}: the job registry is damaged ({' '.join(str(e).split())[:200]}). Run "
+                           f"`dsorch status --repair`: it keeps the damaged file as {self.path.name}.damaged-<time> "
+                           f"and copies every row it can still read into a new registry.")
+
+    def _check_dir(self) -> None:
+        if self.dir.exists() and not self.dir.is_dir():
+            raise DsorchError(f"{self.dir} is a file; dsorch keeps its job registry in the directory {self.dir.name}/ "
+                              f"of the experiment directory: move the file away.")
+
     @contextlib.contextmanager
     def _connect(self, write: bool = False):
+        self._check_dir()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             con = sqlite3.connect(self.path, timeout=60, isolation_level=None)
@@ -101,36 +112,56 @@ class Registry:
             raise DsorchError(f"{self.path}: cannot open the job registry ({e}); run dsorch from a directory you "
                               f"can write to.")
         try:
-            con.execute("PRAGMA busy_timeout = 60000")
-            con.execute("PRAGMA journal_mode = WAL")
-            version = con.execute("PRAGMA user_version").fetchone()[0]
-            if version == 0:
-                con.execute("BEGIN IMMEDIATE")
-                if con.execute("PRAGMA user_version").fetchone()[0] == 0:
-                    for statement in filter(str.strip, _SCHEMA.split(";")):
-                        con.execute(statement)
-                    con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                con.execute("COMMIT")
-            elif version > SCHEMA_VERSION:
-                raise DsorchError(f"{self.path} was written by a newer dsorch (schema {version}); upgrade dsorch.")
-            if write:
-                con.execute("BEGIN IMMEDIATE")
-            try:
-                yield con
-                if write:
-                    con.execute("COMMIT")
-            except BaseException:
-                if write:
-                    con.execute("ROLLBACK")
-                raise
+            with self._translated():
+                yield from self._session(con, write)
         finally:
             con.close()
+
+    @contextlib.contextmanager
+    def _translated(self):
+        """sqlite's errors as one paragraph each: a lock held too long, or a damaged file."""
+        try:
+            yield
+        except sqlite3.OperationalError as e:
+            if "locked" in str(e) or "busy" in str(e):
+                raise DsorchError(f"{self.path}: another dsorch process held the registry for over a minute "
+                                  f"({e}); wait for it to finish and try again.") from None
+            raise self._damaged(e) from None
+        except sqlite3.DatabaseError as e:
+            raise self._damaged(e) from None
+
+    def _session(self, con, write: bool):
+        """Set up a connection (schema on first use) and hold one transaction for writers."""
+        con.execute("PRAGMA busy_timeout = 60000")
+        con.execute("PRAGMA journal_mode = WAL")
+        version = con.execute("PRAGMA user_version").fetchone()[0]
+        if version == 0:
+            con.execute("BEGIN IMMEDIATE")
+            if con.execute("PRAGMA user_version").fetchone()[0] == 0:
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    con.execute(statement)
+                con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            con.execute("COMMIT")
+        elif version > SCHEMA_VERSION:
+            raise DsorchError(f"{self.path} was written by a newer dsorch (schema {version}); upgrade dsorch.")
+        if write:
+            con.execute("BEGIN IMMEDIATE")
+        try:
+            yield con
+            if write:
+                con.execute("COMMIT")
+        except BaseException:
+            if write:
+                with contextlib.suppress(sqlite3.Error):  # a damaged file may refuse even this
+                    con.execute("ROLLBACK")
+            raise
 
     @staticmethod
     def _record(row) -> JobRecord:
         return JobRecord(**dict(zip(_COLUMNS, row)))
 
     def all(self) -> list[JobRecord]:
+        self._check_dir()
         if not self.path.exists():
             return []
         with self._connect() as con:
@@ -178,6 +209,29 @@ class Registry:
 
             yield insert, lambda key, **values: _update(con, key, values)
 
+    def repair(self) -> tuple[int, int, Path | None]:
+        """Keep a damaged registry aside and start a new one with every row that can still be read.
+        Returns (rows kept, rows lost, where the old file went); (n, 0, None) when it was intact."""
+        import shutil
+        import time
+
+        try:
+            return len(self.all()), 0, None
+        except DsorchError as e:
+            if "damaged" not in str(e):
+                raise
+        rows, lost = _salvage(self.path)
+        backup = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+        for suffix in ("", "-wal", "-shm"):
+            old = Path(str(self.path) + suffix)
+            if old.exists():
+                shutil.move(old, Path(str(backup) + suffix))
+        with self._connect(write=True) as con:
+            for row in rows:
+                con.execute(f"INSERT INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+                            row)
+        return len(rows), lost, backup
+
     def update(self, key: int, **values) -> None:
         with self._connect(write=True) as con:
             _update(con, key, values)
@@ -187,3 +241,30 @@ def _update(con: sqlite3.Connection, key: int, values: dict) -> None:
     values = {**values, "updated_at": now_utc()}
     sets = ", ".join(f"{k} = ?" for k in values)
     con.execute(f"UPDATE jobs SET {sets} WHERE key = ?", (*values.values(), key))
+
+
+def _salvage(path: Path) -> tuple[list[tuple], int]:
+    """The rows of a damaged registry that still read back whole, and how many did not. Rows are
+    read one key at a time, so one bad page costs only the rows on it."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    except sqlite3.Error:
+        return [], 0
+    rows: list[tuple] = []
+    lost = 0
+    try:
+        try:
+            top = con.execute("SELECT MAX(key) FROM jobs").fetchone()[0] or 0
+        except sqlite3.Error:
+            return [], 0  # no table, or not a database at all: nothing to salvage
+        for key in range(1, int(top) + 1):
+            try:
+                row = con.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE key = ?", (key,)).fetchone()
+            except sqlite3.Error:
+                lost += 1
+                continue
+            if row is not None:
+                rows.append(row)
+    finally:
+        con.close()
+    return rows, lost

@@ -333,6 +333,8 @@ def job_state(kind: str, folder: Path, job_id: str, last_known: str) -> tuple[st
     if kind == "local":
         if last_known == "CANCELLED":
             return "CANCELLED", error
+        if not job_id.isdigit():  # a local job's id is its controller's pid
+            return "UNKNOWN", f"job id {job_id!r} is not a local process id; the registry row is damaged"
         if _pid_alive(int(job_id)):
             return "RUNNING", error
         if result is None:
@@ -361,6 +363,9 @@ def job_state(kind: str, folder: Path, job_id: str, last_known: str) -> tuple[st
 
 def cancel(kind: str, job_id: str) -> None:
     if kind == "local":
+        if not job_id.isdigit():
+            raise DsorchError(f"job id {job_id!r} is not a local process id; the registry row is damaged, nothing "
+                              f"to cancel.")
         try:
             # submitit's local controller kills its tasks on SIGINT (LocalJob.cancel does the same).
             os.kill(int(job_id), signal.SIGINT)

@@ -89,3 +89,68 @@ def test_job_ids_may_repeat_and_name_their_newest_row(tmp_path):
         update(k2, job_id="1234", state="RUNNING")
     assert reg.get("1234").key == k2
     assert [r.state for r in reg.all()] == ["COMPLETED", "RUNNING"]
+
+
+def _three_jobs(tmp_path) -> Registry:
+    reg = Registry(tmp_path)
+    for i in range(3):
+        with reg.reserve(f"plans/p{i}", force=False) as (insert, _):
+            insert(**_fields(str(200 + i), plan=f"plans/p{i}", state="COMPLETED"))
+    # Fold the write-ahead log into the file, as a finished dsorch process leaves it.
+    con = sqlite3.connect(reg.path)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    return reg
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "no-table", "bitflip-header"])
+def test_a_damaged_registry_is_one_paragraph_and_repair_keeps_what_reads(tmp_path, runner, monkeypatch, damage):
+    from orchestrator.cli import main
+
+    reg = _three_jobs(tmp_path)
+    data = reg.path.read_bytes()
+    if damage == "truncate":
+        reg.path.write_bytes(data[: len(data) // 3])
+    elif damage == "garbage":
+        reg.path.write_bytes(b"this is not a database" * 100)
+    elif damage == "no-table":
+        con = sqlite3.connect(reg.path)
+        con.execute("DROP TABLE jobs")
+        con.close()
+    else:
+        reg.path.write_bytes(data[:16] + bytes([data[16] ^ 0xFF]) + data[17:])  # the page size field
+    monkeypatch.chdir(tmp_path)
+    for args in (["status"], ["status", "--json"], ["logs", "200"], ["cancel", "200"]):
+        r = runner.invoke(main, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert "the job registry is damaged" in r.output and "dsorch status --repair" in r.output, r.output
+        assert "Traceback" not in r.output
+    r = runner.invoke(main, ["status", "--repair"])
+    assert r.exit_code == 0, r.output
+    assert "repaired" in r.output and list(tmp_path.glob(".dsorch/jobs.sqlite.damaged-*"))
+    r = runner.invoke(main, ["status", "--json"])
+    assert r.exit_code == 0, r.output
+    assert runner.invoke(main, ["status", "--repair"]).output.startswith(f"{reg.path}: intact")
+
+
+def test_repair_keeps_every_row_of_an_intact_table(tmp_path):
+    reg = _three_jobs(tmp_path)
+    assert reg.repair() == (3, 0, None)
+    assert [r.job_id for r in reg.all()] == ["200", "201", "202"]
+
+
+def test_registry_edge_cases_are_one_paragraph(tmp_path, runner, monkeypatch):
+    from orchestrator.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".dsorch").write_text("not a directory")
+    r = runner.invoke(main, ["status"])
+    assert r.exit_code == 2 and ".dsorch is a file" in r.output and "Traceback" not in r.output
+    (tmp_path / ".dsorch").unlink()
+    reg = Registry(tmp_path)
+    with reg.reserve("plans/x", force=False) as (insert, _):
+        insert(**{**_fields("abc", plan="plans/x", state="RUNNING"), "executor": "local"})
+    r = runner.invoke(main, ["status", "--json"])
+    assert r.exit_code == 0 and "not a local process id" in r.output
+    r = runner.invoke(main, ["cancel", "abc"])
+    assert r.exit_code == 2 and "nothing to cancel" in r.output and "Traceback" not in r.output
