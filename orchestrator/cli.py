@@ -410,11 +410,15 @@ Examples:
               help="Checkpoint every N steps (0: only at the end and when preempted).")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where checkpoints and metrics.jsonl go; default runs/<plan>-<key>.")
+@click.option("--resume", is_flag=True,
+              help="Continue the newest job of this plan: its run directory, from its newest intact checkpoint "
+                   "(after a failure or a cancel).")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch script submitit would submit; submit nothing.")
 @click.option("--force", is_flag=True, help="Submit even if a job of this plan is pending or running.")
 @click.option("--wait", is_flag=True, help="Wait for the job to finish and print its final state.")
 @_profiles_dir_option
-def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, dry_run, force, wait, profiles_dir):
+def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume, dry_run, force, wait,
+           profiles_dir):
     """Submit PLAN_DIR as a job running dsorch's training entrypoint (SLURM through submitit, or local)."""
     from . import slurm
     from .project import find_plan
@@ -426,9 +430,21 @@ def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, dry_ru
     if plan_dir is None:
         plan_dir = find_plan(project, Path.cwd(), project.cluster(cluster))
         click.echo(f"plan: {_shown(plan_dir)}", err=True)
+    if resume and run_dir is not None:
+        raise UserError("--resume continues the newest run of the plan and --run-dir names one; pass one of them.")
     sub = prepare_submission(plan_dir, cluster, nodes, steps, data, run_dir,
                              _profiles_dir(project, profiles_dir), project.root, save_interval,
                              runs_dir=project.runs_dir)
+    if resume:
+        from dataclasses import replace
+
+        earlier = [r for r in Registry(project.root).all() if r.plan_dir == sub.plan_display and r.run_dir]
+        if not earlier:
+            raise UserError(f"--resume: no earlier job of {sub.plan_display} in this experiment directory; submit "
+                            f"without --resume.")
+        previous = earlier[-1].run_dir
+        sub = replace(sub, run_dir=Path(previous), job=replace(sub.job, run_dir=previous))
+        click.echo(f"resuming job {earlier[-1].job_id}'s run: {previous}", err=True)
     if dry_run:
         if sub.spec.kind == "local":
             click.echo(f"# --cluster local: {sub.spec.tasks_per_node} processes on this machine through "

@@ -12,6 +12,7 @@ submitit, which requeues the job; the requeued job resumes from that checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -157,7 +158,9 @@ class TrainingJob:
         if rc == EXIT_STOPPED:
             return {"stopped": True, "rank": env.global_rank}
         if rc != 0:
-            raise RuntimeError(f"rank {env.global_rank}: `{' '.join(self.command())}` exited with code {rc}:\n"
+            how = (f"was killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
+                   else f"exited with code {rc}")
+            raise RuntimeError(f"rank {env.global_rank}: `{' '.join(self.command())}` {how}:\n"
                                + _tail_file(env.paths.stderr, 30))
         return {"stopped": False, "rank": env.global_rank, "run_dir": self.run_dir}
 
@@ -275,10 +278,35 @@ def check_scheduler(kind: str) -> None:
                           f"plan made with `--cluster local` runs on this machine.")
 
 
+@contextlib.contextmanager
+def _detached_stdio(detach: bool):
+    """For the local executor: submitit starts its controller as a child that inherits this
+    process's stdout and stderr, so `dsorch submit ... | tee log` (or a test capturing the output)
+    would wait for the whole job before the pipe closes. The controller writes its own logs into
+    the job folder; it gets /dev/null instead."""
+    if not detach:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+
+
 def submit(spec: JobSpec, folder: Path, job: TrainingJob) -> str:
     ex = make_executor(spec, folder)
     try:
-        submitted = ex.submit(job)
+        with _detached_stdio(spec.kind == "local"):
+            submitted = ex.submit(job)
     except Exception as e:  # submitit raises FailedJobError / subprocess errors with sbatch's stderr
         raise DsorchError(f"the scheduler refused the job: {' '.join(str(e).split())[:2000]}")
     if spec.kind == "local":
@@ -307,10 +335,10 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def _result(folder: Path, job_id: str) -> tuple[str, object] | None:
+def _result(folder: Path, job_id: str, task: int = 0) -> tuple[str, object] | None:
     from submitit.core.utils import JobPaths
 
-    path = JobPaths(folder, job_id=job_id, task_id=0).result_pickle
+    path = JobPaths(folder, job_id=job_id, task_id=task).result_pickle
     if not path.exists():
         return None
     try:
@@ -320,6 +348,24 @@ def _result(folder: Path, job_id: str) -> tuple[str, object] | None:
         return None
 
 
+def _first_failure(folder: Path, job_id: str) -> str | None:
+    """The error that explains a failed job: the rank that was killed or exited first in its own
+    words, rather than its peers' "connection reset" that task 0 reports when another rank dies."""
+    errors = []
+    for task in range(4096):
+        result = _result(folder, job_id, task)
+        if result is None:
+            if task > 0 and not any(folder.glob(f"{job_id}_{task}_*")):
+                break
+            continue
+        if result[0] == "error":
+            errors.append(str(result[1]))
+    if not errors:
+        return None
+    killed = [e for e in errors if "was killed by" in e]
+    return (killed or errors)[0]
+
+
 def state_from_result(result: tuple[str, object]) -> str:
     return "FAILED" if result[0] == "error" else "COMPLETED"
 
@@ -327,9 +373,7 @@ def state_from_result(result: tuple[str, object]) -> str:
 def job_state(kind: str, folder: Path, job_id: str, last_known: str) -> tuple[str, str | None]:
     """(state, error text) of a job, in SLURM's state names."""
     result = _result(folder, job_id)
-    error = None
-    if result is not None and result[0] == "error":
-        error = str(result[1])
+    error = _first_failure(folder, job_id) if result is not None and result[0] == "error" else None
     if kind == "local":
         if last_known == "CANCELLED":
             return "CANCELLED", error

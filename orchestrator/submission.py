@@ -105,7 +105,29 @@ def _display(p: Path, base: Path) -> str:
 
 
 def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
+    created = not sub.folder.exists()
     sub.folder.mkdir(parents=True, exist_ok=True)
+    before = set(sub.folder.iterdir())
+    try:
+        return _record(reg, sub, force)
+    except BaseException:
+        # A refused submission leaves no row (one transaction) and no submitit files either.
+        import shutil
+
+        for p in set(sub.folder.iterdir()) - before:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        if created:
+            try:
+                sub.folder.rmdir()
+            except OSError:
+                pass
+        raise
+
+
+def _record(reg: Registry, sub: Submission, force: bool) -> JobRecord:
     with reg.reserve(sub.plan_display, force) as (insert, update):
         # The run directory is named after dsorch's own key, known only once the row exists; the
         # row and the submission are one transaction, so a refused submission leaves no row.

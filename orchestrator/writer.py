@@ -39,6 +39,31 @@ def _write_temp(directory: Path, name: str, text: str) -> Path:
 def write_plan_dir(out: Path, files: dict[str, str]) -> None:
     out = Path(out)
     parent = out.parent if str(out.parent) else Path(".")
+    created = _missing_ancestors(parent)
+    try:
+        _write_plan_dir(out, parent, files)
+    except BaseException:
+        # Nothing half-written: the directories this call created for --out go too (deepest first,
+        # only while empty).
+        for d in created:
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _missing_ancestors(p: Path) -> list[Path]:
+    """``p`` and its parents that do not exist yet, deepest first."""
+    missing = []
+    for d in (p, *p.parents):
+        if d.exists():
+            break
+        missing.append(d)
+    return missing
+
+
+def _write_plan_dir(out: Path, parent: Path, files: dict[str, str]) -> None:
     try:
         parent.mkdir(parents=True, exist_ok=True)
         if out.exists() and not out.is_dir():

@@ -316,3 +316,26 @@ def test_hostile_values_run_nothing_on_a_real_cluster(slurm_env, tmp_path):
     assert "COMPLETED" in r.stdout
     canaries = sorted(p.name for p in Path("/").glob("CANARY*")) + sorted(p.name for p in tmp_path.rglob("CANARY*"))
     assert canaries == [], f"hostile values were executed: {canaries}"
+
+
+def test_an_unreachable_controller_is_a_clear_error_and_no_ghost_row(slurm_env, tmp_path):
+    """The real sbatch, pointed at a controller port nothing listens on (a copy of the loopback
+    cluster's slurm.conf): one paragraph with sbatch's own words, no "pending" row, no files."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    conf_dir = tmp_path / "etc"
+    conf_dir.mkdir()
+    text = Path(slurm_env["SLURM_CONF"]).read_text()
+    (conf_dir / "slurm.conf").write_text(re.sub(r"(?m)^SlurmctldPort=\d+", f"SlurmctldPort={free}", text))
+    env = dict(slurm_env, SLURM_CONF=str(conf_dir / "slurm.conf"))
+    plan_tiny(env, tmp_path, "loopback", "plans/p", *LAYOUT)
+    r = dsorch(env, tmp_path, "submit", "plans/p", "--steps", "1", check=False, timeout=900)
+    assert r.returncode == 2, r.stdout + r.stderr
+    err = " ".join(r.stderr.split())
+    assert "the scheduler refused the job" in err and "Traceback" not in r.stderr, err
+    assert status(env, tmp_path) == []
+    jobs = tmp_path / ".dsorch" / "jobs"
+    assert not jobs.exists() or list(jobs.rglob("*")) == []

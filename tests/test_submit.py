@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from orchestrator.cli import main
@@ -88,3 +90,31 @@ def test_status_logs_cancel_with_no_jobs(runner, in_tmp):
     for cmd in (["logs", "12"], ["cancel", "12"]):
         r = runner.invoke(main, cmd)
         assert r.exit_code == 2 and "no job '12'" in r.output
+
+
+def test_a_refused_submission_leaves_no_row_and_no_files(runner, planned, tmp_path):
+    """sbatch refuses (a FAKE sbatch standing in for a scheduler that says no): one paragraph with
+    sbatch's words, no registry row, nothing of submitit's left in .dsorch/jobs/."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition "
+                                 "name specified' >&2\nexit 1\n")
+    (fake / "srun").write_text("#!/bin/sh\nexit 0\n")
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    r = submit(runner, "plans/l8", env={"PATH": f"{fake}:{os.environ['PATH']}"})
+    assert r.exit_code == 2 and "the scheduler refused the job" in r.output and "Invalid partition" in r.output
+    assert "Traceback" not in r.output
+    assert runner.invoke(main, ["status", "--json"]).output.strip() == "[]"
+    jobs = planned / ".dsorch" / "jobs"
+    assert not jobs.exists() or list(jobs.rglob("*")) == [], list(jobs.rglob("*"))
+
+
+def test_a_failed_write_leaves_no_directories_behind(tmp_path):
+    from orchestrator.errors import OutputError
+    from orchestrator.writer import write_plan_dir
+
+    out = tmp_path / "a" / "b" / ("x" * 300)  # the directory itself cannot be created
+    with pytest.raises(OutputError):
+        write_plan_dir(out, {"plan.yaml": "x: 1\n"})
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,98 @@
+"""Faults in the middle of a run, on real CPU ranks: a rank killed mid-step ends the job FAILED,
+`dsorch status` names the rank and the signal, and `dsorch submit --resume` continues from the
+newest intact checkpoint with every step exactly once. (The SLURM controller being unreachable
+during a submit is in tests/test_slurm.py, against a real sbatch.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .conftest import EXAMPLES
+
+DSORCH = str(Path(sys.executable).with_name("dsorch"))
+STEPS = 60
+
+
+def _dsorch(env, cwd, *args, check=True):
+    r = subprocess.run([DSORCH, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    if check:
+        assert r.returncode == 0, f"dsorch {' '.join(map(str, args))}:\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def _rank_pid(run_dir: Path, rank: int) -> int | None:
+    """The training process of ``rank`` of the run writing to ``run_dir`` (from /proc)."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = dict(kv.split(b"=", 1) for kv in (proc / "environ").read_bytes().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        if b"orchestrator.train" in cmd and str(run_dir).encode() in cmd and env.get(b"RANK") == str(rank).encode():
+            return int(proc.name)
+    return None
+
+
+def _steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        try:
+            steps.append(json.loads(line)["step"])
+        except ValueError:  # the line rank 0 is writing right now
+            break
+    return steps
+
+
+def test_a_rank_killed_mid_step_fails_the_job_and_resume_continues(tmp_path):
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+               # Paced so that the kill lands mid-run on any machine (the entrypoint's test hook).
+               DSORCH_TEST_MIN_STEP_SECONDS="0.3")
+    env.pop("DSORCH_CLUSTER", None)
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text((EXAMPLES / "tiny.yaml").read_text().replace("train_tokens: 30720", f"steps: {STEPS}"))
+    _dsorch(env, tmp_path, "plan", spec, "--cluster", "local", "--out", "plans/t", "--tp", "1", "--pp", "1",
+            "--zero", "1", "--mbs", "4", "--recompute", "none", "--no-sp")
+    r = _dsorch(env, tmp_path, "submit", "plans/t", "--save-interval", "4")
+    job = next(line for line in r.stdout.splitlines() if line.startswith("submitted job ")).split()[2]
+    run_dir = Path(json.loads(_dsorch(env, tmp_path, "status", "--json").stdout)[0]["run_dir"])
+
+    deadline = time.monotonic() + 300
+    pid = None
+    while time.monotonic() < deadline:
+        pid = _rank_pid(run_dir, 2)
+        if pid is not None and len(_steps(run_dir)) >= 9:
+            break
+        time.sleep(0.2)
+    assert pid is not None and len(_steps(run_dir)) >= 9, (
+        f"the run did not get going: rank 2 pid {pid}, steps {_steps(run_dir)[-3:]}, run dir {run_dir}")
+    os.kill(pid, signal.SIGKILL)
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        rec = json.loads(_dsorch(env, tmp_path, "status", "--json").stdout)[0]
+        if rec["state"] not in ("RUNNING", "PENDING", "SUBMITTED"):
+            break
+        time.sleep(1)
+    assert rec["state"] == "FAILED", rec
+    assert "rank 2:" in rec["error"] and "was killed by SIGKILL" in rec["error"], rec["error"][:2000]
+    text = _dsorch(env, tmp_path, "status").stdout
+    assert "FAILED" in text and "rank 2" in text
+
+    done_before = _steps(run_dir)[-1]
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step*"))
+    assert checkpoints and checkpoints[-1] <= f"step{done_before:08d}"
+    r = _dsorch(env, tmp_path, "submit", "plans/t", "--resume", "--save-interval", "4", "--wait")
+    assert "COMPLETED" in r.stdout, r.stdout + r.stderr
+    assert _steps(run_dir) == list(range(1, STEPS + 1))  # nothing lost, nothing repeated
+    recs = json.loads(_dsorch(env, tmp_path, "status", "--json").stdout)
+    assert [x["state"] for x in recs] == ["FAILED", "COMPLETED"] and recs[1]["run_dir"] == str(run_dir)
+    assert job == recs[0]["job_id"]
