@@ -108,6 +108,8 @@ class Registry:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             con = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            # A flipped bit in a text column must not become a UnicodeDecodeError far from here.
+            con.text_factory = _text
         except (OSError, sqlite3.Error) as e:
             raise DsorchError(f"{self.path}: cannot open the job registry ({e}); run dsorch from a directory you "
                               f"can write to.")
@@ -127,7 +129,7 @@ class Registry:
                 raise DsorchError(f"{self.path}: another dsorch process held the registry for over a minute "
                                   f"({e}); wait for it to finish and try again.") from None
             raise self._damaged(e) from None
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:  # e.g. a flipped bit in a stored name
             raise self._damaged(e) from None
 
     def _session(self, con, write: bool):
@@ -243,11 +245,16 @@ def _update(con: sqlite3.Connection, key: int, values: dict) -> None:
     con.execute(f"UPDATE jobs SET {sets} WHERE key = ?", (*values.values(), key))
 
 
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
 def _salvage(path: Path) -> tuple[list[tuple], int]:
     """The rows of a damaged registry that still read back whole, and how many did not. Rows are
     read one key at a time, so one bad page costs only the rows on it."""
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+        con.text_factory = _text
     except sqlite3.Error:
         return [], 0
     rows: list[tuple] = []
@@ -255,12 +262,12 @@ def _salvage(path: Path) -> tuple[list[tuple], int]:
     try:
         try:
             top = con.execute("SELECT MAX(key) FROM jobs").fetchone()[0] or 0
-        except sqlite3.Error:
+        except (sqlite3.Error, UnicodeDecodeError, TypeError, ValueError):
             return [], 0  # no table, or not a database at all: nothing to salvage
         for key in range(1, int(top) + 1):
             try:
                 row = con.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE key = ?", (key,)).fetchone()
-            except sqlite3.Error:
+            except (sqlite3.Error, UnicodeDecodeError):
                 lost += 1
                 continue
             if row is not None:

@@ -11,7 +11,22 @@ from .deepspeed import validate_ds_config
 from .megatron import check_megatron_args, check_pretrain_needs, parse_args_lines
 
 
+# A damaged file can produce thousands of findings, each quoting the damage: say enough to act on.
+MAX_ERRORS, MAX_ERROR_CHARS = 20, 400
+
+
+def _capped(errors: list[str]) -> list[str]:
+    out = [e if len(e) <= MAX_ERROR_CHARS else e[:MAX_ERROR_CHARS] + " ..." for e in errors[:MAX_ERRORS]]
+    if len(errors) > MAX_ERRORS:
+        out.append(f"... and {len(errors) - MAX_ERRORS} more")
+    return out
+
+
 def validate_files(files: dict[str, str], *, dp: int, world_size: int, runtime: str | None = None) -> list[str]:
+    return _capped(_validate_files(files, dp=dp, world_size=world_size, runtime=runtime))
+
+
+def _validate_files(files: dict[str, str], *, dp: int, world_size: int, runtime: str | None = None) -> list[str]:
     errors: list[str] = []
     if "ds_config.json" in files:
         try:
@@ -37,7 +52,7 @@ def validate_path(path: Path, dp: int | None = None) -> list[str]:
     path = Path(path)
     if path.is_dir():
         pd = load_plan_dir(path, strict=False)
-        return [changed_message(path / name) for name in pd.changed] + validate_files(
+        return _capped([changed_message(path / name) for name in pd.changed]) + validate_files(
             pd.texts, dp=dp if dp is not None else pd.layout.dp, world_size=pd.doc.cluster.world_size,
             runtime=pd.runtime)
     if not path.exists():
@@ -53,7 +68,7 @@ def validate_path(path: Path, dp: int | None = None) -> list[str]:
         raise ValidationError(f"{path}: nested too deeply to be a ds_config.json.")
     if not isinstance(cfg, dict):
         raise ValidationError(f"{path}: expected a JSON object at the top level.")
-    return [f"{path.name}: {e}" for e in validate_ds_config(cfg, dp)]
+    return _capped([f"{path.name}: {e}" for e in validate_ds_config(cfg, dp)])
 
 
 def _read(path: Path) -> str:
