@@ -26,7 +26,6 @@ a bounded number of cases of every kind in the test suite.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
