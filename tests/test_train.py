@@ -205,6 +205,36 @@ def test_bf16_accumulates_in_fp32_and_resumes_exactly(tmp_path, reference):
     assert losses(run) == got
 
 
+def test_disk_full_during_a_checkpoint_keeps_the_previous_one(tmp_path, layout_runs):
+    """The run directory on a 5 MB filesystem (a tmpfs, mounted for the test: root only): the
+    checkpoint of step 2 (3.5 MB) fits, the one of step 4 runs out of space. The run fails with
+    ENOSPC; the step-2 checkpoint stays intact; with space again the same command resumes from it
+    (the half-written step-4 checkpoint is skipped as damaged) and ends with the uninterrupted run's
+    losses."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root, as CI has): {r.stderr.strip()}")
+    try:
+        plan_dir, uninterrupted, _ = layout_runs("dp2-zero1")
+        run = mnt / "run"
+        p = train(plan_dir, 2, run, "--save-interval", "2", expect_ok=False)
+        assert p.returncode != 0
+        assert "saving checkpoint step00000004" in p.stdout + p.stderr and "the disk is full" in p.stdout + p.stderr
+        from orchestrator.train.checkpoint import damage
+
+        ckpts = run / "checkpoints"
+        assert damage(ckpts / "step00000002") is None
+        assert damage(ckpts / "step00000004") is not None
+        subprocess.run(["mount", "-o", "remount,size=64m", str(mnt)], check=True)
+        p = train(plan_dir, 2, run, "--save-interval", "2")
+        assert "step00000004 is damaged" in p.stdout + p.stderr and "step00000002" in p.stdout
+        assert losses(run) == uninterrupted
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
 def test_launch_script_trains_on_real_text(tmp_path):
     """The README example: the default local plan's launch.sh (torchrun, 4 ranks) on the
     shipped corpus; the loss falls well below its starting value within 25 steps."""

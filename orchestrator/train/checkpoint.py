@@ -63,7 +63,16 @@ def save(engine, ckpt_dir: Path, step: int, keep: int, is_rank0: bool) -> None:
     tag = tag_for(step)
     # save_latest=False: DeepSpeed's `latest` file would name a checkpoint before its manifest
     # exists; resume picks the newest intact directory itself.
-    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": step}, save_latest=False)
+    try:
+        engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": step}, save_latest=False)
+    except Exception as e:
+        # torch.save reports a full disk as "basic_ios::clear: iostream error": say what it is.
+        free = shutil.disk_usage(ckpt_dir).free if ckpt_dir.exists() else None
+        full = free is not None and free < (1 << 20)
+        raise RuntimeError(
+            f"dsorch train: saving checkpoint {tag} in {ckpt_dir} failed ({' '.join(str(e).split())[:200]})"
+            + (f"; the disk is full ({free:,} bytes free)" if full else "")
+            + ". It has no manifest, so a rerun skips it and resumes from the newest intact checkpoint.") from e
     dist.barrier()  # every rank's files are on disk before rank 0 hashes them
     if is_rank0:
         tag_dir = ckpt_dir / tag
