@@ -87,13 +87,17 @@ def now_utc() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
 
 
+class RegistryDamaged(DsorchError):
+    """jobs.sqlite cannot be read as a registry; `dsorch status --repair` mends it."""
+
+
 class Registry:
     def __init__(self, experiment_dir: Path) -> None:
         self.dir = Path(experiment_dir) / ".dsorch"
         self.path = self.dir / "jobs.sqlite"
 
-    def _damaged(self, e: Exception) -> DsorchError:
-        return DsorchError(f"{self.path}: the job registry is damaged ({' '.join(str(e).split())[:200]}). Run "
+    def _damaged(self, e: Exception) -> "RegistryDamaged":
+        return RegistryDamaged(f"{self.path}: the job registry is damaged ({' '.join(str(e).split())[:200]}). Run "
                            f"`dsorch status --repair`: it keeps the damaged file as {self.path.name}.damaged-<time> "
                            f"and copies every row it can still read into a new registry.")
 
@@ -219,9 +223,8 @@ class Registry:
 
         try:
             return len(self.all()), 0, None
-        except DsorchError as e:
-            if "damaged" not in str(e):
-                raise
+        except RegistryDamaged:
+            pass
         rows, lost = _salvage(self.path)
         backup = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
         for suffix in ("", "-wal", "-shm"):

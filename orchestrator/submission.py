@@ -50,7 +50,7 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
     pd = load_plan_dir(plan_dir)  # schema, hashes, consistency: a tampered plan stops here
     planned = pd.doc.cluster
     cluster = cluster or planned.name
-    load_profile(cluster, profiles_dir)  # an unknown name fails here, listing the known ones
+    loaded = load_profile(cluster, profiles_dir)  # an unknown name fails here, listing the known ones
     if cluster != planned.name:
         raise DsorchError(
             f"{plan_dir} was planned for cluster '{planned.name}' ({planned.nodes} x {planned.gpus_per_node}), "
@@ -63,7 +63,7 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
         raise DsorchError(f"{plan_dir} targets the {pd.runtime} runtime; dsorch submit runs its bundled "
                           f"DeepSpeed entrypoint. Re-plan with --runtime deepspeed, or submit {plan_dir}/job.sbatch "
                           f"with sbatch.")
-    profile = load_profile(cluster, profiles_dir).profile.resized(planned.nodes, planned.gpus_per_node)
+    profile = loaded.profile.resized(planned.nodes, planned.gpus_per_node)
     errors = validate_files(pd.texts, dp=pd.layout.dp, world_size=planned.world_size, runtime=pd.runtime)
     if errors:
         raise DsorchError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))

@@ -14,8 +14,6 @@ from ..errors import ValidationError
 from ..plandir import PlanDir, load_plan_dir
 from ..rules import stage_split
 
-Plan = PlanDir  # what the entrypoint trains: the plan directory, as loaded
-
 
 def check_trainable(pd: PlanDir) -> None:
     """What the bundled entrypoint cannot train, as one error with the fix."""

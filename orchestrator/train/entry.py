@@ -36,7 +36,8 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, launch
-from .config import Plan, load_plan, stage_layers
+from ..plandir import PlanDir
+from .config import load_plan, stage_layers
 from .data import micro_batches, open_dataset
 from .metrics import MetricsLog, peak_memory_gib
 from .model import DenseModel, LossFn, Pipeline, layer_specs, recompute
@@ -70,7 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def build_engine(plan: Plan, grid, topo, device):
+def build_engine(plan: PlanDir, grid, topo, device):
     """The model as DeepSpeed sees it: a PipelineModule for pp > 1, a plain module for pp = 1."""
     import deepspeed
 
@@ -99,7 +100,7 @@ def build_engine(plan: Plan, grid, topo, device):
     return engine
 
 
-def ds_config_for(plan: Plan, device) -> dict:
+def ds_config_for(plan: PlanDir, device) -> dict:
     """ds_config.json as DeepSpeed gets it (the plan's, whose sha256 the loader checked), with one
     substitution: on CPU, torch's AdamW. DeepSpeed's default Adam there is its fused C++ op,
     JIT-compiled on first use (~80 s on 2 cores); torch.optim.AdamW computes the same update
@@ -137,7 +138,7 @@ def train_step(engine, batches, pp: int, device, dp_group) -> float:
 STOPPED_FILE = "stopped.json"
 
 
-def train(plan: Plan, args, denv: launch.DistEnv, device: torch.device, stop: StopRequest | None = None) -> bool:
+def train(plan: PlanDir, args, denv: launch.DistEnv, device: torch.device, stop: StopRequest | None = None) -> bool:
     """Train to args.steps; returns False when a stop request ended it early (checkpoint saved)."""
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
 

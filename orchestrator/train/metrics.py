@@ -20,10 +20,10 @@ import torch
 
 from ..costmodel.flops import model_flops_per_step
 from ..costmodel.memory import GIB
-from .config import Plan
+from ..plandir import PlanDir
 
 
-def step_model_flops(plan: Plan) -> float:
+def step_model_flops(plan: PlanDir) -> float:
     return model_flops_per_step(plan.spec.model, plan.spec.training.seq_length, plan.layout.global_batch_size)
 
 
@@ -35,7 +35,7 @@ def peak_memory_gib(device: torch.device) -> tuple[float, str]:
 
 
 class MetricsLog:
-    def __init__(self, run_dir: Path | None, plan: Plan, world_size: int):
+    def __init__(self, run_dir: Path | None, plan: PlanDir, world_size: int):
         self.path = None if run_dir is None else run_dir / "metrics.jsonl"
         self.flops = step_model_flops(plan)
         self.tokens = plan.layout.global_batch_size * plan.spec.training.seq_length
