@@ -430,6 +430,7 @@ def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume
     if plan_dir is None:
         plan_dir = find_plan(project, Path.cwd(), project.cluster(cluster))
         click.echo(f"plan: {_shown(plan_dir)}", err=True)
+    reg = Registry(project.root)
     if resume and run_dir is not None:
         raise UserError("--resume continues the newest run of the plan and --run-dir names one; pass one of them.")
     sub = prepare_submission(plan_dir, cluster, nodes, steps, data, run_dir,
@@ -438,7 +439,7 @@ def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume
     if resume:
         from dataclasses import replace
 
-        earlier = [r for r in Registry(project.root).all() if r.plan_dir == sub.plan_display and r.run_dir]
+        earlier = [r for r in reg.all() if r.plan_dir == sub.plan_display and r.run_dir]
         if not earlier:
             raise UserError(f"--resume: no earlier job of {sub.plan_display} in this experiment directory; submit "
                             f"without --resume.")
@@ -453,7 +454,7 @@ def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume
             click.echo(slurm.sbatch_script(sub.spec, sub.folder), nl=False)
         return
     slurm.check_scheduler(sub.spec.kind)
-    record = record_submission(Registry(project.root), sub, force)
+    record = record_submission(reg, sub, force)
     click.echo(f"submitted job {record.job_id} ({record.executor}, cluster {record.cluster}): plan {record.plan_dir}, "
                f"run dir {record.run_dir}")
     click.echo(f"  logs: dsorch logs {record.job_id} [--rank N] [--follow]    status: dsorch status")

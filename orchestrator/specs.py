@@ -524,12 +524,7 @@ def _count_nodes(node: yaml.Node, path: Path, budget: list[int]) -> None:
 
 def load_yaml(path: Path, empty_ok: bool = False) -> Loaded:
     """Parse a YAML mapping; ``empty_ok``: a file with no content (or only comments) is ``{}``."""
-    try:
-        raw = _read_input(path)
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such file. Check the path (it is read relative to the current directory).")
-    except OSError as e:
-        raise SpecError(f"{path}: cannot be read ({e.strerror}).")
+    raw = _read_input(path)  # turns every OSError into a SpecError with the path
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
