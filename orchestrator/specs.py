@@ -366,7 +366,7 @@ class SlurmSpec(BaseModel):
 
 
 class Efficiency(BaseModel):
-    """Free parameters of the time model, all physical fractions in [0, 1].
+    """Free parameters of the time model, physical fractions in [0, 1] (and one stall time).
 
     A value left out (None) comes from dsorch's calibration table for the profile's GPU and
     interconnect (``orchestrator/costmodel/calibration.yaml``, fitted to published Megatron-LM
@@ -394,6 +394,9 @@ class Efficiency(BaseModel):
     # Fraction of tensor-parallel collectives hidden behind GEMMs where the engine overlaps them
     # (Megatron-Core --tp-comm-overlap); 0 elsewhere.
     tp_overlap: float | None = Field(default=None, ge=0, le=1)
+    # Not a fraction: microseconds each ZeRO-3 per-layer collective stalls the step beyond its
+    # transfer time (launch and stream waits between layers), fitted per engine.
+    zero3_stall_us: float | None = Field(default=None, ge=0, le=1_000_000)
 
 
 class ClusterProfile(BaseModel):

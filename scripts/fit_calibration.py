@@ -1,13 +1,16 @@
-"""Fit the time model's efficiencies to the published Megatron-LM runs and write them as data.
+"""Fit the time model's efficiencies to published runs, per engine and hardware, and write them as data.
 
-    python scripts/fit_calibration.py            # fit, write orchestrator/costmodel/calibration.yaml, print the table
-    python scripts/fit_calibration.py --check    # only print the table for the shipped calibration.yaml
+    python scripts/fit_calibration.py            # fit, write orchestrator/costmodel/calibration.yaml, print the tables
+    python scripts/fit_calibration.py --check    # only print the per-engine tables of the shipped calibration.yaml
 
-Each hardware entry (GPU + fabric) is fitted to the rows measured on it (calibration_sets.yaml
-says which): the objective is mean + max relative step-time error, every efficiency bounded to a
-physical range (orchestrator.calibrate.BOUNDS). Overlap fractions that a set cannot identify (the
-2021 SC21 runs overlapped nothing) are taken from the entry that can. The per-row table printed at
-the end is the one tests/test_calibration.py asserts on.
+Each entry is one engine on one kind of hardware (GPU + fabric), fitted only to the runs of that
+engine measured on it: Megatron-LM (published_runs.yaml as calibration_sets.yaml says) and
+ZeRO-3/FSDP (published_runs_fsdp.yaml). The objective is mean + max relative step-time error,
+every efficiency bounded to a physical range (orchestrator.calibrate.BOUNDS). What a set cannot
+identify is taken from the entry that can (``borrow``): the 2021 SC21 runs overlapped nothing, and
+the FSDP runs exercise the links only through ZeRO-3's hidden all-gathers, so NCCL's link
+efficiencies come from the Megatron entry of the same hardware. The per-row tables printed at the
+end are the ones tests/test_calibration.py asserts on.
 """
 
 from __future__ import annotations
@@ -21,91 +24,104 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.calibrate import error_summary, error_table, fit, published_errors, published_rows  # noqa: E402
+from orchestrator.calibrate import error_summary, error_table, fit  # noqa: E402
+from orchestrator.calibrate.published import all_published_rows, published_errors  # noqa: E402
 from orchestrator.costmodel.calibration import FIELDS  # noqa: E402
 
 OUT = ROOT / "orchestrator" / "costmodel" / "calibration.yaml"
 
-# Which GPUs and fabric each fitted entry describes. H200 has the H100's Hopper compute (same
+# Which GPUs and fabric each hardware id describes. H200 has the H100's Hopper compute (same
 # SMs and clocks, dense peak 989 TFLOP/s); its larger, faster HBM3e is a physical parameter of
 # its profile (hbm_bandwidth_gbps), not an efficiency.
 HARDWARE = {
-    "a100-sxm4-hdr": {"gpus": ["A100-SXM4-80GB", "A100-SXM4-40GB", "A100-80GB", "A100"],
-                      "inter_node": "infiniband", "free": ("gemm", "hbm", "intra_node_comm", "inter_node_comm"),
-                      # SC21 ran without FlashAttention: its efficiency is not identifiable there.
-                      # FlashAttention-2 reaches 50-73% of A100 peak (Dao 2023, abstract).
-                      "fixed": {"attention": 0.6},
+    "a100-sxm4-hdr": {"gpus": ["A100-SXM4-80GB", "A100-SXM4-40GB", "A100-80GB", "A100"], "inter_node": "infiniband",
                       "description": "A100 SXM4 + NVLink 3/NVSwitch, HDR InfiniBand (Selene)"},
     "h100-sxm5-ndr": {"gpus": ["H100-SXM5-80GB", "H100", "H100-80GB", "H200-SXM-141GB", "H200"],
-                      "inter_node": "infiniband", "free": FIELDS,
+                      "inter_node": "infiniband",
                       "description": "H100/H200 SXM + NVLink 4/NVSwitch, NDR InfiniBand (DGX H100 / HGX H200)"},
 }
+# Entries in fitting order; `borrow` names the entry whose values fill what this one does not fit.
+ENTRIES = [
+    {"engine": "megatron", "hardware": "h100-sxm5-ndr", "free": ("gemm", "attention", "hbm", "intra_node_comm",
+                                                                   "inter_node_comm", "dp_overlap", "tp_overlap")},
+    # SC21 ran without FlashAttention: its efficiency is not identifiable there. FlashAttention-2
+    # reaches 50-73% of A100 peak (Dao 2023, abstract).
+    {"engine": "megatron", "hardware": "a100-sxm4-hdr", "free": ("gemm", "hbm", "intra_node_comm", "inter_node_comm"),
+     "fixed": {"attention": 0.6}, "borrow": "megatron/h100-sxm5-ndr"},
+    {"engine": "deepspeed-zero3", "hardware": "a100-sxm4-hdr",
+     "free": ("gemm", "attention", "hbm", "dp_overlap", "zero3_stall_us"), "borrow": "megatron/a100-sxm4-hdr"},
+    # Five runs: attention stays Megatron's (at its floor there already).
+    {"engine": "deepspeed-zero3", "hardware": "h100-sxm5-ndr",
+     "free": ("gemm", "hbm", "dp_overlap", "zero3_stall_us"), "borrow": "megatron/h100-sxm5-ndr"},
+]
 START = {"gemm": 0.8, "attention": 0.5, "hbm": 0.8, "intra_node_comm": 0.8, "inter_node_comm": 0.8, "dp_overlap": 0.8,
-         "tp_overlap": 0.5}
+         "tp_overlap": 0.5, "zero3_stall_us": 500.0}
 
 HEADER = """\
-# Fitted efficiencies of dsorch's time model, per GPU and fabric. Written by
+# Fitted efficiencies of dsorch's time model, per engine and hardware. Written by
 #     python scripts/fit_calibration.py
-# from published Megatron-LM runs (published_runs.yaml, evaluated as calibration_sets.yaml says).
+# from published runs: Megatron-LM (published_runs.yaml, evaluated as calibration_sets.yaml says) for
+# the megatron engine, PyTorch FSDP FULL_SHARD (published_runs_fsdp.yaml) for deepspeed-zero3.
 # Do not edit by hand: change the model or the sets and re-run the script.
 #
 # Resolution (orchestrator/costmodel/calibration.py): a profile's own `efficiency` values win;
-# then the first entry below whose `gpus` contains the profile's gpu.name and whose `inter_node`
-# matches its inter_node.kind; then one matching the GPU alone; then `default`.
-#
-# What transfers to DeepSpeed's pipeline engine: gemm and hbm (kernel efficiencies of the GPU),
-# intra/inter_node_comm (what NCCL reaches on the links). What does not: the overlaps are the
-# engine's. DeepSpeed's engine reduces gradients after the pipeline flush (no overlap with pp > 1),
-# has no TP overlap, no interleaved schedule and sends whole activations between stages; the cost
-# model applies those rules per runtime (costmodel/evaluate.py ENGINES), using dp_overlap only
-# where the engine overlaps at all.
+# then this engine's entry for the profile's gpu.name (and inter_node.kind); then an entry of the
+# engine it borrows from (deepspeed below ZeRO-3 has no published runs of its own yet: it borrows
+# deepspeed-zero3's, the same PyTorch kernels), which makes the prediction "outside the fitted
+# domain"; then `default`. `step_time_error` is the fit's residual on the entry's own rows: the
+# interval every prediction made with the entry carries.
 """
+
+
+def entry_id(e: dict) -> str:
+    return f"{e['engine']}/{e['hardware']}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="print the error table of the shipped calibration only")
+    ap.add_argument("--check", action="store_true", help="print the per-engine error tables of the shipped calibration")
     ap.add_argument("--iters", type=int, default=300)
     args = ap.parse_args()
     if args.check:
         print(error_table(published_errors()))
         return
 
-    rows = published_rows()
+    rows = all_published_rows()
     fitted: dict[str, dict] = {}
-    # Fit the entry that identifies the most parameters first; the others borrow what they cannot see.
-    for hw in sorted(HARDWARE, key=lambda k: -len(HARDWARE[k]["free"])):
-        spec = HARDWARE[hw]
-        hw_rows = [r for r in rows if r.hardware == hw]
+    for spec in ENTRIES:
+        eid = entry_id(spec)
+        mine = [r for r in rows if r.hardware == eid]
         start = dict(START)
-        for other in fitted.values():
-            start.update({f: other["efficiency"][f] for f in FIELDS if f not in spec["free"]})
+        if spec.get("borrow"):
+            start.update(fitted[spec["borrow"]]["values"])
         start.update(spec.get("fixed", {}))
-        res = fit(hw_rows, start, tuple(spec["free"]), iters=args.iters, restarts=3)
+        res = fit(mine, start, tuple(spec["free"]), iters=args.iters, restarts=3)
         summary = error_summary(res.errors)
-        fitted[hw] = {"values": res.values, "efficiency": {f: round(res.values[f], 4) for f in FIELDS},
-                      "summary": summary, "rows": res.errors}
-        print(f"{hw}: " + ", ".join(f"{f}={res.values[f]:.4f}" for f in FIELDS)
+        fitted[eid] = {"values": res.values, "summary": summary}
+        print(f"{eid}: " + ", ".join(f"{f}={res.values[f]:.4g}" for f in FIELDS)
               + f"  mean {100 * summary['mean']:.2f}% max {100 * summary['max']:.2f}%", flush=True)
 
     entries = []
-    for hw in HARDWARE:
-        spec, fz = HARDWARE[hw], fitted[hw]
+    for spec in ENTRIES:
+        eid, hw = entry_id(spec), HARDWARE[spec["hardware"]]
+        fz = fitted[eid]
         entries.append({
-            "id": hw, "description": spec["description"], "gpus": spec["gpus"], "inter_node": spec["inter_node"],
-            "fitted": list(spec["free"]),
+            "id": eid, "engine": spec["engine"], "description": hw["description"], "gpus": hw["gpus"],
+            "inter_node": hw["inter_node"], "fitted": list(spec["free"]),
             **({"fixed_from_literature": spec["fixed"]} if spec.get("fixed") else {}),
-            "efficiency": fz["efficiency"],
+            **({"borrowed_from": spec["borrow"]} if spec.get("borrow") else {}),
+            "efficiency": {f: round(fz["values"][f], 4) for f in FIELDS},
             "step_time_error": {"rows": fz["summary"]["rows"], "mean": round(fz["summary"]["mean"], 4),
                                 "max": round(fz["summary"]["max"], 4)},
         })
     # Unknown hardware: the less favourable of the fitted values, and the larger of the errors.
-    default = {f: min(e["efficiency"][f] for e in entries) for f in FIELDS}
-    doc = {"version": 1,
+    worse = {f: (max if f == "zero3_stall_us" else min) for f in FIELDS}
+    default = {f: worse[f](e["efficiency"][f] for e in entries) for f in FIELDS}
+    doc = {"version": 2,
            "default": {"efficiency": default,
                        "step_time_error": {"mean": max(e["step_time_error"]["mean"] for e in entries),
                                            "max": max(e["step_time_error"]["max"] for e in entries)}},
-           "hardware": entries}
+           "entries": entries}
     OUT.write_text(HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110))
     from orchestrator.costmodel.calibration import calibration_table
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from orchestrator.calibrate import (calibrate, calibrated_profile_yaml, error_summary, published_errors,
+from orchestrator.calibrate import (BOUNDS, calibrate, calibrated_profile_yaml, error_summary, published_errors,
                                     published_rows, step_time_from_tflops)
 from orchestrator.costmodel import evaluate
 from orchestrator.costmodel.calibration import FIELDS, calibration_table, resolve_efficiency
@@ -25,11 +25,15 @@ def errors():
 
 # ---- the issue's accuracy targets on the calibration set: mean <= 5 %, max <= 10 %
 def test_step_time_error_on_published_runs(errors):
-    assert len(errors) == 19
+    """Every engine on every hardware, on its own published runs (issue 11: 5 % mean, 10 % max each)."""
+    assert len(errors) == 19 + 13
     s = error_summary(errors)
     assert s["mean"] <= 0.05, s
     assert s["max"] <= 0.10, s
-    for hw in {e.hardware for e in errors}:
+    entries = {e.hardware for e in errors}
+    assert entries == {"megatron/a100-sxm4-hdr", "megatron/h100-sxm5-ndr", "deepspeed-zero3/a100-sxm4-hdr",
+                       "deepspeed-zero3/h100-sxm5-ndr"}
+    for hw in entries:
         sub = error_summary([e for e in errors if e.hardware == hw])
         assert sub["mean"] <= 0.05 and sub["max"] <= 0.10, (hw, sub)
 
@@ -37,7 +41,7 @@ def test_step_time_error_on_published_runs(errors):
 def test_calibration_file_is_current(errors):
     """calibration.yaml states the error of the model it was fitted with; a model change must refit
     (python scripts/fit_calibration.py)."""
-    for entry in calibration_table()["hardware"]:
+    for entry in calibration_table()["entries"]:
         sub = error_summary([e for e in errors if e.hardware == entry["id"]])
         assert sub["rows"] == entry["step_time_error"]["rows"]
         assert sub["mean"] == pytest.approx(entry["step_time_error"]["mean"], abs=2e-3), entry["id"]
@@ -46,9 +50,12 @@ def test_calibration_file_is_current(errors):
 
 def test_fitted_values_are_physical():
     table = calibration_table()
-    for entry in [table["default"], *table["hardware"]]:
+    for entry in [table["default"], *table["entries"]]:
         for f in FIELDS:
             v = entry["efficiency"][f]
+            if f == "zero3_stall_us":  # a time, not a fraction
+                assert 0 <= v <= BOUNDS[f][1], (entry.get("id"), f, v)
+                continue
             assert 0 <= v <= 1, (entry.get("id"), f, v)
             if f not in ("dp_overlap", "tp_overlap"):
                 assert v > 0
@@ -95,22 +102,50 @@ def test_not_a_lookup_table():
         assert 0.15 < best.mfu < 0.75, (name, best.mfu)
 
 
-# ---- resolution: profile values win, `extends` inherits, H200 shares Hopper's entry, unknown -> default
+# ---- resolution: per engine; profile values win, `extends` inherits, H200 shares Hopper's entry,
+# an engine without data borrows and says so, unknown GPU -> default
 def test_efficiency_resolution(tmp_path):
     dgx = load_profile("dgx16").profile
     r = resolve_efficiency(dgx)
-    assert r.entry == "h100-sxm5-ndr" and all(src.startswith("calibration:") for _, src in r.sources)
-    assert resolve_efficiency(load_profile("hgx-h200-ndr").profile).entry == "h100-sxm5-ndr"
-    assert resolve_efficiency(load_profile("dgx-a100-80gb-hdr").profile).entry == "a100-sxm4-hdr"
+    assert r.entry == "megatron/h100-sxm5-ndr" and all(src.startswith("calibration:") for _, src in r.sources)
+    assert r.domain == "fitted" and r.interval == r.max_rel_error and r.rows == 9
+    assert "n=9" in r.describe() and "megatron/h100-sxm5-ndr" in r.describe()
+    assert resolve_efficiency(load_profile("hgx-h200-ndr").profile).entry == "megatron/h100-sxm5-ndr"
+    assert resolve_efficiency(load_profile("dgx-a100-80gb-hdr").profile).entry == "megatron/a100-sxm4-hdr"
+    z3 = resolve_efficiency(dgx, "deepspeed-zero3")
+    assert z3.entry == "deepspeed-zero3/h100-sxm5-ndr" and z3.domain == "fitted" and z3.rows == 5
+    assert z3.gemm != r.gemm  # fitted on its own runs, not Megatron's
+    ds = resolve_efficiency(dgx, "deepspeed")
+    assert ds.domain == "borrowed" and ds.entry == "deepspeed-zero3/h100-sxm5-ndr" and ds.interval is None
+    assert "outside the fitted domain" in ds.describe()
     local = resolve_efficiency(load_profile("local").profile)
     assert dict(local.sources)["gemm"] == "profile" and local.gemm == load_profile("local").profile.efficiency.gemm
     (tmp_path / "mine.yaml").write_text("extends: dgx16\nnodes: 2\nefficiency: {gemm: 0.55}\n")
     (tmp_path / "theirs.yaml").write_text("extends: mine\n")
     mine = resolve_efficiency(load_profile("theirs", tmp_path).profile)
-    assert mine.gemm == 0.55 and mine.hbm == r.hbm and dict(mine.sources)["hbm"] == "calibration:h100-sxm5-ndr"
+    assert mine.gemm == 0.55 and mine.hbm == r.hbm and dict(mine.sources)["hbm"] == "calibration:megatron/h100-sxm5-ndr"
     odd = dgx.model_copy(update={"gpu": dgx.gpu.model_copy(update={"name": "MI300X"})})
-    assert resolve_efficiency(odd).entry is None
+    assert resolve_efficiency(odd).entry is None and resolve_efficiency(odd).domain == "default"
+    assert resolve_efficiency(odd).interval is None
     assert resolve_efficiency(odd).gemm == calibration_table()["default"]["efficiency"]["gemm"]
+
+
+def test_deepspeed_runtime_uses_each_layouts_engine():
+    """One search mixes ZeRO-3 layouts (the deepspeed-zero3 entry) and ZeRO-1 layouts (borrowed):
+    each is evaluated with its own engine's efficiencies."""
+    from orchestrator.costmodel.calibration import Resolved
+
+    spec, _ = load_spec(EXAMPLES / "llama3-8b.yaml")
+    profile = load_profile("dgx16").profile.resized(nodes=2)
+    pins = Pins(tp=1, pp=1, micro_batch_size=1, recompute="full", sequence_parallel=False)
+    c, _ = enumerate_layouts(spec.model, spec.training, profile, "deepspeed", pins)
+    mixed = evaluate(spec.model, spec.training, profile, "deepspeed", c)
+    for i, z in enumerate(c.zero.tolist()):
+        eng = "deepspeed-zero3" if z == 3 else "deepspeed"
+        one = evaluate(spec.model, spec.training, profile, "deepspeed", c.take([i]),
+                       efficiency=resolve_efficiency(profile, eng))
+        assert float(one.step_time[0]) == pytest.approx(float(mixed.step_time[i]), rel=1e-12)
+    assert isinstance(resolve_efficiency(profile, "deepspeed"), Resolved)
 
 
 # ---- DeepSpeed's own model-state estimators on the same inputs
@@ -155,7 +190,7 @@ def test_deepspeed_zero3_estimator_agrees_term_by_term():
 
 # ---- calibrate: recover known efficiencies from runs the model itself generated
 TRUE = {"gemm": 0.6, "attention": 0.45, "hbm": 0.7, "intra_node_comm": 0.65, "inter_node_comm": 0.55,
-        "dp_overlap": 0.5, "tp_overlap": 0.0}
+        "dp_overlap": 0.5, "tp_overlap": 0.0, "zero3_stall_us": 300.0}
 
 
 def _synthetic_records(tmp_path):
@@ -218,4 +253,5 @@ def test_calibrate_from_a_run_directory(tmp_path, runner, monkeypatch):
     assert rec["measured_step_s"] == 0.5  # warm-up step dropped, median of the rest
     assert abs(rec["predicted_after_s"] / 0.5 - 1) < abs(rec["predicted_before_s"] / 0.5 - 1) + 1e-9
     assert isinstance(calibrated, ClusterProfile)
-    assert all(0 <= getattr(calibrated.efficiency, f) <= 1 for f in FIELDS)
+    assert all(0 <= getattr(calibrated.efficiency, f) <= 1 for f in FIELDS if f != "zero3_stall_us")
+    assert calibrated.efficiency.zero3_stall_us >= 0

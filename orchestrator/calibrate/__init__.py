@@ -38,7 +38,7 @@ from .fit import FitResult, fit
 from .published import published_errors, published_rows, step_time_from_tflops
 from .records import CalibrationRecord, load_records
 from .rows import (BOUNDS, CPU_BOUNDS, Row, RowError, _prepare, _resolved, error_summary, error_table,
-                   row_errors)
+                   row_engine, row_errors)
 
 @dataclass(frozen=True)
 class CalibrationReport:
@@ -76,7 +76,9 @@ def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: P
     ``memory_overhead_gib`` grows to cover the largest shortfall (never shrinks).
     """
     rows = load_records(metrics_paths, profile, plan_dir)
-    start = resolve_efficiency(profile)
+    # Start from the engine most runs used (the fitted values then apply to the profile as a whole).
+    engines = [row_engine(r) for r in rows]
+    start = resolve_efficiency(profile, max(sorted(set(engines)), key=engines.count))
     # Fit only what the runs exercise (a parameter no run depends on would drift freely); which
     # overlaps exist is the runtime's (costmodel.evaluate.ENGINES): DeepSpeed overlaps the DP
     # reduction only without pipelining, and neither runtime as dsorch launches it overlaps TP.
@@ -92,6 +94,8 @@ def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: P
                 exercised.add("inter_node_comm")
             if dp > 1 and (r.runtime == "megatron" or pp == 1):
                 exercised.add("dp_overlap")
+            if row_engine(r) == "deepspeed-zero3" and dp > 1:
+                exercised.add("zero3_stall_us")
         free = tuple(f for f in FIELDS if f in exercised)
     before = row_errors(rows, lambda row: start)
     # A user's handful of runs makes a cheap objective: more restarts buy a better optimum.

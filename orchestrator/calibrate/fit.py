@@ -16,7 +16,7 @@ def _to_unit(x: float, lo: float, hi: float) -> float:
 
 
 def _from_unit(z: float, lo: float, hi: float) -> float:
-    return lo + (hi - lo) / (1 + math.exp(-z))
+    return lo + (hi - lo) / (1 + math.exp(-min(max(z, -50.0), 50.0)))  # clamped: exp overflows past ~700
 
 
 def _nelder_mead(fun, x0: np.ndarray, step: float = 0.6, iters: int = 400, tol: float = 1e-4) -> np.ndarray:

@@ -1,6 +1,12 @@
-"""The published calibration set: the Megatron-LM runs of ``costmodel/published_runs.yaml``,
-evaluated as ``costmodel/calibration_sets.yaml`` describes, as Rows with their measured step time.
-``scripts/fit_calibration.py`` fits each hardware entry's efficiencies to them."""
+"""The published calibration sets, as Rows with their measured step time, one set per engine:
+
+* ``megatron``: the Megatron-LM runs of ``costmodel/published_runs.yaml``, evaluated as
+  ``costmodel/calibration_sets.yaml`` describes;
+* ``deepspeed-zero3``: the PyTorch FSDP FULL_SHARD runs (torchtitan, MosaicML llm-foundry) of
+  ``costmodel/published_runs_fsdp.yaml`` (a copy of ../shared/reference/calibration_runs_fsdp.yaml),
+  ZeRO-3 semantics, with their published peak memory where there is one.
+
+``scripts/fit_calibration.py`` fits each (engine, hardware) entry to its own rows only."""
 
 from __future__ import annotations
 
@@ -10,8 +16,12 @@ import yaml
 
 from ..costmodel.evaluate import Engine
 from ..solver import Pins
-from ..specs import ModelSpec, TrainingSpec, load_profile
+from ..specs import ClusterProfile, ModelSpec, TrainingSpec, _deep_merge, load_profile
 from .rows import Row, RowError, row_errors
+
+# GPU name -> hardware id of the calibration entries (fit_calibration.HARDWARE lists the GPUs).
+_FSDP_HARDWARE = {"A100-SXM4-80GB": "a100-sxm4-hdr", "A100-SXM4-40GB": "a100-sxm4-hdr", "H100": "h100-sxm5-ndr",
+                  "H100-SXM5-80GB": "h100-sxm5-ndr"}
 
 def _data(name: str) -> dict:
     return yaml.safe_load(resources.files("orchestrator.costmodel").joinpath(name).read_text(encoding="utf-8"))
@@ -66,10 +76,45 @@ def published_rows(profile_loader=load_profile) -> list[Row]:
                 step = step_time_from_tflops(cs["flops_formula"], B, training.seq_length, layers, h, cs["vocab"], gpus,
                                              tflops)
                 out.append(Row(rid, model, training, base_profile.resized(nodes=gpus // base_profile.gpus_per_node),
-                               cs["runtime"], pins, step, eng, hardware=cs["hardware"]))
+                               cs["runtime"], pins, step, eng, hardware=f"megatron/{cs['hardware']}"))
     return out
 
 
+def _fsdp_profiles(doc: dict, profile_loader) -> dict[str, ClusterProfile]:
+    out = {}
+    for name, override in doc["profiles"].items():
+        base = profile_loader(override["extends"]).profile
+        data = _deep_merge(base.model_dump(), {k: v for k, v in override.items() if k != "extends"})
+        out[name] = ClusterProfile.model_validate({**data, "name": name, "extends": None})
+    return out
+
+
+def fsdp_rows(profile_loader=load_profile) -> list[Row]:
+    """The published FSDP FULL_SHARD runs as ZeRO-3 rows of the deepspeed runtime. torchtitan's
+    'selective' is its per-op SAC (every second mm recomputed), evaluated as such
+    (``evaluate.RC_TORCHTITAN_OP``), not as Korthikanti's selective recomputation."""
+    doc = _data("published_runs_fsdp.yaml")
+    profiles = _fsdp_profiles(doc, profile_loader)
+    out = []
+    for r in doc["runs"]:
+        profile = profiles[r["profile"]]
+        profile = profile.resized(nodes=max(1, r["n_gpus"] // profile.gpus_per_node))
+        L = r["layout"]
+        torchtitan_op = L["recompute"] == "selective" and "torchtitan" in L["framework"]
+        pins = Pins(tp=L["tp"], pp=L["pp"], dp=L["dp"], vpp=L["vpp"], zero_stage=L["zero"], micro_batch_size=L["mbs"],
+                    recompute="op" if torchtitan_op else L["recompute"], sequence_parallel=L["sp"])
+        out.append(Row(r["id"], ModelSpec(**r["model"]), TrainingSpec(**r["training"]), profile, r["runtime"], pins,
+                       float(r["measured"]["step_time_s"]), measured_peak_gib=r.get("measured_memory_gib"),
+                       hardware=f"deepspeed-zero3/{_FSDP_HARDWARE[profile.gpu.name]}"))
+    return out
+
+
+def all_published_rows() -> list[Row]:
+    """Every engine's published rows."""
+    return [*published_rows(), *fsdp_rows()]
+
+
 def published_errors() -> list[RowError]:
-    """The model with the shipped calibration against every published run."""
-    return row_errors(published_rows())
+    """The model with the shipped calibration against every published run, each with its own
+    engine's entry."""
+    return row_errors(all_published_rows())

@@ -1,16 +1,25 @@
-"""The fitted efficiencies of the time model, as data, and the rule that picks them for a profile.
+"""The fitted efficiencies of the time model, as data, per engine and hardware, and the rule that
+picks them for a profile and an engine.
 
 The values live in ``calibration.yaml`` next to this file (package data, parsed once: it is a
 constant of the package, like a table in code, but written by ``scripts/fit_calibration.py``
-rather than by hand). Resolution, field by field, first hit wins:
+rather than by hand). Every entry is one *engine* on one kind of hardware, fitted only to runs of
+that engine on that hardware:
 
-1. the profile's own ``efficiency`` section (after ``extends`` merging, so a user profile that
-   extends a shipped one inherits what that one states);
-2. the first ``hardware`` entry of the table whose ``gpus`` list contains the profile's
-   ``gpu.name`` (case-insensitive) and whose ``inter_node`` kind matches the profile's;
-3. the first entry matching the GPU name alone (link efficiencies are fractions of the profile's
-   own link bandwidth, so they carry over to another fabric better than nothing);
-4. the table's ``default`` entry.
+* ``megatron``: Megatron-LM / Megatron-Core (the megatron runtime);
+* ``deepspeed-zero3``: sharded data parallelism, DeepSpeed ZeRO-3 and PyTorch FSDP FULL_SHARD
+  (the deepspeed runtime at zero_stage 3);
+* ``deepspeed``: DeepSpeed's ZeRO-0/1/2 and pipeline engine (the deepspeed runtime below ZeRO-3).
+
+Resolution, field by field, first hit wins:
+
+1. the profile's own ``efficiency`` section (after ``extends`` merging);
+2. the entry of this engine whose ``gpus`` list contains the profile's ``gpu.name``
+   (case-insensitive) and whose ``inter_node`` kind matches the profile's, else one matching the
+   GPU alone;
+3. an entry of the engine this engine borrows from (``BORROWS``) for the GPU: the prediction is
+   then outside the fitted domain and says so;
+4. the table's ``default`` entry (outside the fitted domain too).
 
 Nothing here reads the environment or writes anything.
 """
@@ -21,17 +30,33 @@ import functools
 from dataclasses import dataclass
 from importlib import resources
 
+import numpy as np
 import yaml
 
 from ..specs import ClusterProfile
 
-FIELDS = ("gemm", "attention", "hbm", "intra_node_comm", "inter_node_comm", "dp_overlap", "tp_overlap")
+FIELDS = ("gemm", "attention", "hbm", "intra_node_comm", "inter_node_comm", "dp_overlap", "tp_overlap",
+          "zero3_stall_us")
 TABLE_FILE = "calibration.yaml"
+ENGINE_NAMES = ("megatron", "deepspeed-zero3", "deepspeed")
+# Where an engine without data of its own takes its kernel efficiencies from: DeepSpeed below
+# ZeRO-3 runs the same PyTorch kernels (dsorch's entrypoint) as its ZeRO-3, and ZeRO-3/FSDP the
+# same GEMMs as Megatron-LM on a GPU neither has been measured on.
+BORROWS = {"deepspeed": ("deepspeed-zero3", "megatron"), "deepspeed-zero3": ("megatron",),
+           "megatron": ("deepspeed-zero3",)}
+
+
+def engine_of(runtime: str, zero_stage) -> np.ndarray:
+    """The calibration engine of each layout (an array of names)."""
+    z = np.asarray(zero_stage)
+    if runtime == "megatron":
+        return np.full(z.shape, "megatron", dtype=object)
+    return np.where(z >= 3, "deepspeed-zero3", "deepspeed").astype(object)
 
 
 @dataclass(frozen=True)
 class Resolved:
-    """Efficiencies the cost model uses for one profile, and where each came from."""
+    """Efficiencies the cost model uses for one profile and engine, and where each came from."""
 
     gemm: float
     attention: float
@@ -40,14 +65,37 @@ class Resolved:
     inter_node_comm: float
     dp_overlap: float
     tp_overlap: float
+    zero3_stall_us: float
     sources: tuple[tuple[str, str], ...]  # (field, "profile" | "calibration:<entry id>" | "default")
     entry: str | None  # the calibration entry used for the GPU, if any
     # Step-time error of the model on the entry's calibration set (fractions), for "within error".
     mean_rel_error: float | None
     max_rel_error: float | None
+    engine: str = "megatron"
+    rows: int | None = None  # runs the entry was fitted on
+    # "fitted": the entry is this engine's on this GPU; "borrowed": another engine's entry;
+    # "default": no entry for the GPU; "profile": the profile states every value itself.
+    domain: str = "fitted"
 
     def values(self) -> dict[str, float]:
         return {f: getattr(self, f) for f in FIELDS}
+
+    @property
+    def interval(self) -> float | None:
+        """Half-width of the step-time interval, as a fraction: the largest residual of the fit on
+        the entry's own runs. None outside the fitted domain, where no residual says anything."""
+        return self.max_rel_error if self.domain == "fitted" else None
+
+    def describe(self) -> str:
+        """How sure a prediction made with these efficiencies is, in words."""
+        label = self.entry or "defaults"
+        if self.domain == "fitted" and self.max_rel_error is not None:
+            return f"±{100 * self.max_rel_error:.0f} %, {label}, n={self.rows}"
+        if self.domain == "profile":
+            return "efficiencies stated by the profile; no interval"
+        if self.domain == "borrowed":
+            return f"outside the fitted domain: no {self.engine} runs on this GPU (efficiencies of {label})"
+        return f"outside the fitted domain: no calibration for this GPU and {self.engine}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -64,18 +112,21 @@ def _matches(entry: dict, profile: ClusterProfile, with_fabric: bool) -> bool:
     return not with_fabric or entry.get("inter_node") == profile.inter_node.kind
 
 
-def hardware_entry(profile: ClusterProfile, table: dict | None = None) -> dict | None:
+def hardware_entry(profile: ClusterProfile, engine: str = "megatron", table: dict | None = None) -> tuple[dict | None, str]:
+    """The entry for ``engine`` on the profile's hardware and whether it is the engine's own
+    ("fitted") or another engine's ("borrowed"); (None, "default") when no entry has the GPU."""
     table = calibration_table() if table is None else table
-    for with_fabric in (True, False):
-        for entry in table.get("hardware", []):
-            if _matches(entry, profile, with_fabric):
-                return entry
-    return None
+    for name, domain in [(engine, "fitted"), *((b, "borrowed") for b in BORROWS.get(engine, ()))]:
+        for with_fabric in (True, False):
+            for entry in table.get("entries", []):
+                if entry.get("engine") == name and _matches(entry, profile, with_fabric):
+                    return entry, domain
+    return None, "default"
 
 
-def resolve_efficiency(profile: ClusterProfile, table: dict | None = None) -> Resolved:
+def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table: dict | None = None) -> Resolved:
     table = calibration_table() if table is None else table
-    entry = hardware_entry(profile, table)
+    entry, domain = hardware_entry(profile, engine, table)
     default = table["default"]["efficiency"]
     values: dict[str, float] = {}
     sources = []
@@ -88,6 +139,18 @@ def resolve_efficiency(profile: ClusterProfile, table: dict | None = None) -> Re
         else:
             values[f], src = float(default[f]), "default"
         sources.append((f, src))
+    if all(src == "profile" for _, src in sources):
+        domain = "profile"
     err = (entry or {}).get("step_time_error") or table["default"].get("step_time_error") or {}
     return Resolved(**values, sources=tuple(sources), entry=None if entry is None else entry["id"],
-                    mean_rel_error=err.get("mean"), max_rel_error=err.get("max"))
+                    mean_rel_error=err.get("mean"), max_rel_error=err.get("max"), engine=engine,
+                    rows=err.get("rows"), domain=domain)
+
+
+def per_layout(profile: ClusterProfile, runtime: str, zero_stage) -> tuple[dict[str, np.ndarray], dict[str, Resolved]]:
+    """The efficiencies of each layout (arrays over layouts, for the vectorized model) and the
+    Resolved of each engine present: the deepspeed runtime mixes two engines (ZeRO-3 and below)."""
+    engines = engine_of(runtime, zero_stage)
+    resolved = {e: resolve_efficiency(profile, e) for e in sorted(set(engines.tolist()) or {"megatron"})}
+    arrays = {f: np.array([getattr(resolved[e], f) for e in engines.tolist()], dtype=np.float64) for f in FIELDS}
+    return arrays, resolved

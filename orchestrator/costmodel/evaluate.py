@@ -40,20 +40,26 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from ..specs import ClusterProfile, ModelSpec, TrainingSpec
-from .calibration import Resolved, resolve_efficiency
+from .calibration import FIELDS, Resolved, per_layout
 from .flops import model_flops_per_step
 from .memory import GIB, activation_bytes_per_layer, in_flight_micro_batches, model_state_bytes, state_bytes
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+# Not a level dsorch plans: torchtitan's per-op selective checkpointing, which published FSDP runs
+# used (torchtitan activation_checkpoint.py, op SAC: "Saves output of all compute ops, except every
+# second mm"); calibration rows evaluate it so that those runs are modelled as they ran.
+RC_TORCHTITAN_OP = 3
 
 # DeepSpeed ZeRO-1/2 communication buckets, in elements; dsorch writes these into ds_config.json.
 # (DeepSpeed's default is 5e8 elements, 1 GB each in bf16; 2e8 keeps the buffers at 400 MB.)
 ZERO_BUCKET_ELEMENTS = 200_000_000
 # DeepSpeed ZeRO-3 keeps at most this many gathered parameters alive (stage3_max_live_parameters).
 ZERO3_MAX_LIVE_PARAMETERS = 1_000_000_000
-# Megatron-LM's DDP bucket (distributed/distributed_data_parallel.py: bucket_size default
-# max(40M, 1M x dp) elements); only its count of collectives (latency) matters here.
+# Megatron-LM's DDP bucket (core/distributed/distributed_data_parallel.py: bucket_size default
+# max(40M, 1M x dp) elements, "so that the per-rank chunk is large enough"); only its count of
+# collectives (latency) matters here.
 MEGATRON_BUCKET_ELEMENTS = 40_000_000
+MEGATRON_BUCKET_PER_DP = 1_000_000
 # Adam step per parameter: read fp32 master, momentum, variance, fp32 gradient (16 B), write the
 # first three (12 B) and the 16-bit weight copy (2 B); plus the gradient norm and unscale reads.
 OPTIMIZER_BYTES_PER_PARAM = 34.0
@@ -81,9 +87,12 @@ ENGINES = {
     "deepspeed": Engine(dp_overlap=True, dp_overlap_with_pp=False, param_gather_overlap=False,
                         tp_overlap=False, p2p_scatter_gather=True),
     # Megatron-LM as dsorch launches it: --overlap-grad-reduce / --overlap-param-gather with the
-    # distributed optimizer, no --tp-comm-overlap (it needs Transformer Engine userbuffers).
+    # distributed optimizer; --tp-comm-overlap only where the spec asks (it needs Transformer
+    # Engine userbuffers). Megatron-Core sends the whole (s, b, h) activation between stages, s/tp
+    # only with sequence parallelism (pipeline_parallel/schedules.py get_tensor_shapes): the 2021
+    # scatter/gather optimization is gone.
     "megatron": Engine(dp_overlap=True, dp_overlap_with_pp=True, param_gather_overlap=True,
-                       tp_overlap=False, p2p_scatter_gather=True),
+                       tp_overlap=False, p2p_scatter_gather=False),
 }
 
 
@@ -174,7 +183,7 @@ class _Inputs:
     training: TrainingSpec
     profile: ClusterProfile
     runtime: str
-    eff: Resolved
+    eff: "_Rates"
     eng: Engine
     tp: np.ndarray
     pp: np.ndarray
@@ -200,8 +209,23 @@ class _Inputs:
     params_stage: np.ndarray  # of the largest stage
 
 
+@dataclass(frozen=True)
+class _Rates:
+    """The efficiencies (``calibration.FIELDS``) of every layout: floats when one Resolved applies to
+    all, arrays over layouts when the runtime mixes engines (DeepSpeed's ZeRO-3 and below)."""
+
+    gemm: np.ndarray
+    attention: np.ndarray
+    hbm: np.ndarray
+    intra_node_comm: np.ndarray
+    inter_node_comm: np.ndarray
+    dp_overlap: np.ndarray
+    tp_overlap: np.ndarray
+    zero3_stall_us: np.ndarray
+
+
 def _inputs(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str, c: Candidates,
-            eff: Resolved, eng: Engine) -> _Inputs:
+            eff: _Rates, eng: Engine) -> _Inputs:
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
     tp, pp, zero = f64(c.tp), f64(c.pp), np.asarray(c.zero)
     h = float(model.hidden_size)
@@ -346,10 +370,18 @@ def _compute(x: _Inputs) -> tuple[np.ndarray, ...]:
     layer_b = 2 * dense_t + score_b + 2 * elem_f
     full_rc = rc == 2
     sel_rc = rc == 1
-    layer_rc = np.where(full_rc, layer_f, np.where(sel_rc, score_f + score_elem_f, 0.0))
+    # torchtitan's op SAC counts the mms of each layer and recomputes every second one (wk, wo and
+    # the MLP's w3 in Llama's order wq, wk, wv, wo, w1, w3, w2) and every non-mm op; attention
+    # (SDPA) is saved.
+    op_gemms = [gemm(T, kv_dim / tp, h), dense[1], gemm(T, f / tp, h)]
+    op_t, op_flops = sum(g[0] for g in op_gemms), sum(g[1] for g in op_gemms)
+    op_rc = rc == RC_TORCHTITAN_OP
+    layer_rc = np.where(full_rc, layer_f, np.where(sel_rc, score_f + score_elem_f,
+                                                   np.where(op_rc, op_t + elem_f, 0.0)))
     layer_time_mb = layer_f + layer_b + layer_rc
     layer_flops_mb = (3 * dense_flops + sc_flops_f + sc_flops_b
-                      + np.where(full_rc, dense_flops + sc_flops_f, np.where(sel_rc, sc_flops_f, 0.0)))
+                      + np.where(full_rc, dense_flops + sc_flops_f,
+                                 np.where(sel_rc, sc_flops_f, np.where(op_rc, op_flops, 0.0))))
     # Logits on the last stage (vocab-parallel): one GEMM three times, and the fused cross-entropy
     # reading the 16-bit logits and writing fp32 softmax and its gradient.
     logit_t, logit_flops = gemm(T, V / tp, h)
@@ -404,7 +436,8 @@ def _communication(x: _Inputs, compute_mb: np.ndarray, compute: np.ndarray) -> t
         lat = np.where(one_node, lat_intra, lat_inter) * factor * np.maximum(dp - 1, 0.0)
         return t + np.maximum(buckets - 1, 0.0) * np.where(dp > 1, lat, 0.0)
 
-    bucket_elems = ZERO_BUCKET_ELEMENTS if x.runtime == "deepspeed" else MEGATRON_BUCKET_ELEMENTS
+    bucket_elems = (ZERO_BUCKET_ELEMENTS if x.runtime == "deepspeed"
+                    else np.maximum(MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP * dp))
     buckets = np.ceil(x.params_stage / bucket_elems)
     grad_bytes = x.params_stage * x.comm_grad_b
     weight_bytes = x.params_stage * x.weight_b
@@ -431,8 +464,13 @@ def _communication(x: _Inputs, compute_mb: np.ndarray, compute: np.ndarray) -> t
     window = np.where(zero == 3, compute, np.where(zero == 2, compute * 2.0 / 3.0,
                       compute_mb * (2.0 / 3.0 + np.where((zero == 1) & eng.param_gather_overlap, 1.0 / 3.0, 0.0))))
     hide = np.where(can_overlap, window * eff.dp_overlap, 0.0)
-    dp_comm = np.maximum(0.0, dp_total - hide)
-    return tp_mb, gas * tp_total_mb, pp_comm, dp_comm, dp_total
+    # ZeRO-3 / FSDP: every layer's weight all-gather (forward, backward) and gradient reduce-scatter
+    # is its own collective per micro-batch, issued from the host between layers; what no bandwidth
+    # term gives (launch, stream waits, FSDP's rate limiter) is a fitted stall per collective
+    # (calibration.yaml, engine deepspeed-zero3, fitted to the published FSDP runs).
+    stall = np.where(zero == 3, gas * stage_layers * 3.0 * eff.zero3_stall_us * 1e-6, 0.0)
+    dp_comm = np.maximum(0.0, dp_total - hide) + stall
+    return tp_mb, gas * tp_total_mb, pp_comm, dp_comm, dp_total + stall
 
 
 def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
@@ -443,7 +481,11 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     ``efficiency`` overrides the profile's resolved efficiencies and ``engine`` the runtime's
     overlap settings (calibration uses both); plain callers pass neither.
     """
-    eff = resolve_efficiency(profile) if efficiency is None else efficiency
+    if efficiency is None:
+        arrays, _ = per_layout(profile, runtime, c.zero)
+        eff = _Rates(**arrays)
+    else:
+        eff = _Rates(**{f: getattr(efficiency, f) for f in FIELDS})
     eng = ENGINES[runtime] if engine is None else engine
     x = _inputs(model, training, profile, runtime, c, eff, eng)
     params_b, grads_b, opt_bytes, act_b, buffers, framework, total = _memory(x)

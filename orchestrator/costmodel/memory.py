@@ -116,7 +116,11 @@ def activation_bytes_per_layer(s, b, h, f, a, kv, t, sp, recompute, *, swiglu=Tr
     per_layer = np.where(sp, replicated / t, replicated) + sharded / t + scores / t
     # Full recompute keeps only the layer input: 2sbh, sharded along the sequence with SP.
     full = np.where(sp, 2 * sbh * scale / t, 2 * sbh * scale)
-    return np.where(rc == 2, full, per_layer)
+    # torchtitan's op SAC (calibration only, evaluate.RC_TORCHTITAN_OP) keeps the layer input, the
+    # outputs of every other mm (wq, wv, w1, w2 in Llama's order) and SDPA's output and log-sum-exp.
+    op = (np.where(sp, 2 * sbh * scale / t, 2 * sbh * scale)
+          + ((2 + 2 * kv / a + 2 + 2) * sbh * scale + 2 * s * b * f * scale + scores) / t)
+    return np.where(rc == 2, full, np.where(rc == 3, op, per_layer))
 
 
 def in_flight_micro_batches(pp, vpp, m, stage):
