@@ -7,7 +7,7 @@ deterministic) and ``explain_text`` (what ``dsorch plan --explain`` prints).
 
 from __future__ import annotations
 
-from .costmodel.calibration import resolve_efficiency
+from .costmodel.calibration import engine_of, resolve_efficiency
 from .plan import Plan
 from .solver import Scored
 
@@ -31,8 +31,13 @@ def _stacks(s: Scored) -> tuple[dict, dict]:
             {_TIME_NAMES[k]: _r(v, 4) for k, v in s.time_s.items()})
 
 
+def _chosen_efficiency(plan: Plan):
+    """The efficiencies the chosen layout was predicted with (its engine's calibration entry)."""
+    return resolve_efficiency(plan.profile, str(engine_of(plan.runtime, plan.chosen.layout.zero_stage).item()))
+
+
 def _model_error(plan: Plan) -> tuple[float | None, float | None, str | None]:
-    eff = resolve_efficiency(plan.profile)
+    eff = _chosen_efficiency(plan)
     return eff.mean_rel_error, eff.max_rel_error, eff.entry
 
 
@@ -60,13 +65,15 @@ def explain_doc(plan: Plan) -> dict:
                         "memory_gib_per_gpu": mem, "time_s": t})
     rejected = [{"layout": s.layout.short(), "needs_gib": _r(s.memory_gib["total"]), "over_gib": _r(s.over_gib)}
                 for s in res.closest]
-    eff = resolve_efficiency(plan.profile)
+    eff = _chosen_efficiency(plan)
     mean_err, max_err, entry = _model_error(plan)
     return {
         "efficiency": {k: _r(v, 4) for k, v in eff.values().items()},
         "efficiency_source": {f: src for f, src in eff.sources},
-        "model_step_time_error": {"calibration": entry, "mean": None if mean_err is None else _r(mean_err, 4),
-                                  "max": None if max_err is None else _r(max_err, 4)},
+        "model_step_time_error": {"calibration": entry, "engine": eff.engine, "domain": eff.domain,
+                                  "rows": eff.rows, "mean": None if mean_err is None else _r(mean_err, 4),
+                                  "max": None if max_err is None else _r(max_err, 4),
+                                  "confidence": plan.chosen.basis},
         "capacity_gib": _r(res.capacity_gib),
         "layouts": layouts,
         "rejected_by_memory": {"count": res.rejected_memory, "closest": rejected},
@@ -87,9 +94,10 @@ def explain_text(plan: Plan) -> str:
     src = err["calibration"] or "defaults (no calibration entry for this GPU)"
     e = ", ".join(f"{k} {v:g}" for k, v in doc["efficiency"].items())
     out.append(f"Efficiencies ({src}): {e}")
-    if err["max"] is not None:
-        out.append(f"Model step-time error on its calibration set: mean {100 * err['mean']:.1f}%, "
-                   f"max {100 * err['max']:.1f}%")
+    if err["domain"] in ("fitted", "borrowed") and err["max"] is not None:
+        out.append(f"Model step-time error of {err['calibration']} on its {err['rows']} published runs: mean "
+                   f"{100 * err['mean']:.1f}%, max {100 * err['max']:.1f}%")
+    out.append(f"Chosen layout's step time: {err['confidence']}")
     out.append("")
     out.append(f"Memory per GPU (GiB, binding pipeline stage; capacity {doc['capacity_gib']:g} GiB):")
     mh = ["layout", "params", "grads", "optim", "activ", "buffers", "framework", "total"]

@@ -102,7 +102,7 @@ class PlanDoc(BaseModel):
     cluster: PlanCluster
     layout: PlanLayout
     memory_gib_per_gpu: dict[str, float]
-    predicted: dict[str, float]
+    predicted: dict[str, float | str | None]  # numbers, and the interval's basis in words
     time_breakdown_s: dict[str, float]
     search: dict[str, Any]
     alternatives: list[dict[str, Any]]

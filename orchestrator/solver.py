@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costmodel import RECOMPUTE_CODES, Candidates, Evaluation, evaluate
+from .costmodel.calibration import Resolved, engine_of, per_layout
 from .costmodel.evaluate import invariant_violations
 from .costmodel.memory import GIB
 from .layout import RECOMPUTE_LEVELS, Layout, divisors
@@ -57,6 +58,11 @@ class Scored:
     mfu: float
     fits: bool
     capacity_gib: float
+    # How sure the step time is: the half-width of its interval as a fraction (the largest residual
+    # of the calibration entry it was predicted with, on that entry's own runs), None outside any
+    # fitted domain; and that in words ("±6 %, deepspeed-zero3/h100-sxm5-ndr, n=5").
+    interval: float | None = None
+    basis: str = ""
 
     @property
     def over_gib(self) -> float:
@@ -160,15 +166,18 @@ def candidates_of(model: ModelSpec, layouts: list[Layout]) -> Candidates:
     return _candidates(rows)
 
 
-def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float) -> Scored:
+def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float,
+            confidence: dict[str, Resolved] | None = None, runtime: str = "deepspeed") -> Scored:
     layout = Layout(tp=int(c.tp[i]), pp=int(c.pp[i]), dp=int(c.dp[i]), vpp=int(c.vpp[i]),
                     zero_stage=int(c.zero[i]), micro_batch_size=int(c.mbs[i]), grad_accum_steps=int(c.gas[i]),
                     recompute=_RC_NAMES[int(c.rc[i])], sequence_parallel=bool(c.sp[i]))
     mem = {k: float(getattr(ev, k)[i]) / GIB for k in MEMORY_STACK}
     t = {"compute": float(ev.compute[i]), "tp_comm": float(ev.tp_comm[i]), "bubble": float(ev.bubble[i]),
          "pp_comm": float(ev.pp_comm[i]), "dp_comm": float(ev.dp_comm[i]), "optimizer": float(ev.optimizer_step[i])}
+    r = None if confidence is None else confidence[str(engine_of(runtime, int(c.zero[i])).item())]
     return Scored(layout, mem, t, float(ev.step_time[i]), float(ev.tokens_per_s[i]), float(ev.mfu[i]),
-                  bool(mem["total"] <= capacity_gib), capacity_gib)
+                  bool(mem["total"] <= capacity_gib), capacity_gib,
+                  None if r is None else r.interval, "" if r is None else r.describe())
 
 
 def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
@@ -192,10 +201,11 @@ def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, ru
     keys = (cand.sp, cand.rc, cand.zero, cand.mbs, cand.vpp, cand.pp, cand.tp, ev.total, ev.step_time)
     order = np.lexsort(keys)  # last key is primary
     feasible_order = order[fits[order]]
-    ranked = [_scored(cand, ev, int(i), capacity) for i in feasible_order[:keep]]
+    _, confidence = per_layout(profile, runtime, cand.zero)
+    ranked = [_scored(cand, ev, int(i), capacity, confidence, runtime) for i in feasible_order[:keep]]
     infeasible = np.flatnonzero(~fits)
     closest_idx = infeasible[np.lexsort((ev.step_time[infeasible], ev.total[infeasible]))][:keep]
-    closest = [_scored(cand, ev, int(i), capacity) for i in closest_idx]
+    closest = [_scored(cand, ev, int(i), capacity, confidence, runtime) for i in closest_idx]
     return SearchResult(ranked, n, int(fits.sum()), int((~fits).sum()), closest, capacity, rejected)
 
 

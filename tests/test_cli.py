@@ -369,13 +369,35 @@ def test_explain_shows_stacks_rejections_and_the_close_call_verdict(runner, in_t
     r = plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--explain")
     assert r.exit_code == 0, r.output
     for text in ("Memory per GPU (GiB", "Time per step (s; exposed communication only)", "Rejected by memory:",
-                 "GiB over)", "Model step-time error on its calibration set"):
+                 "GiB over)", "on its 5 published runs", "Chosen layout's step time: ±"):
         assert text in r.output
     assert ("more than the model's max error" in r.output) or ("within the model's" in r.output)
     out = in_tmp / "p"
     assert plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--out", out).exit_code == 0
     doc = yaml.safe_load((out / "plan.yaml").read_text())
     assert {"layouts", "rejected_by_memory", "top_two"} <= set(doc["explain"])
+
+
+def test_every_prediction_says_how_sure_it_is(runner, in_tmp):
+    """Issue 11: an interval from the residuals of the engine and GPU it was fitted on, in the
+    table, --json and plan.yaml; a layout outside any fitted domain says so."""
+    from orchestrator.costmodel.calibration import resolve_efficiency
+    from orchestrator.specs import load_profile
+
+    r = plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--json")
+    doc = json.loads(r.output)
+    z3 = resolve_efficiency(load_profile("dgx16").profile, "deepspeed-zero3")
+    by_zero = {}
+    for entry in [doc, *doc["alternatives"]]:
+        by_zero.setdefault(entry["layout"]["zero_stage"], entry["predicted"])
+    assert by_zero[3]["step_time_interval"] == pytest.approx(z3.max_rel_error, abs=1e-4)
+    assert "deepspeed-zero3/h100-sxm5-ndr, n=5" in by_zero[3]["confidence"]
+    assert by_zero[1]["step_time_interval"] is None and "outside the fitted domain" in by_zero[1]["confidence"]
+    table = plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--no-write").output
+    assert f"±{100 * z3.max_rel_error:.0f}%" in table and " ? " in table and "outside the fitted domain" in table
+    meg = json.loads(plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--runtime", "megatron",
+                          "--json").output)
+    assert "megatron/h100-sxm5-ndr, n=9" in meg["predicted"]["confidence"]
 
 
 def test_calibrate_command_end_to_end(runner, in_tmp):

@@ -34,14 +34,20 @@ def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], 
         L = s.layout
         t.add_row("*" if i == 0 else "", str(L.tp), str(L.pp), str(L.vpp), str(L.dp), str(L.zero_stage),
                   str(L.micro_batch_size), str(L.grad_accum_steps), L.recompute, "yes" if L.sequence_parallel else "no",
-                  f"{s.memory_gib['total']:.1f}", f"{s.step_time_s:.3g}", f"{s.tokens_per_s:,.0f}",
+                  f"{s.memory_gib['total']:.1f}", step_text(s), f"{s.tokens_per_s:,.0f}",
                   f"{100 * s.mfu:.1f}%")
     con.print(t)
+    shown = r.ranked[:top]
+    if any(s.interval is not None for s in shown):
+        con.print("±: the model's largest error on published runs of the same engine and GPU", markup=False)
+    if any(s.interval is None for s in shown):
+        con.print("?: outside the fitted domain (no published runs of that engine on this GPU): no interval",
+                  markup=False)
     best = the_plan.chosen
     mem = best.memory_gib
     con.print(f"* chosen: {best.layout.short()}: {mem['total']:.1f} GiB per GPU (params {mem['params']:.1f}, grads "
               f"{mem['grads']:.1f}, optimizer {mem['optimizer']:.1f}, activations {mem['activations']:.1f}, overhead "
-              f"{mem['overhead']:.1f}), {best.step_time_s:.3g} s per step")
+              f"{mem['overhead']:.1f}), {best.step_time_s:.3g} s per step ({best.basis})", markup=False)
     if the_plan.spec.training.train_steps:
         days = the_plan.spec.training.train_steps * best.step_time_s / 86400
         con.print(f"  {the_plan.spec.training.tokens:.3g} tokens in {the_plan.spec.training.train_steps} steps: "
@@ -49,6 +55,11 @@ def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], 
     if out is not None:
         con.print(f"wrote {out}/: {', '.join(files)}" + (" (the default plan directory; --out DIR to choose)"
                                                          if default_out else ""), markup=False)
+
+
+def step_text(s) -> str:
+    """Step time with its interval: '36.8 ±6%', or '36.8 ?' outside any fitted domain."""
+    return f"{s.step_time_s:.3g} " + ("?" if s.interval is None else f"±{100 * s.interval:.0f}%")
 
 
 def profile_table(rows: list[dict]) -> Table:

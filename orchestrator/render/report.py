@@ -31,6 +31,10 @@ def scored_doc(plan: Plan, s: Scored) -> dict:
             "tokens_per_s": _r(s.tokens_per_s, 1),
             "mfu": _r(s.mfu, 4),
             "model_tflops_per_gpu": _r(flops / s.step_time_s / world / 1e12, 2),
+            # The step time's interval (fraction either way) and what it rests on; null interval:
+            # outside any fitted domain.
+            "step_time_interval": None if s.interval is None else _r(s.interval, 4),
+            "confidence": s.basis,
         },
         "time_breakdown_s": {k: _r(v, 4) for k, v in s.time_s.items()},
     }
