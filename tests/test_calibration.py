@@ -255,3 +255,37 @@ def test_calibrate_from_a_run_directory(tmp_path, runner, monkeypatch):
     assert isinstance(calibrated, ClusterProfile)
     assert all(0 <= getattr(calibrated.efficiency, f) <= 1 for f in FIELDS if f != "zero3_stall_us")
     assert calibrated.efficiency.zero3_stall_us >= 0
+
+
+# ---- memory against the published peaks (issue 11): what ran must be predicted to fit
+def test_published_fsdp_peaks():
+    """torchtitan's two Llama 3.1 8B FSDP peaks (max reserved, 96 GB H100s): the same activations
+    at 8 and 128 ranks, so the ZeRO-3 state sharding and the PyTorch loss working set are both
+    checked. Within 5 %."""
+    from orchestrator.calibrate.published import fsdp_rows
+    from orchestrator.calibrate.rows import _prepare
+    from orchestrator.solver import GIB
+
+    rows = [r for r in fsdp_rows() if r.measured_peak_gib is not None]
+    assert len(rows) == 2
+    for row in rows:
+        p = _prepare(row)
+        ev = evaluate(row.model, row.training, row.profile, row.runtime, p.cand)
+        predicted = float(ev.total[0]) / GIB
+        assert predicted == pytest.approx(row.measured_peak_gib, rel=0.05), row.id
+        assert predicted <= row.profile.gpu.memory_gib  # it ran
+
+
+def test_known_to_run_megatron_layout_fits():
+    """Nemotron-4 340B at the layout issue 11 lists as known to run (TP8 PP8 vpp12, selective
+    recomputation, 80 GB H100s; 6144 GPUs, sequence 4096, batch 2304 as in its technical report)
+    fits. Its squared-ReLU MLP has GeLU's two matrices and the same saved tensors."""
+    from orchestrator.specs import ModelSpec, TrainingSpec
+
+    model = ModelSpec(num_layers=96, hidden_size=18432, ffn_hidden_size=73728, num_attention_heads=96, num_kv_heads=8,
+                      vocab_size=256000, activation="gelu", tied_embeddings=False, bias=False)
+    training = TrainingSpec(seq_length=4096, global_batch_size=2304, precision="bf16", train_tokens=9e12)
+    profile = load_profile("dgx16").profile.resized(nodes=768)
+    pins = Pins(tp=8, pp=8, vpp=12, micro_batch_size=1, recompute="selective", sequence_parallel=True, zero_stage=1)
+    res = search(model, training, profile, "megatron", pins)
+    assert res.best is not None and res.best.fits, [s.memory_gib for s in res.closest]

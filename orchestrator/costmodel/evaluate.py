@@ -272,21 +272,32 @@ def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
         s, mbs, h, f, a, kv, tp, sp, np.zeros_like(rc), swiglu=model.activation == "swiglu",
         flash=training.flash_attention, hidden_dropout=training.hidden_dropout > 0,
         attention_dropout=training.attention_dropout > 0, act_bytes=act_bytes)
-    sbh_local = np.where(sp, s * mbs * h / tp, s * mbs * h) * act_bytes
-    # Logits of one micro-batch on the last stage: the 16-bit output and the fp32 copy the
-    # vocab-parallel cross-entropy keeps for its backward pass.
-    logits = s * mbs * V / tp * (act_bytes + 4)
+    # Loss working set per logit element on the last stage. Megatron-LM's vocab-parallel
+    # cross-entropy works in place (core/tensor_parallel/cross_entropy.py: the fp32 copy of the
+    # logits becomes exp, then softmax, then the gradient), so the 16-bit output plus one fp32
+    # tensor: 2 + 4. PyTorch-side losses (dsorch's entrypoint, train/tensor_parallel.py
+    # _VocabParallelCrossEntropy; torch's F.cross_entropy on upcast logits as FSDP runs use it)
+    # hold the 16-bit logits, the fp32 copy, the shifted logits and exp at once: 2 + 3 x 4. The
+    # published torchtitan peaks (Llama 3.1 8B, 2 x 8K tokens, 128K vocabulary) are matched by it.
+    loss_bytes = (act_bytes + 4) if x.runtime == "megatron" else (act_bytes + 3 * 4)
+    logits = s * mbs * V / tp * loss_bytes
+    # Pipeline stage outputs: Megatron-LM frees each sent output and keeps only its autograd node
+    # (deallocate_pipeline_outputs, always set for GPT: training/argument_utils.py), so nothing
+    # beyond the layers' own saved tensors. DeepSpeed's pipeline engine keeps the output of every
+    # in-flight micro-batch in its pipe buffers until that micro-batch's backward (pipe/engine.py
+    # _exec_forward_pass: pipe_buffers['outputs']), 1/tp of it with pipe_partitioned.
+    out_elems = np.where(sp | (x.runtime == "deepspeed"), s * mbs * h / tp, s * mbs * h)
+    out_buf = np.where((x.runtime == "deepspeed") & (pp > 1), out_elems * act_bytes, 0.0)
 
-    def stage_memory(layers, params_local, stage_index, extra_act):
+    def stage_memory(layers, params_local, stage_index, extra_act, outputs=True):
         w, g, o = model_state_bytes(params_local, dp, zero, x.weight_b, x.grad_b, x.opt_b)
         inflight = in_flight_micro_batches(pp, vpp, gas, stage_index)
-        act = layers * act_layer * inflight + working_layer + extra_act
+        act = layers * act_layer * inflight + working_layer + extra_act + (out_buf * inflight if outputs else 0.0)
         return w, g, o, act
 
-    first = stage_memory(x.lf, x.first_params, 0.0,
-                         sbh_local * in_flight_micro_batches(pp, vpp, gas, 0.0) + np.where(pp == 1, logits, 0.0))
+    first = stage_memory(x.lf, x.first_params, 0.0, np.where(pp == 1, logits, 0.0))
     middle = stage_memory(x.lm, x.middle_params, np.minimum(1.0, pp - 1), 0.0)
-    last = stage_memory(x.ll, x.last_params, pp - 1, logits)
+    last = stage_memory(x.ll, x.last_params, pp - 1, logits, outputs=False)
 
     # Communication buffers (DeepSpeed only; Megatron's DDP reduces in place in its grad buffer).
     if x.runtime == "deepspeed":
