@@ -144,6 +144,8 @@ def _load_cluster(project, cluster, profiles_dir: str | None):
 @click.option("--tp", type=click.IntRange(1, 1024), default=None, help="Pin the tensor-parallel degree.")
 @click.option("--pp", type=click.IntRange(1, 1_000_000), default=None, help="Pin the pipeline-parallel degree.")
 @click.option("--dp", type=click.IntRange(1, 1_000_000_000), default=None, help="Pin the data-parallel degree.")
+@click.option("--cp", type=click.IntRange(1, 1_000_000), default=None,
+              help="Pin the context-parallel degree (ring attention; megatron runtime only).")
 @click.option("--vpp", type=click.IntRange(1, 1_000_000), default=None,
               help="Pin virtual pipeline stages per rank (interleaved schedule; megatron runtime only).")
 @click.option("--zero", type=click.IntRange(0, 3), default=None,
@@ -155,8 +157,8 @@ def _load_cluster(project, cluster, profiles_dir: str | None):
               help="Headroom to keep free on every GPU, in GiB.")
 @click.option("--top", type=click.IntRange(1, 10_000), default=8, show_default=True, help="Rows in the table.")
 @_profiles_dir_option
-def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, gpus_per_node, tp, pp, dp, vpp, zero,
-         mbs, recompute, sp, memory_margin, top, profiles_dir):
+def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, gpus_per_node, tp, pp, dp, cp, vpp,
+         zero, mbs, recompute, sp, memory_margin, top, profiles_dir):
     """Search every legal layout for SPEC on a cluster, show the best, write the plan directory.
 
     Any part of the layout can be pinned (--tp 8 --pp 4 ...); the rest is searched. With every
@@ -184,7 +186,7 @@ def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, 
     if out is None and (check or not (no_write or as_json)):
         out = project.default_plan_dir(spec_file.name, lp.profile.name, runtime, nodes, gpus_per_node)
     pins = Pins(tp=tp, pp=pp, dp=dp, vpp=vpp, zero_stage=zero, micro_batch_size=mbs, recompute=recompute,
-                sequence_parallel=sp)
+                sequence_parallel=sp, cp=cp)
     the_plan, files = plan_files(spec_file, _display_path(spec, out), loaded.sha256, lp, runtime, pins, nodes=nodes,
                                  gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin, keep=max(top, 8),
                                  shown_path=str(spec))

@@ -12,7 +12,7 @@ from .plan import Plan
 from .solver import Scored
 
 MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "comm_buffers", "framework", "total")
-TIME_KEYS = ("compute", "tp_comm_exposed", "bubble", "pp_comm", "dp_comm_exposed", "optimizer")
+TIME_KEYS = ("compute", "tp_comm_exposed", "bubble", "pp_comm", "dp_comm_exposed", "cp_comm_exposed", "optimizer")
 
 
 def _r(x: float, nd: int = 3) -> float:
@@ -22,7 +22,7 @@ def _r(x: float, nd: int = 3) -> float:
 # Scored.time_s key -> the name --explain shows (only the exposed part of TP and DP communication
 # is in the step).
 _TIME_NAMES = {"compute": "compute", "tp_comm": "tp_comm_exposed", "bubble": "bubble", "pp_comm": "pp_comm",
-               "dp_comm": "dp_comm_exposed", "optimizer": "optimizer"}
+               "dp_comm": "dp_comm_exposed", "cp_comm": "cp_comm_exposed", "optimizer": "optimizer"}
 
 
 def _stacks(s: Scored) -> tuple[dict, dict]:
@@ -107,7 +107,7 @@ def explain_text(plan: Plan) -> str:
     out += [_fmt_row(mh, widths), *[_fmt_row(r, widths) for r in rows]]
     out.append("")
     out.append("Time per step (s; exposed communication only):")
-    th = ["layout", "compute", "tp comm", "bubble", "pp comm", "dp comm", "optim", "step", "vs best"]
+    th = ["layout", "compute", "tp comm", "bubble", "pp comm", "dp comm", "cp comm", "optim", "step", "vs best"]
     rows = [[("* " if L["chosen"] else "  ") + L["layout"],
              *[f"{L['time_s'][k]:.3f}" for k in TIME_KEYS], f"{L['step_time_s']:.3f}",
              f"{100 * L['vs_chosen']:+.1f}%"] for L in doc["layouts"]]

@@ -23,9 +23,12 @@ class Layout:
     grad_accum_steps: int
     recompute: str
     sequence_parallel: bool
+    # Context parallelism (Megatron-LM --context-parallel-size): the sequence split over cp ranks,
+    # ring attention between them. The global batch is not split by it.
+    cp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "vpp", "micro_batch_size", "grad_accum_steps"):
+        for name in ("tp", "pp", "dp", "vpp", "micro_batch_size", "grad_accum_steps", "cp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.zero_stage not in (0, 1, 2, 3):
@@ -35,7 +38,7 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def global_batch_size(self) -> int:
@@ -47,7 +50,8 @@ class Layout:
     def short(self) -> str:
         sp = "+sp" if self.sequence_parallel else ""
         v = f" vpp{self.vpp}" if self.vpp > 1 else ""
-        return (f"tp{self.tp}{sp} pp{self.pp}{v} dp{self.dp} zero{self.zero_stage} "
+        c = f" cp{self.cp}" if self.cp > 1 else ""
+        return (f"tp{self.tp}{sp}{c} pp{self.pp}{v} dp{self.dp} zero{self.zero_stage} "
                 f"mbs{self.micro_batch_size} gas{self.grad_accum_steps} rc={self.recompute}")
 
 

@@ -86,6 +86,7 @@ class PlanLayout(BaseModel):
     grad_accum_steps: int = Field(gt=0)
     recompute: Literal[RECOMPUTE_LEVELS]  # type: ignore[valid-type]
     sequence_parallel: bool
+    cp: int = Field(default=1, gt=0)
 
 
 class PlanDoc(BaseModel):
@@ -228,8 +229,8 @@ def load_plan_dir(path: str | Path, *, strict: bool = True) -> PlanDir:
 def _check_consistent(doc: PlanDoc, plan_file: Path) -> None:
     L, c, t = doc.layout, doc.cluster, doc.spec.training
     problems = []
-    if L.tp * L.pp * L.dp != c.world_size:
-        problems.append(f"layout tp*pp*dp = {L.tp * L.pp * L.dp} but cluster.world_size is {c.world_size}")
+    if L.tp * L.cp * L.pp * L.dp != c.world_size:
+        problems.append(f"layout tp*cp*pp*dp = {L.tp * L.cp * L.pp * L.dp} but cluster.world_size is {c.world_size}")
     if c.nodes * c.gpus_per_node != c.world_size:
         problems.append(f"cluster.nodes x gpus_per_node = {c.nodes * c.gpus_per_node} but world_size is "
                         f"{c.world_size}")

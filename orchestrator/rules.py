@@ -62,15 +62,34 @@ def zero_stages(runtime: str, pp: int, precision: str, grad_accum_steps: int) ->
     return stages
 
 
-def vpp_degrees(runtime: str, num_layers: int, pp: int) -> list[int]:
+def vpp_degrees(runtime: str, num_layers: int, pp: int, p2p_overlap: bool = True) -> list[int]:
     """Virtual stages per rank the interleaved schedule can use: only Megatron-LM has it, only with
-    pp > 1 and an even split, and vpp must divide each stage's layers."""
+    pp > 1, and vpp must divide each rank's share of the split. An edge-light split (one layer fewer
+    on the first and last stage) is Megatron's --account-for-embedding/loss-in-pipeline-split:
+    (layers + 2) / pp per rank, the embedding and the loss counted as one layer each, so vpp divides
+    that (TransformerConfig.__post_init__; the first chunk of the first rank and the last chunk of
+    the last rank are one layer short, as Llama 3 405B trained: Llama 3 paper, Sec. 3.3.2)."""
     from .layout import divisors
 
     split = stage_split(num_layers, pp)
-    if runtime != "megatron" or pp == 1 or split is None or split.kind != "even":
+    # Without p2p overlap validate_args asks for pp > 2 ("pipeline-model-parallel size should be
+    # greater than 2 with interleaved schedule").
+    if runtime != "megatron" or pp == 1 or split is None or (not p2p_overlap and pp <= 2):
         return [1]
-    return divisors(num_layers // pp)
+    return divisors(split.middle)
+
+
+def cp_degrees(runtime: str, training: TrainingSpec, n: int) -> list[int]:
+    """Context-parallel degrees among the divisors of ``n`` (GPUs left after tp): Megatron-LM only
+    (the bundled entrypoint has no ring attention), its fused attention only (the local attention
+    asserts context_parallel_size == 1: core/transformer/dot_product_attention.py), and the
+    sequence must split into 2 x cp chunks for the load-balanced causal split (validate_args:
+    "seq-length should be a multiple of 2 * context-parallel-size")."""
+    from .layout import divisors
+
+    if runtime != "megatron" or not training.flash_attention:
+        return [1]
+    return [c for c in divisors(n) if training.seq_length % (2 * c) == 0]
 
 
 def interleaving_fits(vpp: int, pp: int, grad_accum_steps: int) -> bool:
@@ -92,9 +111,19 @@ def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, profi
     r: list[str] = []
     L = layout
     world = profile.world_size
-    if L.tp * L.pp * L.dp != world:
-        r.append(f"tp*pp*dp = {L.tp}*{L.pp}*{L.dp} = {L.world_size} but the cluster has {world} GPUs "
+    if L.world_size != world:
+        r.append(f"tp*cp*pp*dp = {L.tp}*{L.cp}*{L.pp}*{L.dp} = {L.world_size} but the cluster has {world} GPUs "
                  f"({profile.nodes} x {profile.gpus_per_node}); choose degrees whose product is {world}")
+    if L.cp > 1:
+        if runtime != "megatron":
+            r.append(f"cp={L.cp}: context parallelism (ring attention) is a Megatron-LM feature; the bundled "
+                     f"DeepSpeed entrypoint has none (nor DeepSpeed-Ulysses); use cp=1 or --runtime megatron")
+        elif not training.flash_attention:
+            r.append(f"cp={L.cp} needs Megatron-LM's fused attention (Transformer Engine); the unfused attention "
+                     f"refuses context parallelism: set training.flash_attention true or use cp=1")
+        if training.seq_length % (2 * L.cp):
+            r.append(f"seq_length {training.seq_length} is not a multiple of 2 x cp = {2 * L.cp} (Megatron-LM "
+                     f"splits each sequence into 2 x cp chunks); choose a cp that fits")
     if L.tp > profile.gpus_per_node or profile.gpus_per_node % L.tp:
         r.append(f"tp={L.tp} must divide gpus_per_node={profile.gpus_per_node}: tensor parallelism stays inside "
                  f"one node's NVLink domain (Narayanan et al. 2021, Sec. 3.3)")
@@ -114,9 +143,13 @@ def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, profi
                      f"use vpp=1 or --runtime megatron")
         elif L.pp == 1:
             r.append(f"vpp={L.vpp} needs pp > 1 (virtual stages interleave pipeline stages); use vpp=1")
-        elif split is not None and (split.kind != "even" or (model.num_layers // L.pp) % L.vpp):
-            r.append(f"vpp={L.vpp} must divide the {model.num_layers // L.pp} layers of each of the pp={L.pp} "
-                     f"stages (an even split); choose a vpp dividing the layers per stage")
+        elif L.pp == 2 and not training.overlap_p2p_comm:
+            r.append(f"vpp={L.vpp} with training.overlap_p2p_comm false needs pp > 2 (Megatron-LM's validate_args); "
+                     f"use vpp=1, pp > 2, or overlap the sends")
+        elif split is not None and split.middle % L.vpp:
+            r.append(f"vpp={L.vpp} must divide the {split.middle} layers per pipeline rank (pp={L.pp}"
+                     + (", the first and last counting the embedding and the loss as a layer each"
+                        if split.kind != "even" else "") + "); choose a vpp dividing them")
         elif not interleaving_fits(L.vpp, L.pp, L.grad_accum_steps):
             r.append(f"the interleaved schedule needs the number of micro-batches ({L.grad_accum_steps}) to be a "
                      f"multiple of pp={L.pp} (Narayanan et al. 2021, Sec. 2.2.2); change the micro-batch size")
@@ -147,6 +180,17 @@ def check_training(training: TrainingSpec, profile: ClusterProfile, runtime: str
     if profile.backend == "gloo" and training.precision == "fp16":
         problems.append(f"precision fp16 is refused by DeepSpeed on CPU (profile '{profile.name}' uses gloo); "
                         f"set training.precision to bf16 or fp32")
+    if training.fp8 is not None:
+        if runtime != "megatron":
+            problems.append(f"training.fp8 {training.fp8!r}: FP8 GEMMs come from Transformer Engine under Megatron-LM; "
+                            f"the bundled DeepSpeed entrypoint has none: use --runtime megatron or drop training.fp8")
+        elif profile.gpu.peak_tflops.fp8 is None:
+            problems.append(f"training.fp8 {training.fp8!r}: profile '{profile.name}' states no FP8 peak for "
+                            f"{profile.gpu.name} (gpu.peak_tflops.fp8; FP8 tensor cores start with Hopper and Ada): "
+                            f"add it to the profile or drop training.fp8")
+    if runtime != "megatron" and training.tp_comm_overlap:
+        problems.append("training.tp_comm_overlap is Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers); "
+                        "the deepspeed runtime does not overlap TP collectives: use --runtime megatron or set it false")
     if runtime == "megatron" and training.train_steps is None:
         # megatron/training/training.py (pretrain): "either train-iters or train-samples should be provided".
         problems.append("the megatron runtime needs the training length (Megatron-LM's --train-iters): set "

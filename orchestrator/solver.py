@@ -16,7 +16,7 @@ from .costmodel.calibration import Resolved, engine_of, per_layout
 from .costmodel.evaluate import invariant_violations
 from .costmodel.memory import GIB
 from .layout import RECOMPUTE_LEVELS, Layout, divisors
-from .rules import check_layout, interleaving_fits, stage_split, tp_degrees, vpp_degrees, zero_stages
+from .rules import check_layout, cp_degrees, interleaving_fits, stage_split, tp_degrees, vpp_degrees, zero_stages
 from .specs import ClusterProfile, ModelSpec, TrainingSpec
 
 _RC_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
@@ -34,6 +34,7 @@ class Pins:
     micro_batch_size: int | None = None
     recompute: str | None = None
     sequence_parallel: bool | None = None
+    cp: int | None = None
 
     def all_pinned(self) -> bool:
         return all(getattr(self, f) is not None for f in self.__dataclass_fields__)
@@ -105,6 +106,8 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, profile: Cluster
     world = profile.world_size
     gbs = training.global_batch_size
     rejected: dict[str, int] = {}
+    if pins.cp is not None and pins.cp > 1 and pins.cp not in cp_degrees(runtime, training, world):
+        return _candidates([]), rejected  # explain_pins says which rule
 
     def reject(reason: str, n: int = 1) -> None:
         if n:
@@ -113,47 +116,56 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, profile: Cluster
     rows: list[tuple] = []
     legal_tp = tp_degrees(model, profile.gpus_per_node)
     reject(RULE_TP, len([t for t in _options(pins, "tp", divisors(profile.gpus_per_node)) if t not in legal_tp]))
-    all_zero = zero_stages(runtime, 1, "fp32", 1)
     for tp in _options(pins, "tp", legal_tp):
-        for pp in _options(pins, "pp", [p for p in divisors(world // tp)]):
-            split = stage_split(model.num_layers, pp)
-            if split is None:
-                reject(RULE_PP)
-                continue
-            dp = world // (tp * pp)
-            if pins.dp is not None and dp != pins.dp:
-                continue
-            if gbs % dp:
-                reject(RULE_DP)
-                continue
-            vpps = vpp_degrees(runtime, model.num_layers, pp)
-            sps = [False, True] if tp > 1 else [False]
-            inner = len(_options(pins, "recompute", RECOMPUTE_LEVELS)) * len(_options(pins, "sequence_parallel", sps))
-            for mbs in _options(pins, "micro_batch_size", divisors(gbs // dp)):
-                gas = gbs // (dp * mbs)
-                zeros = zero_stages(runtime, pp, training.precision, gas)
-                wanted = _options(pins, "zero_stage", all_zero)
-                for vpp in _options(pins, "vpp", vpps):
-                    if not interleaving_fits(vpp, pp, gas):
-                        reject(RULE_VPP, len(wanted) * inner)
-                        continue
-                    for z in wanted:
-                        if z not in zeros:
-                            reject(RULE_ZERO_PP if z > 1 and pp > 1 else RULE_ZERO_BF16, inner)
-                    for z, rc, sp in itertools.product([z for z in wanted if z in zeros],
-                                                       _options(pins, "recompute", RECOMPUTE_LEVELS),
-                                                       _options(pins, "sequence_parallel", sps)):
-                        rows.append((tp, pp, dp, vpp, z, mbs, gas, RECOMPUTE_CODES[rc], sp,
-                                     split.first, split.middle, split.last))
+        for cp in _options(pins, "cp", cp_degrees(runtime, training, world // tp)):
+            for pp in _options(pins, "pp", divisors(world // (tp * cp))):
+                split = stage_split(model.num_layers, pp)
+                if split is None:
+                    reject(RULE_PP)
+                    continue
+                dp = world // (tp * cp * pp)
+                if pins.dp is not None and dp != pins.dp:
+                    continue
+                if gbs % dp:
+                    reject(RULE_DP)
+                    continue
+                rows += _layouts_at(tp, cp, pp, dp, split, model, training, runtime, pins, reject)
     return _candidates(rows), rejected
 
 
+def _layouts_at(tp, cp, pp, dp, split, model, training, runtime, pins, reject) -> list[tuple]:
+    """Every (vpp, micro-batch, ZeRO stage, recompute, SP) at one (tp, cp, pp, dp), as rows."""
+    gbs = training.global_batch_size
+    rows = []
+    all_zero = zero_stages(runtime, 1, "fp32", 1)
+    vpps = vpp_degrees(runtime, model.num_layers, pp, training.overlap_p2p_comm)
+    sps = [False, True] if tp > 1 else [False]
+    inner = len(_options(pins, "recompute", RECOMPUTE_LEVELS)) * len(_options(pins, "sequence_parallel", sps))
+    for mbs in _options(pins, "micro_batch_size", divisors(gbs // dp)):
+        gas = gbs // (dp * mbs)
+        zeros = zero_stages(runtime, pp, training.precision, gas)
+        wanted = _options(pins, "zero_stage", all_zero)
+        for vpp in _options(pins, "vpp", vpps):
+            if not interleaving_fits(vpp, pp, gas):
+                reject(RULE_VPP, len(wanted) * inner)
+                continue
+            for z in wanted:
+                if z not in zeros:
+                    reject(RULE_ZERO_PP if z > 1 and pp > 1 else RULE_ZERO_BF16, inner)
+            for z, rc, sp in itertools.product([z for z in wanted if z in zeros],
+                                               _options(pins, "recompute", RECOMPUTE_LEVELS),
+                                               _options(pins, "sequence_parallel", sps)):
+                rows.append((tp, pp, dp, vpp, z, mbs, gas, RECOMPUTE_CODES[rc], sp,
+                             split.first, split.middle, split.last, cp))
+    return rows
+
+
 def _candidates(rows: list[tuple]) -> Candidates:
-    """Rows of (tp, pp, dp, vpp, zero, mbs, gas, rc code, sp, layers first/middle/last) as arrays."""
-    cols = np.array(rows, dtype=np.int64).reshape(-1, 12).T
+    """Rows of (tp, pp, dp, vpp, zero, mbs, gas, rc code, sp, layers first/middle/last, cp) as arrays."""
+    cols = np.array(rows, dtype=np.int64).reshape(-1, 13).T
     return Candidates(tp=cols[0], pp=cols[1], dp=cols[2], vpp=cols[3], zero=cols[4], mbs=cols[5], gas=cols[6],
                       rc=cols[7], sp=cols[8].astype(bool), layers_first=cols[9], layers_middle=cols[10],
-                      layers_last=cols[11])
+                      layers_last=cols[11], cp=cols[12])
 
 
 def candidates_of(model: ModelSpec, layouts: list[Layout]) -> Candidates:
@@ -162,22 +174,26 @@ def candidates_of(model: ModelSpec, layouts: list[Layout]) -> Candidates:
     for L in layouts:
         split = stage_split(model.num_layers, L.pp)
         rows.append((L.tp, L.pp, L.dp, L.vpp, L.zero_stage, L.micro_batch_size, L.grad_accum_steps,
-                     RECOMPUTE_CODES[L.recompute], L.sequence_parallel, split.first, split.middle, split.last))
+                     RECOMPUTE_CODES[L.recompute], L.sequence_parallel, split.first, split.middle, split.last, L.cp))
     return _candidates(rows)
 
 
 def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float,
-            confidence: dict[str, Resolved] | None = None, runtime: str = "deepspeed") -> Scored:
+            confidence: dict[str, Resolved] | None = None, runtime: str = "deepspeed", fp8: bool = False) -> Scored:
     layout = Layout(tp=int(c.tp[i]), pp=int(c.pp[i]), dp=int(c.dp[i]), vpp=int(c.vpp[i]),
                     zero_stage=int(c.zero[i]), micro_batch_size=int(c.mbs[i]), grad_accum_steps=int(c.gas[i]),
-                    recompute=_RC_NAMES[int(c.rc[i])], sequence_parallel=bool(c.sp[i]))
+                    recompute=_RC_NAMES[int(c.rc[i])], sequence_parallel=bool(c.sp[i]), cp=int(c.cp[i]))
     mem = {k: float(getattr(ev, k)[i]) / GIB for k in MEMORY_STACK}
     t = {"compute": float(ev.compute[i]), "tp_comm": float(ev.tp_comm[i]), "bubble": float(ev.bubble[i]),
-         "pp_comm": float(ev.pp_comm[i]), "dp_comm": float(ev.dp_comm[i]), "optimizer": float(ev.optimizer_step[i])}
+         "pp_comm": float(ev.pp_comm[i]), "dp_comm": float(ev.dp_comm[i]), "cp_comm": float(ev.cp_comm[i]),
+         "optimizer": float(ev.optimizer_step[i])}
     r = None if confidence is None else confidence[str(engine_of(runtime, int(c.zero[i])).item())]
+    interval, basis = (None, "") if r is None else (r.interval, r.describe())
+    beyond = None if r is None else r.beyond(layout.tp, layout.pp, layout.cp, fp8)
+    if beyond:
+        interval, basis = None, f"outside the fitted domain of {r.entry}: {beyond}"
     return Scored(layout, mem, t, float(ev.step_time[i]), float(ev.tokens_per_s[i]), float(ev.mfu[i]),
-                  bool(mem["total"] <= capacity_gib), capacity_gib,
-                  None if r is None else r.interval, "" if r is None else r.describe())
+                  bool(mem["total"] <= capacity_gib), capacity_gib, interval, basis)
 
 
 def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
@@ -198,14 +214,15 @@ def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, ru
         raise RuntimeError(f"cost model invariant broken for {model}: {'; '.join(violations)}")
     total_gib = ev.total / GIB
     fits = total_gib <= capacity
-    keys = (cand.sp, cand.rc, cand.zero, cand.mbs, cand.vpp, cand.pp, cand.tp, ev.total, ev.step_time)
+    keys = (cand.sp, cand.rc, cand.zero, cand.mbs, cand.vpp, cand.cp, cand.pp, cand.tp, ev.total, ev.step_time)
     order = np.lexsort(keys)  # last key is primary
     feasible_order = order[fits[order]]
     _, confidence = per_layout(profile, runtime, cand.zero)
-    ranked = [_scored(cand, ev, int(i), capacity, confidence, runtime) for i in feasible_order[:keep]]
+    fp8 = training.fp8 is not None
+    ranked = [_scored(cand, ev, int(i), capacity, confidence, runtime, fp8) for i in feasible_order[:keep]]
     infeasible = np.flatnonzero(~fits)
     closest_idx = infeasible[np.lexsort((ev.step_time[infeasible], ev.total[infeasible]))][:keep]
-    closest = [_scored(cand, ev, int(i), capacity, confidence, runtime) for i in closest_idx]
+    closest = [_scored(cand, ev, int(i), capacity, confidence, runtime, fp8) for i in closest_idx]
     return SearchResult(ranked, n, int(fits.sum()), int((~fits).sum()), closest, capacity, rejected)
 
 
@@ -215,19 +232,20 @@ def explain_pins(model: ModelSpec, training: TrainingSpec, profile: ClusterProfi
     world = profile.world_size
     tp = pins.tp or 1
     pp = pins.pp or 1
+    cp = pins.cp or 1
     if pins.dp is not None:
         dp = pins.dp
     else:
-        dp = max(1, world // (tp * pp))
-        if world % (tp * pp):
-            return [f"tp*pp = {tp}*{pp} = {tp * pp} does not divide the cluster's {world} GPUs "
+        dp = max(1, world // (tp * cp * pp))
+        if world % (tp * cp * pp):
+            return [f"tp*cp*pp = {tp}*{cp}*{pp} = {tp * cp * pp} does not divide the cluster's {world} GPUs "
                     f"({profile.nodes} x {profile.gpus_per_node}); choose degrees whose product divides {world}"]
     mbs = pins.micro_batch_size or 1
     gbs = training.global_batch_size
     gas = max(1, gbs // (mbs * dp))
     layout = Layout(tp=tp, pp=pp, dp=dp, vpp=pins.vpp or 1, zero_stage=pins.zero_stage if pins.zero_stage is not None else 1,
                     micro_batch_size=mbs, grad_accum_steps=gas, recompute=pins.recompute or "none",
-                    sequence_parallel=bool(pins.sequence_parallel))
+                    sequence_parallel=bool(pins.sequence_parallel), cp=cp)
     return check_layout(layout, model, training, profile, runtime)
 
 

@@ -219,6 +219,17 @@ class TrainingSpec(BaseModel):
     hidden_dropout: float = Field(default=0.0, ge=0, lt=1)
     attention_dropout: float = Field(default=0.0, ge=0, lt=1)
     seed: int = Field(default=1234, ge=0, lt=2**63)  # torch.manual_seed takes a 64-bit integer
+    # FP8 GEMMs on top of bf16 (Transformer Engine, Megatron-LM --fp8-format): "hybrid" is E4M3
+    # forward and E5M2 gradients (Micikevicius et al. 2022, "FP8 Formats for Deep Learning").
+    # Megatron-LM runtime only, on GPUs whose profile states a peak_tflops.fp8.
+    fp8: Literal["hybrid", "e4m3"] | None = None
+    # Megatron-LM engine options (megatron runtime only). tp_comm_overlap: --tp-comm-overlap,
+    # Transformer Engine's userbuffers hide the TP collectives behind the GEMMs; it applies to the
+    # layouts with tp > 1 and sequence parallelism (validate_args refuses it elsewhere).
+    tp_comm_overlap: bool = False
+    # The interleaved schedule overlaps its sends with compute by default; false emits
+    # --no-overlap-p2p-communication.
+    overlap_p2p_comm: bool = True
     optimizer: OptimizerSpec = OptimizerSpec()
     data: DataSpec = DataSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
@@ -240,6 +251,9 @@ class TrainingSpec(BaseModel):
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> "TrainingSpec":
+        if self.fp8 is not None and self.precision != "bf16":
+            raise ValueError(f"training.fp8 {self.fp8!r} runs FP8 GEMMs on a bf16 model (Megatron-LM --bf16 "
+                             f"--fp8-format); set training.precision to bf16 or drop training.fp8")
         if self.steps is not None and self.train_tokens is not None:
             raise ValueError("training.steps and training.train_tokens both give the training length; keep one")
         steps = self.train_steps
@@ -281,6 +295,8 @@ class PeakTflops(BaseModel):
     bf16: float = Field(gt=0)
     fp16: float = Field(gt=0)
     fp32: float = Field(gt=0)
+    # Dense FP8 tensor-core peak; None on GPUs without FP8 (before Hopper/Ada).
+    fp8: float | None = Field(default=None, gt=0)
 
 
 class GpuSpec(BaseModel):

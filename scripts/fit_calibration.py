@@ -105,12 +105,18 @@ def main() -> None:
     for spec in ENTRIES:
         eid, hw = entry_id(spec), HARDWARE[spec["hardware"]]
         fz = fitted[eid]
+        mine = [r for r in rows if r.hardware == eid]
+        # The layouts the rows cover (every published row pins tp and pp): beyond them a prediction
+        # is outside the fitted domain (costmodel.calibration.Resolved.beyond).
+        covers = {"tp": max(r.pins.tp or 1 for r in mine), "pp": max(r.pins.pp or 1 for r in mine),
+                  "cp": max(r.pins.cp or 1 for r in mine), "fp8": int(any(r.training.fp8 for r in mine))}
         entries.append({
             "id": eid, "engine": spec["engine"], "description": hw["description"], "gpus": hw["gpus"],
             "inter_node": hw["inter_node"], "fitted": list(spec["free"]),
             **({"fixed_from_literature": spec["fixed"]} if spec.get("fixed") else {}),
             **({"borrowed_from": spec["borrow"]} if spec.get("borrow") else {}),
             "efficiency": {f: round(fz["values"][f], 4) for f in FIELDS},
+            "covers": covers,
             "step_time_error": {"rows": fz["summary"]["rows"], "mean": round(fz["summary"]["mean"], 4),
                                 "max": round(fz["summary"]["max"], 4)},
         })

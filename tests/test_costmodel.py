@@ -123,7 +123,7 @@ def test_activation_memory_monotone_in_micro_batch(mt, runtime):
         return
     ev = evaluate(model, training, profile, runtime, c)
     # Group by everything except the micro-batch size; activations must not decrease as it grows.
-    key = np.stack([c.tp, c.pp, c.vpp, c.zero, c.rc, c.sp.astype(int)], axis=1)
+    key = np.stack([c.tp, c.cp, c.pp, c.vpp, c.zero, c.rc, c.sp.astype(int)], axis=1)
     for k in np.unique(key, axis=0):
         idx = np.flatnonzero((key == k).all(axis=1))
         idx = idx[np.argsort(c.mbs[idx])]

@@ -29,7 +29,12 @@ pytestmark = pytest.mark.skipif(
     reason="MEGATRON_LM is not set: point it at a Megatron-LM checkout (and MEGATRON_LM_PYTHON at a Python "
            "that imports it) to run Megatron's own argument checks on the planned megatron_args.txt")
 
-CASES = [(s, rt) for s in spec_paths() for rt in ("deepspeed", "megatron")]
+def _runtimes(spec) -> tuple[str, ...]:
+    # An FP8 spec plans for the megatron runtime only (the deepspeed runtime refuses it: test_cli).
+    return ("megatron",) if "\n  fp8:" in spec.read_text() else ("deepspeed", "megatron")
+
+
+CASES = [(s, rt) for s in spec_paths() for rt in _runtimes(s)]
 
 
 def plan(runner, *args):
@@ -59,3 +64,17 @@ def test_planned_megatron_args_pass_megatron_lm_checks(runner, in_tmp, spec, run
         f"Megatron-LM rejects the plan's megatron_args.txt:\n{proc.stdout}{proc.stderr[-3000:]}\n"
         f"--- megatron_args.txt ---\n{(out / 'megatron_args.txt').read_text()}")
     assert proc.stdout.startswith("PASS"), proc.stdout
+
+
+def test_llama3_405b_uneven_interleaved_layout_passes_megatron_lm(runner, in_tmp):
+    """TP8 PP16 with the embedding and the loss counted in the split and two virtual stages per rank:
+    Megatron-LM's own validate_args and TransformerConfig accept exactly what dsorch emits."""
+    out = in_tmp / "plan"
+    r = plan(runner, "examples/llama3-405b.yaml", "--cluster", "dgx16", "--nodes", "2048", "--runtime", "megatron",
+             "--tp", "8", "--pp", "16", "--vpp", "2", "--cp", "1", "--out", out)
+    assert r.exit_code == 0, r.output
+    proc = subprocess.run(
+        [MEGATRON_LM_PYTHON, str(CHECK), "--megatron-lm", MEGATRON_LM, "--verbose", str(out)],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and proc.stdout.startswith("PASS"), (
+        f"{proc.stdout}{proc.stderr[-3000:]}\n{(out / 'megatron_args.txt').read_text()}")

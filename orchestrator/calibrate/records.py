@@ -73,6 +73,7 @@ class RecordLayout(BaseModel):
     grad_accum_steps: int | None = Field(default=None, gt=0)  # implied by the batch; accepted as plan.yaml has it
     recompute: Literal[RECOMPUTE_LEVELS] = "none"  # type: ignore[valid-type]
     sequence_parallel: bool = False
+    cp: int = Field(default=1, gt=0)
 
 
 class CalibrationRecord(BaseModel):
@@ -103,14 +104,14 @@ def _record_row(rec: CalibrationRecord, base: Path, profile: ClusterProfile, ind
         training = rec.training if isinstance(rec.training, TrainingSpec) else \
             TrainingSpec.model_validate(rec.training or {})
     L = rec.layout
-    world = L.tp * L.pp * L.dp
+    world = L.tp * L.cp * L.pp * L.dp
     gpn = rec.gpus_per_node or min(profile.gpus_per_node, world)
     nodes = rec.nodes or max(1, world // gpn)
     prof = profile.resized(nodes=nodes, gpus_per_node=gpn)
     if prof.world_size != world:
-        raise SpecError(f"record {index}: tp*pp*dp = {world} GPUs but {nodes} nodes x {gpn} GPUs = {prof.world_size}.")
+        raise SpecError(f"record {index}: tp*cp*pp*dp = {world} GPUs but {nodes} nodes x {gpn} GPUs = {prof.world_size}.")
     pins = Pins(tp=L.tp, pp=L.pp, dp=L.dp, vpp=L.vpp, zero_stage=L.zero_stage, micro_batch_size=L.micro_batch_size,
-                recompute=L.recompute, sequence_parallel=L.sequence_parallel)
+                recompute=L.recompute, sequence_parallel=L.sequence_parallel, cp=L.cp)
     if stage_split(model.num_layers, L.pp) is None:
         raise SpecError(f"record {index}: pp={L.pp} cannot split {model.num_layers} layers.")
     return Row(rec.id or f"record {index}", model, training, prof, rec.runtime, pins, rec.step_time_s,

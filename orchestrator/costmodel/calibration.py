@@ -73,6 +73,9 @@ class Resolved:
     max_rel_error: float | None
     engine: str = "megatron"
     rows: int | None = None  # runs the entry was fitted on
+    # The layouts the entry's runs covered (calibration.yaml `covers`): largest tp, pp and cp, and
+    # whether any ran FP8 GEMMs. A layout beyond them is outside the fitted domain.
+    covers: tuple[tuple[str, int], ...] = ()
     # "fitted": the entry is this engine's on this GPU; "borrowed": another engine's entry;
     # "default": no entry for the GPU; "profile": the profile states every value itself.
     domain: str = "fitted"
@@ -85,6 +88,17 @@ class Resolved:
         """Half-width of the step-time interval, as a fraction: the largest residual of the fit on
         the entry's own runs. None outside the fitted domain, where no residual says anything."""
         return self.max_rel_error if self.domain == "fitted" else None
+
+    def beyond(self, tp: int, pp: int, cp: int, fp8: bool) -> str | None:
+        """What of a layout lies beyond the runs the entry was fitted on, in words; None if nothing."""
+        if self.domain != "fitted" or not self.covers:
+            return None
+        c = dict(self.covers)
+        out = [f"{name} {v} (its runs: up to {c[name]})" for name, v in (("tp", tp), ("pp", pp), ("cp", cp))
+               if v > c.get(name, 1)]
+        if fp8 and not c.get("fp8"):
+            out.append("FP8 GEMMs (none of its runs)")
+        return ", ".join(out) or None
 
     def describe(self) -> str:
         """How sure a prediction made with these efficiencies is, in words."""
@@ -142,9 +156,10 @@ def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table:
     if all(src == "profile" for _, src in sources):
         domain = "profile"
     err = (entry or {}).get("step_time_error") or table["default"].get("step_time_error") or {}
+    covers = tuple(sorted((k, int(v)) for k, v in ((entry or {}).get("covers") or {}).items()))
     return Resolved(**values, sources=tuple(sources), entry=None if entry is None else entry["id"],
                     mean_rel_error=err.get("mean"), max_rel_error=err.get("max"), engine=engine,
-                    rows=err.get("rows"), domain=domain)
+                    rows=err.get("rows"), domain=domain, covers=covers)
 
 
 def per_layout(profile: ClusterProfile, runtime: str, zero_stage) -> tuple[dict[str, np.ndarray], dict[str, Resolved]]:

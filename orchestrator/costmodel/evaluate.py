@@ -30,12 +30,24 @@ Time model (per optimizer step, on the slowest pipeline stage):
                 1/k of the bytes (k = group members per node); ZeRO-3 gathers weights each
                 micro-batch (3(d-1)/d, ZeRO paper Sec. 7); minus the part hidden behind compute
                 where the engine overlaps it (``dp_overlap``);
+  cp_comm       context parallelism (ring attention, Liu et al. 2023; Megatron-LM's default
+                cp_comm_type p2p): every layer passes each rank's K and V chunk around the cp ring,
+                cp - 1 steps forward and twice that volume backward (K, V and their gradients),
+                each step overlapped with one block of attention; only what exceeds the layer's
+                attention time is exposed;
   optimizer     Adam reads and writes ~34 bytes per local parameter at HBM bandwidth x ``hbm``.
+
+Context parallelism (cp) splits every sequence over cp ranks: per rank, s/cp tokens of every
+activation, GEMM and message, the attention of its s/cp queries against the whole (causal,
+load-balanced) sequence, and the weights replicated, so gradients reduce and the distributed
+optimizer shards over dp x cp (Megatron's dp-cp group: core/distributed/distributed_data_parallel.py).
+FP8 (training.fp8) runs the transformer layers' GEMMs at the profile's FP8 peak (Transformer
+Engine; attention and the output layer stay bf16) and adds the casts' HBM traffic.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -73,8 +85,11 @@ class Engine:
     dp_overlap: bool  # gradient reduction overlaps the last micro-batch's backward
     dp_overlap_with_pp: bool  # ... also when pp > 1
     param_gather_overlap: bool  # distributed optimizer's weight all-gather overlaps the next forward
-    tp_overlap: bool  # TP collectives overlap GEMMs (Megatron-Core --tp-comm-overlap)
+    tp_overlap: bool  # TP collectives overlap GEMMs (Megatron-Core --tp-comm-overlap), with tp > 1 and SP
     p2p_scatter_gather: bool  # stage boundaries send b*s*h/t (Megatron scatter/gather, Sec. 4.1)
+    # The interleaved schedule's sends overlap compute (Megatron-Core's default overlap_p2p_comm,
+    # which it turns off without interleaving): only the fill and drain sends stay exposed.
+    p2p_overlap: bool = False
 
 
 ENGINES = {
@@ -85,15 +100,23 @@ ENGINES = {
     # sends 1/tp of the activation and the receiver all-gathers it over NVLink (the same
     # scatter/gather as Megatron's); with SP the activation is already sequence-sharded, 1/tp.
     "deepspeed": Engine(dp_overlap=True, dp_overlap_with_pp=False, param_gather_overlap=False,
-                        tp_overlap=False, p2p_scatter_gather=True),
+                        tp_overlap=False, p2p_scatter_gather=True, p2p_overlap=False),
     # Megatron-LM as dsorch launches it: --overlap-grad-reduce / --overlap-param-gather with the
     # distributed optimizer; --tp-comm-overlap only where the spec asks (it needs Transformer
     # Engine userbuffers). Megatron-Core sends the whole (s, b, h) activation between stages, s/tp
     # only with sequence parallelism (pipeline_parallel/schedules.py get_tensor_shapes): the 2021
     # scatter/gather optimization is gone.
     "megatron": Engine(dp_overlap=True, dp_overlap_with_pp=True, param_gather_overlap=True,
-                       tp_overlap=False, p2p_scatter_gather=False),
+                       tp_overlap=False, p2p_scatter_gather=False, p2p_overlap=True),
 }
+
+
+def runtime_engine(runtime: str, training: TrainingSpec) -> Engine:
+    """The runtime's engine with the spec's Megatron-LM options applied."""
+    eng = ENGINES[runtime]
+    if runtime != "megatron":
+        return eng
+    return replace(eng, tp_overlap=training.tp_comm_overlap, p2p_overlap=training.overlap_p2p_comm)
 
 
 @dataclass(frozen=True)
@@ -112,6 +135,7 @@ class Candidates:
     layers_first: np.ndarray
     layers_middle: np.ndarray
     layers_last: np.ndarray
+    cp: np.ndarray
 
     def __len__(self) -> int:
         return int(np.asarray(self.tp).size)
@@ -135,6 +159,7 @@ class Evaluation:
     bubble: np.ndarray
     pp_comm: np.ndarray
     dp_comm: np.ndarray  # exposed
+    cp_comm: np.ndarray  # exposed
     optimizer_step: np.ndarray
     step_time: np.ndarray
     # derived
@@ -152,7 +177,14 @@ class Evaluation:
 
 
 def _peak_flops(profile: ClusterProfile, precision: str) -> float:
+    """Dense peak of the training precision, FLOP/s: what MFU divides by (for FP8 GEMMs too: the
+    model is bf16, MFU against the bf16 peak)."""
     return getattr(profile.gpu.peak_tflops, precision) * 1e12
+
+
+def fp8_peak_flops(profile: ClusterProfile) -> float | None:
+    fp8 = profile.gpu.peak_tflops.fp8
+    return None if fp8 is None else fp8 * 1e12
 
 
 def _ring_time(nbytes, n, bw, latency, factor):
@@ -202,6 +234,9 @@ class _Inputs:
     grad_b: np.ndarray
     opt_b: np.ndarray
     comm_grad_b: np.ndarray
+    cp: np.ndarray
+    s_local: np.ndarray  # tokens of a sequence on one rank: s / cp
+    dpc: np.ndarray  # dp x cp: the gradient-reduction and optimizer-sharding group
     layer_params_local: np.ndarray  # parameters of one decoder layer on one GPU
     first_params: np.ndarray  # parameters each stage holds on one GPU
     middle_params: np.ndarray
@@ -247,31 +282,34 @@ def _inputs(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, r
     middle_params = lm * layer_params_local
     last_params = ll * layer_params_local + out_local + tied_copy
     params_stage = np.maximum(np.maximum(first_params, middle_params), np.where(pp > 1, last_params, 0.0))
+    cp = f64(c.cp)
     return _Inputs(model, training, profile, runtime, eff, eng, tp, pp, f64(c.dp), f64(c.vpp), f64(c.mbs),
                    f64(c.gas), zero, np.asarray(c.rc), np.asarray(c.sp, dtype=bool), lf, lm, ll,
                    4 if training.precision == "fp32" else 2, weight_b, grad_b, opt_b, comm_grad_b,
+                   cp, float(training.seq_length) / cp, f64(c.dp) * cp,
                    layer_params_local, first_params, middle_params, last_params, params_stage)
 
 
 def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
     """Bytes per GPU on the binding pipeline stage: (weights, gradients, optimizer states,
     activations, communication buffers, framework, total)."""
-    model, training, tp, pp, dp, vpp, gas, zero = x.model, x.training, x.tp, x.pp, x.dp, x.vpp, x.gas, x.zero
-    s, mbs, sp, rc = float(training.seq_length), x.mbs, x.sp, x.rc
+    model, training, tp, pp, vpp, gas, zero = x.model, x.training, x.tp, x.pp, x.vpp, x.gas, x.zero
+    s, mbs, sp, rc = x.s_local, x.mbs, x.sp, x.rc  # with cp, each rank holds s/cp of every sequence
     h, f, a, kv, V = (float(model.hidden_size), float(model.ffn_hidden_size), float(model.num_attention_heads),
                       float(model.kv_heads), float(model.vocab_size))
     act_bytes = x.act_bytes
+    fp8 = training.fp8 is not None
     act_layer = activation_bytes_per_layer(
         s, mbs, h, f, a, kv, tp, sp, rc, swiglu=model.activation == "swiglu", flash=training.flash_attention,
         hidden_dropout=training.hidden_dropout > 0, attention_dropout=training.attention_dropout > 0,
-        act_bytes=act_bytes)
+        act_bytes=act_bytes, fp8=fp8)
     # Backward working set: the layer being back-propagated holds gradient buffers about the size
     # of its full activations (and, under recomputation, its rematerialized activations). Counted
     # once per stage, the same for every recompute level, so recompute never looks worse than none.
     working_layer = activation_bytes_per_layer(
         s, mbs, h, f, a, kv, tp, sp, np.zeros_like(rc), swiglu=model.activation == "swiglu",
         flash=training.flash_attention, hidden_dropout=training.hidden_dropout > 0,
-        attention_dropout=training.attention_dropout > 0, act_bytes=act_bytes)
+        attention_dropout=training.attention_dropout > 0, act_bytes=act_bytes, fp8=fp8)
     # Loss working set per logit element on the last stage. Megatron-LM's vocab-parallel
     # cross-entropy works in place (core/tensor_parallel/cross_entropy.py: the fp32 copy of the
     # logits becomes exp, then softmax, then the gradient), so the 16-bit output plus one fp32
@@ -289,8 +327,13 @@ def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
     out_elems = np.where(sp | (x.runtime == "deepspeed"), s * mbs * h / tp, s * mbs * h)
     out_buf = np.where((x.runtime == "deepspeed") & (pp > 1), out_elems * act_bytes, 0.0)
 
+    # Transformer Engine keeps an FP8 copy of each layer weight and of its transpose across the
+    # micro-batches of a step (Megatron passes is_first_microbatch, so the casts are cached).
+    fp8_weights = 2.0 * x.layer_params_local if fp8 else 0.0
+
     def stage_memory(layers, params_local, stage_index, extra_act, outputs=True):
-        w, g, o = model_state_bytes(params_local, dp, zero, x.weight_b, x.grad_b, x.opt_b)
+        w, g, o = model_state_bytes(params_local, x.dpc, zero, x.weight_b, x.grad_b, x.opt_b)
+        w = w + layers * fp8_weights
         inflight = in_flight_micro_batches(pp, vpp, gas, stage_index)
         act = layers * act_layer * inflight + working_layer + extra_act + (out_buf * inflight if outputs else 0.0)
         return w, g, o, act
@@ -323,38 +366,47 @@ def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
 
 def _compute(x: _Inputs) -> tuple[np.ndarray, ...]:
     """GEMMs, attention and element-wise work of the slowest stage: (seconds per micro-batch,
-    seconds per step, FLOPs of the stage per step for the at-peak bound)."""
+    seconds per step, FLOPs of the stage per step for the at-peak bound, seconds of one layer's
+    attention per micro-batch, forward and backward)."""
     model, training, eff, tp, rc, sp, gas = x.model, x.training, x.eff, x.tp, x.rc, x.sp, x.gas
     s, mbs = float(training.seq_length), x.mbs
+    s_local = x.s_local  # tokens of each sequence on this rank (s / cp)
     h, f, a, kv, V = (float(model.hidden_size), float(model.ffn_hidden_size), float(model.num_attention_heads),
                       float(model.kv_heads), float(model.vocab_size))
     d_head = float(model.head_dim)
     swiglu = model.activation == "swiglu"
     peak = _peak_flops(x.profile, training.precision)
     flop_rate = peak * eff.gemm
+    fp8 = training.fp8 is not None
+    # The layers' linear GEMMs in FP8 (Transformer Engine's Linear modules); attention and the output
+    # layer stay in bf16. Their fraction of peak is bf16's: no published FP8 run was fitted.
+    layer_rate = fp8_peak_flops(x.profile) * eff.gemm if fp8 else flop_rate
     hbm = x.profile.gpu.hbm_bandwidth_gbps * 1e9 * eff.hbm
     e = float(x.act_bytes)
-    T = s * mbs  # tokens per micro-batch
+    T = s_local * mbs  # tokens per micro-batch on this rank
 
-    def gemm(m, n, k, count=1.0):
+    def gemm(m, n, k, count=1.0, rate=flop_rate, operand_bytes=e):
         """(time, FLOPs) of ``count`` GEMMs (m x k) @ (k x n): FLOPs at the GEMM rate plus operand
         and result bytes at the HBM rate. Symmetric in m, n, k, so the two backward GEMMs of a
         linear layer (dgrad, wgrad: the same three dimensions permuted) cost what its forward does."""
         flops = 2.0 * m * n * k * count
-        return flops / flop_rate + (m * k + k * n + m * n) * e * count / hbm, flops
+        return flops / rate + (m * k + k * n + m * n) * operand_bytes * count / hbm, flops
 
     kv_dim = kv * d_head
-    dense = [gemm(T, (h + 2 * kv_dim) / tp, h),  # QKV (column parallel)
-             gemm(T, h, h / tp),  # attention output projection (row parallel)
-             gemm(T, (2 * f if swiglu else f) / tp, h),  # MLP up (+gate)
-             gemm(T, h, f / tp)]  # MLP down
+    lin = {"rate": layer_rate, "operand_bytes": 1.0 if fp8 else e}
+    dense = [gemm(T, (h + 2 * kv_dim) / tp, h, **lin),  # QKV (column parallel)
+             gemm(T, h, h / tp, **lin),  # attention output projection (row parallel)
+             gemm(T, (2 * f if swiglu else f) / tp, h, **lin),  # MLP up (+gate)
+             gemm(T, h, f / tp, **lin)]  # MLP down
     dense_t = sum(g[0] for g in dense)
     dense_flops = sum(g[1] for g in dense)
     heads_local = a / tp
     if training.flash_attention:
         # FlashAttention: QK^T and PV of the causal half on chip; only Q, K, V, O cross HBM.
         # Backward recomputes S and runs 5 GEMMs to the forward's 2 (Dao 2023, Sec. 3.1.2).
-        sc_flops_f = 0.5 * 4.0 * mbs * heads_local * s * s * d_head
+        # With cp, each rank's s/cp queries against the whole sequence, the causal half of it on
+        # every rank (the 2 x cp chunk assignment balances it).
+        sc_flops_f = 0.5 * 4.0 * mbs * heads_local * s_local * s * d_head
         sc_bytes_f = T * (2 * h + 2 * kv_dim) / tp * e
         score_f = sc_flops_f / (peak * eff.attention) + sc_bytes_f / hbm
         score_b, sc_flops_b = 2.5 * score_f, 2.5 * sc_flops_f
@@ -375,7 +427,10 @@ def _compute(x: _Inputs) -> tuple[np.ndarray, ...]:
     replicated = (2 * 2 * h + 2 * 3 * h) * e + (2 * h if training.hidden_dropout > 0 else 0.0)
     rotary = 2 * (h + kv_dim) * e if model.position_embedding == "rope" else 0.0
     sharded = ((3 * f if swiglu else 2 * f) * e + rotary) / tp
-    elem_f = T * (np.where(sp, replicated / tp, replicated) + sharded) / hbm + score_elem_f
+    # FP8: every linear layer casts its input forward and its output gradient backward (read 16-bit,
+    # write 8-bit), counted with the forward's element-wise traffic.
+    fp8_cast = 3.0 * ((h + h + h + f) + ((h + 2 * kv_dim) / tp + h + (2 * f if swiglu else f) / tp + h)) if fp8 else 0.0
+    elem_f = T * (np.where(sp, replicated / tp, replicated) + sharded + fp8_cast / 2) / hbm + score_elem_f
     # Backward: about twice the forward's traffic (gradient in and out, saved input read).
     layer_f = dense_t + score_f + elem_f
     layer_b = 2 * dense_t + score_b + 2 * elem_f
@@ -401,18 +456,20 @@ def _compute(x: _Inputs) -> tuple[np.ndarray, ...]:
     lf, lm, ll = x.lf, x.lm, x.ll
     compute_mb = np.maximum(lm * layer_time_mb, np.maximum(lf * layer_time_mb, ll * layer_time_mb + logit_time_mb))
     flops_step = gas * np.maximum(np.maximum(lm, lf) * layer_flops_mb, ll * layer_flops_mb + logit_flops_mb)
-    return compute_mb, gas * compute_mb, flops_step
+    return compute_mb, gas * compute_mb, flops_step, score_f + score_b
 
 
-def _communication(x: _Inputs, compute_mb: np.ndarray, compute: np.ndarray) -> tuple[np.ndarray, ...]:
+def _communication(x: _Inputs, compute_mb: np.ndarray, compute: np.ndarray,
+                   attention_layer_mb: np.ndarray) -> tuple[np.ndarray, ...]:
     """Exposed seconds per step of tensor-parallel, pipeline and data-parallel communication:
     (TP per micro-batch exposed, TP per step before overlap, PP point-to-point, DP exposed, DP
     before overlap)."""
     profile, eff, eng, training = x.profile, x.eff, x.eng, x.training
-    tp, pp, dp, vpp, gas, zero, rc, sp = x.tp, x.pp, x.dp, x.vpp, x.gas, x.zero, x.rc, x.sp
+    tp, pp, vpp, gas, zero, rc, sp = x.tp, x.pp, x.vpp, x.gas, x.zero, x.rc, x.sp
     h = float(x.model.hidden_size)
     e = float(x.act_bytes)
-    T = float(training.seq_length) * x.mbs
+    T = x.s_local * x.mbs
+    cp, dpc = x.cp, x.dpc
     # Tensor-parallel collectives, per layer per micro-batch.
     nvlink = profile.intra_node.bandwidth_gbps * 1e9 / 2 * eff.intra_node_comm  # one direction
     lat_intra = profile.intra_node.latency_us * 1e-6
@@ -420,35 +477,41 @@ def _communication(x: _Inputs, compute_mb: np.ndarray, compute: np.ndarray) -> t
     tp_layer_mb = n_coll * _ring_time(T * h * e, tp, nvlink, lat_intra, 2.0)
     stage_layers = np.maximum(np.maximum(x.lf, x.lm), x.ll)
     tp_total_mb = stage_layers * tp_layer_mb
-    tp_mb = tp_total_mb * (1.0 - (eff.tp_overlap if eng.tp_overlap else 0.0))
+    # --tp-comm-overlap needs sequence parallelism (validate_args), so it hides TP traffic only there.
+    tp_mb = tp_total_mb * (1.0 - np.where(sp & eng.tp_overlap, eff.tp_overlap, 0.0))
 
-    # Pipeline point-to-point: neighbouring stages are tp*dp ranks apart (Megatron's rank order
-    # tp, dp, pp), so they sit on different nodes once tp*dp >= gpus_per_node.
+    # Pipeline point-to-point: neighbouring stages are tp*cp*dp ranks apart (Megatron's rank order
+    # tp-cp-dp-pp, parallel_state.py), so they sit on different nodes once that reaches a node.
     g = profile.gpus_per_node
     ib_per_gpu = (profile.inter_node.bandwidth_gbps / 8 * 1e9 * profile.inter_node.nics_per_node / g
                   * eff.inter_node_comm)
     lat_inter = profile.inter_node.latency_us * 1e-6
-    cross = (tp * dp >= g) & (profile.nodes > 1)
+    cross = (tp * dpc >= g) & (profile.nodes > 1)
     p2p_bw = np.where(cross, ib_per_gpu, nvlink)
     p2p_lat = np.where(cross, lat_inter, lat_intra)
     p2p_bytes = np.where(sp | eng.p2p_scatter_gather, T * h / tp, T * h) * e
-    pp_comm = np.where(pp > 1, 2 * (gas * vpp + pp - 1) * (p2p_bytes / p2p_bw + p2p_lat), 0.0)
+    # Overlapped sends (interleaved schedule) leave only the fill and drain ones exposed.
+    sends = np.where(eng.p2p_overlap & (vpp > 1), pp - 1, gas * vpp + pp - 1)
+    pp_comm = np.where(pp > 1, 2 * sends * (p2p_bytes / p2p_bw + p2p_lat), 0.0)
 
     # Data-parallel collectives. A DP group strides over tp ranks: g/tp of its members share a
     # node, the rest are on other nodes (hierarchical collective, see _hierarchical_time).
+    # With cp the group is dp x cp ranks (the weights are replicated over the cp ranks), still
+    # strided by tp.
     per_node = np.maximum(1.0, np.floor(g / tp))
-    in_node = np.minimum(dp, per_node)
-    one_node = (profile.nodes == 1) | (tp * dp <= g)
-    k = np.where(one_node, dp, in_node)
+    in_node = np.minimum(dpc, per_node)
+    one_node = (profile.nodes == 1) | (tp * dpc <= g)
+    k = np.where(one_node, dpc, in_node)
 
     def coll(nbytes, factor, buckets):
-        t = _hierarchical_time(nbytes, dp, k, nvlink, lat_intra, ib_per_gpu, lat_inter, factor)
+        t = _hierarchical_time(nbytes, dpc, k, nvlink, lat_intra, ib_per_gpu, lat_inter, factor)
         # One latency chain per bucket (DeepSpeed reduce_bucket_size, Megatron's DDP buckets).
-        lat = np.where(one_node, lat_intra, lat_inter) * factor * np.maximum(dp - 1, 0.0)
-        return t + np.maximum(buckets - 1, 0.0) * np.where(dp > 1, lat, 0.0)
+        lat = np.where(one_node, lat_intra, lat_inter) * factor * np.maximum(dpc - 1, 0.0)
+        return t + np.maximum(buckets - 1, 0.0) * np.where(dpc > 1, lat, 0.0)
 
+    # Megatron sizes its buckets by the dp-cp group (training.py resolve_ddp_bucket_size).
     bucket_elems = (ZERO_BUCKET_ELEMENTS if x.runtime == "deepspeed"
-                    else np.maximum(MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP * dp))
+                    else np.maximum(MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP * dpc))
     buckets = np.ceil(x.params_stage / bucket_elems)
     grad_bytes = x.params_stage * x.comm_grad_b
     weight_bytes = x.params_stage * x.weight_b
@@ -481,7 +544,19 @@ def _communication(x: _Inputs, compute_mb: np.ndarray, compute: np.ndarray) -> t
     # (calibration.yaml, engine deepspeed-zero3, fitted to the published FSDP runs).
     stall = np.where(zero == 3, gas * stage_layers * 3.0 * eff.zero3_stall_us * 1e-6, 0.0)
     dp_comm = np.maximum(0.0, dp_total - hide) + stall
-    return tp_mb, gas * tp_total_mb, pp_comm, dp_comm, dp_total + stall
+
+    # Context parallelism: the cp ring of a layer spans tp*cp consecutive ranks (stride tp), inside
+    # the node while that fits in it. Per layer and micro-batch, cp - 1 steps each way of this
+    # rank's K and V chunk (its kv heads, 1/tp of them), backward twice the volume; each step hides
+    # behind one block of attention (Liu et al. 2023, Ring Attention, Sec. 3).
+    kv_bytes = 2 * T * float(x.model.kv_heads * x.model.head_dim) / tp * e
+    cp_inside = tp * cp <= g
+    cp_bw = np.where(cp_inside | (profile.nodes == 1), nvlink, ib_per_gpu)
+    cp_lat = np.where(cp_inside | (profile.nodes == 1), lat_intra, lat_inter)
+    ring = 3 * (cp - 1) * (kv_bytes / cp_bw + cp_lat)
+    cp_layer = np.where(cp > 1, np.maximum(0.0, ring - attention_layer_mb), 0.0)
+    cp_comm = gas * stage_layers * cp_layer
+    return tp_mb, gas * tp_total_mb, pp_comm, dp_comm, dp_total + stall, cp_comm
 
 
 def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
@@ -497,25 +572,27 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
         eff = _Rates(**arrays)
     else:
         eff = _Rates(**{f: getattr(efficiency, f) for f in FIELDS})
-    eng = ENGINES[runtime] if engine is None else engine
+    eng = runtime_engine(runtime, training) if engine is None else engine
     x = _inputs(model, training, profile, runtime, c, eff, eng)
     params_b, grads_b, opt_bytes, act_b, buffers, framework, total = _memory(x)
-    compute_mb, compute, flops_step = _compute(x)
-    tp_mb, tp_total, pp_comm, dp_comm, dp_total = _communication(x, compute_mb, compute)
+    compute_mb, compute, flops_step, attention_mb = _compute(x)
+    tp_mb, tp_total, pp_comm, dp_comm, dp_total, cp_comm = _communication(x, compute_mb, compute, attention_mb)
     tp_comm = x.gas * tp_mb
-    bubble = (x.pp - 1) / x.vpp * (compute_mb + tp_mb)
+    bubble = (x.pp - 1) / x.vpp * (compute_mb + tp_mb + cp_comm / x.gas)
     hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * eff.hbm
-    opt_params = x.params_stage / np.where(x.zero >= 1, x.dp, 1.0)
+    opt_params = x.params_stage / np.where(x.zero >= 1, x.dpc, 1.0)
     optimizer_step = opt_params * OPTIMIZER_BYTES_PER_PARAM / hbm
 
-    step = compute + tp_comm + bubble + pp_comm + dp_comm + optimizer_step
+    step = compute + tp_comm + bubble + pp_comm + dp_comm + cp_comm + optimizer_step
     tokens = training.global_batch_size * float(training.seq_length)
     mflops = model_flops_per_step(model, training.seq_length, training.global_batch_size)
     peak = _peak_flops(profile, training.precision)
-    mfu = mflops / (step * (x.tp * x.pp * x.dp) * peak)
+    mfu = mflops / (step * (x.tp * x.cp * x.pp * x.dp) * peak)
+    # The at-peak bound: the stage's FLOPs at the fastest rate any of them runs at.
+    best_peak = max(peak, fp8_peak_flops(profile) or 0.0) if training.fp8 else peak
     return Evaluation(params_b, grads_b, opt_bytes, act_b, framework + buffers, total,
-                      compute, tp_comm, bubble, pp_comm, dp_comm, optimizer_step, step,
-                      tokens / step, mfu, flops_step / peak, buffers, framework, tp_total, dp_total)
+                      compute, tp_comm, bubble, pp_comm, dp_comm, cp_comm, optimizer_step, step,
+                      tokens / step, mfu, flops_step / best_peak, buffers, framework, tp_total, dp_total)
 
 
 def invariant_violations(c: Candidates, ev: Evaluation) -> list[str]:
@@ -527,10 +604,12 @@ def invariant_violations(c: Candidates, ev: Evaluation) -> list[str]:
     tp = np.asarray(c.tp)
     if np.any(ev.tp_comm[tp == 1] != 0):
         bad.append("tensor-parallel traffic with tp = 1")
+    if np.any(ev.cp_comm[np.asarray(c.cp) == 1] != 0):
+        bad.append("context-parallel traffic with cp = 1")
     if np.any(ev.total < ev.params):
         bad.append("total memory below the local parameter shard")
     for name in ("params", "grads", "optimizer", "activations", "overhead", "compute", "tp_comm", "bubble",
-                 "pp_comm", "dp_comm", "optimizer_step"):
+                 "pp_comm", "dp_comm", "cp_comm", "optimizer_step"):
         arr = getattr(ev, name)
         if np.any(~np.isfinite(arr)) or np.any(arr < 0):
             bad.append(f"{name} negative or not finite")

@@ -78,7 +78,7 @@ def model_state_bytes(params, dp, zero_stage, weight_b, grad_b, opt_b):
 
 
 def activation_bytes_per_layer(s, b, h, f, a, kv, t, sp, recompute, *, swiglu=True, flash=True,
-                               hidden_dropout=False, attention_dropout=False, act_bytes=2):
+                               hidden_dropout=False, attention_dropout=False, act_bytes=2, fp8=False):
     """Activation bytes one transformer layer keeps for one micro-batch, Korthikanti et al. 2022.
 
     ``recompute`` is 0 (none), 1 (selective) or 2 (full); ``sp`` is sequence parallelism.
@@ -95,6 +95,10 @@ def activation_bytes_per_layer(s, b, h, f, a, kv, t, sp, recompute, *, swiglu=Tr
     * Attention scores: 2as^2b softmax output, plus as^2b mask and 2as^2b dropout output with
       attention dropout. FlashAttention stores none of them, only the softmax log-sum-exp in fp32
       (4asb); selective recompute recomputes them.
+    * FP8 (Transformer Engine): each Linear saves its input cast to FP8, 1 byte: the QKV and MLP
+      inputs (the layer-norm outputs) and the down-projection input take 1 byte instead of 2; the
+      output projection's FP8 input is saved beside the attention output the fused attention
+      keeps (2 + 1).
     """
     s = np.asarray(s, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
@@ -104,9 +108,10 @@ def activation_bytes_per_layer(s, b, h, f, a, kv, t, sp, recompute, *, swiglu=Tr
     sbh = s * b * h
     scale = act_bytes / 2.0  # the paper assumes 16-bit activations
     mask = 1.0 if hidden_dropout else 0.0
-    replicated = (4 + 2 + 2) * sbh * scale + 2 * mask * sbh  # dropout masks are 1 byte each
-    q_k_v_o = (2 + 2 * kv / a + 2 * kv / a + 2) * sbh * scale
-    mlp = (6.0 if swiglu else 4.0) * s * b * f * scale
+    lin_in = 1.0 if fp8 else 2.0 * scale  # a Linear's saved input, bytes per element
+    replicated = (4 * scale + 2 * lin_in) * sbh + 2 * mask * sbh  # dropout masks are 1 byte each
+    q_k_v_o = (2 + 2 * kv / a + 2 * kv / a + 2) * sbh * scale + (1.0 if fp8 else 0.0) * sbh
+    mlp = ((4.0 if swiglu else 2.0) * scale + lin_in) * s * b * f
     sharded = q_k_v_o + mlp
     if flash:
         scores = 4.0 * a * s * b  # fp32 log-sum-exp per query row and head

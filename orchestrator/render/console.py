@@ -27,12 +27,14 @@ def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], 
         ruled = sorted(r.rejected_rules.items(), key=lambda kv: (-kv[1], kv[0]))
         con.print("ruled out by the rules: " + "; ".join(f"{n:,} {reason}" for reason, n in ruled), markup=False)
     t = Table(show_edge=False, pad_edge=False)
-    for col in ("", "TP", "PP", "VPP", "DP", "ZeRO", "MBS", "GAS", "recompute", "SP", "GiB/GPU", "step s",
-                "tokens/s", "MFU"):
+    with_cp = any(s.layout.cp > 1 for s in r.ranked[:top])
+    for col in ("", "TP", *(("CP",) if with_cp else ()), "PP", "VPP", "DP", "ZeRO", "MBS", "GAS", "recompute", "SP",
+                "GiB/GPU", "step s", "tokens/s", "MFU"):
         t.add_column(col, justify="left" if col in ("", "recompute") else "right")
     for i, s in enumerate(r.ranked[:top]):
         L = s.layout
-        t.add_row("*" if i == 0 else "", str(L.tp), str(L.pp), str(L.vpp), str(L.dp), str(L.zero_stage),
+        t.add_row("*" if i == 0 else "", str(L.tp), *((str(L.cp),) if with_cp else ()), str(L.pp), str(L.vpp),
+                  str(L.dp), str(L.zero_stage),
                   str(L.micro_batch_size), str(L.grad_accum_steps), L.recompute, "yes" if L.sequence_parallel else "no",
                   f"{s.memory_gib['total']:.1f}", step_text(s), f"{s.tokens_per_s:,.0f}",
                   f"{100 * s.mfu:.1f}%")
@@ -41,8 +43,8 @@ def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], 
     if any(s.interval is not None for s in shown):
         con.print("±: the model's largest error on published runs of the same engine and GPU", markup=False)
     if any(s.interval is None for s in shown):
-        con.print("?: outside the fitted domain (no published runs of that engine on this GPU): no interval",
-                  markup=False)
+        con.print("?: outside the fitted domain (no published runs of that engine on this GPU, or the layout goes "
+                  "beyond them): no interval", markup=False)
     best = the_plan.chosen
     mem = best.memory_gib
     con.print(f"* chosen: {best.layout.short()}: {mem['total']:.1f} GiB per GPU (params {mem['params']:.1f}, grads "

@@ -51,15 +51,31 @@ def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
     # --- layout ---
     add("--tensor-model-parallel-size", L.tp)
     add("--pipeline-model-parallel-size", L.pp)
+    if L.cp > 1:
+        # Ring attention over cp ranks (cp_comm_type p2p, Megatron's default, as the cost model has it).
+        add("--context-parallel-size", L.cp)
+        add("--cp-comm-type", "p2p")
     split = stage_split(m.num_layers, L.pp)
     if split is not None and split.kind == "edge-light":
-        # First and last stages hold the embedding and the output layer, so one layer fewer.
-        add("--decoder-first-pipeline-num-layers", split.first)
-        add("--decoder-last-pipeline-num-layers", split.last)
-    if L.vpp > 1:
-        add("--num-layers-per-virtual-pipeline-stage", m.num_layers // L.pp // L.vpp)
+        # First and last stages hold the embedding and the output layer and loss, so one layer
+        # fewer each: Megatron counts them as a layer of the split, which also works with the
+        # interleaved schedule (the first chunk of the first rank and the last chunk of the last
+        # rank are one layer short; TransformerConfig.__post_init__, transformer_block.py).
+        add("--account-for-embedding-in-pipeline-split")
+        add("--account-for-loss-in-pipeline-split")
+    if L.vpp > 1 and split is not None:
+        add("--num-layers-per-virtual-pipeline-stage", split.middle // L.vpp)
+        if not t.overlap_p2p_comm:
+            add("--no-overlap-p2p-communication")
     if L.sequence_parallel:
         add("--sequence-parallel")
+    tp_overlap = plan.runtime == "megatron" and t.tp_comm_overlap and L.tp > 1 and L.sequence_parallel
+    if plan.runtime == "megatron" and (L.cp > 1 or t.fp8 is not None or tp_overlap):
+        # Context parallelism, FP8 and TP overlap live in Transformer Engine's modules (Megatron's
+        # default implementation; stated so that a reviewer sees what the plan needs installed).
+        add("--transformer-impl", "transformer_engine")
+    if tp_overlap:
+        add("--tp-comm-overlap")
     if plan.runtime == "megatron":
         # The cost model assumes Megatron overlaps the data-parallel reduction with the backward
         # pass (and the distributed optimizer's parameter all-gather with the next forward).
@@ -111,6 +127,12 @@ def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
     # --- precision and optimizer ---
     if t.precision == "bf16":
         add("--bf16")
+    if t.fp8 is not None and plan.runtime == "megatron":
+        # Delayed scaling over a 1024-step amax history, as Megatron-LM's own Llama/GPT examples
+        # (examples/llama, examples/gpt3) run FP8.
+        add("--fp8-format", t.fp8)
+        add("--fp8-amax-history-len", 1024)
+        add("--fp8-amax-compute-algo", "max")
     elif t.precision == "fp16":
         add("--fp16")
     add("--optimizer", "adam")
