@@ -4,7 +4,8 @@
   ``costmodel/calibration_sets.yaml`` describes;
 * ``deepspeed-zero3``: the PyTorch FSDP FULL_SHARD runs (torchtitan, MosaicML llm-foundry) of
   ``costmodel/published_runs_fsdp.yaml`` (a copy of ../shared/reference/calibration_runs_fsdp.yaml),
-  ZeRO-3 semantics, with their published peak memory where there is one.
+  ZeRO-3 semantics, with their published peak memory where there is one; and DeepSpeed's own
+  ZeRO-3 runs of ``costmodel/published_runs_deepspeed.yaml``.
 
 ``scripts/fit_calibration.py`` fits each (engine, hardware) entry to its own rows only."""
 
@@ -109,9 +110,28 @@ def fsdp_rows(profile_loader=load_profile) -> list[Row]:
     return out
 
 
+def deepspeed_rows(profile_loader=load_profile) -> list[Row]:
+    """The DeepSpeed-engine runs of published_runs_deepspeed.yaml marked ``use: fit`` (ZeRO-3 ones
+    join the deepspeed-zero3 entry of their GPU)."""
+    out = []
+    for r in _data("published_runs_deepspeed.yaml")["runs"]:
+        if r["use"] != "fit":
+            continue
+        base = profile_loader(r["profile"]).profile
+        profile = base.resized(nodes=max(1, r["n_gpus"] // base.gpus_per_node))
+        L = r["layout"]
+        pins = Pins(tp=L["tp"], pp=L["pp"], dp=L["dp"], vpp=1, zero_stage=L["zero"], micro_batch_size=L["mbs"],
+                    recompute=L["recompute"], sequence_parallel=L["sp"])
+        engine = "deepspeed-zero3" if L["zero"] == 3 else "deepspeed"
+        out.append(Row(r["id"], ModelSpec(**r["model"]), TrainingSpec(**r["training"]), profile, "deepspeed", pins,
+                       float(r["measured"]["step_time_s"]),
+                       hardware=f"{engine}/{_FSDP_HARDWARE[profile.gpu.name]}"))
+    return out
+
+
 def all_published_rows() -> list[Row]:
     """Every engine's published rows."""
-    return [*published_rows(), *fsdp_rows()]
+    return [*published_rows(), *fsdp_rows(), *deepspeed_rows()]
 
 
 def published_errors() -> list[RowError]:
