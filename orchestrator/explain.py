@@ -45,12 +45,14 @@ def _close_call(plan: Plan) -> dict | None:
     ranked = plan.result.ranked
     if len(ranked) < 2:
         return None
-    mean_err, max_err, entry = _model_error(plan)
     a, b = ranked[0], ranked[1]
     gap = b.step_time_s / a.step_time_s - 1.0
-    within = max_err is not None and gap <= max_err
+    # The chosen layout's own interval: None outside the fitted domain, where the model's error is
+    # unknown and so is the verdict.
+    max_err = a.interval
+    within = None if max_err is None else bool(gap <= max_err)
     return {"first": a.layout.short(), "second": b.layout.short(), "gap": _r(gap, 4),
-            "model_max_error": None if max_err is None else _r(max_err, 4), "within_model_error": bool(within)}
+            "model_max_error": None if max_err is None else _r(max_err, 4), "within_model_error": within}
 
 
 def explain_doc(plan: Plan) -> dict:
@@ -127,12 +129,15 @@ def explain_text(plan: Plan) -> str:
     if top is not None:
         out.append("")
         gap = 100 * top["gap"]
-        if top["within_model_error"]:
+        if top["within_model_error"] is None:
+            out.append(f"The top two layouts are {gap:.1f}% apart, and the chosen one is outside the fitted domain, "
+                       f"where the model's error is unknown: measure both ({top['first']} and {top['second']}) "
+                       f"before committing to one.")
+        elif top["within_model_error"]:
             out.append(f"The top two layouts are {gap:.1f}% apart, within the model's own error "
                        f"(max {100 * top['model_max_error']:.1f}% on its calibration set): measure both "
                        f"({top['first']} and {top['second']}) before committing to one.")
         else:
             out.append(f"The chosen layout is {gap:.1f}% faster than the next ({top['second']}), more than the "
-                       f"model's max error" + (f" of {100 * top['model_max_error']:.1f}%." if top['model_max_error']
-                                               is not None else "."))
+                       f"model's max error of {100 * top['model_max_error']:.1f}%.")
     return "\n".join(out) + "\n"

@@ -89,7 +89,14 @@ def cp_degrees(runtime: str, training: TrainingSpec, n: int) -> list[int]:
 
     if runtime != "megatron" or not training.flash_attention:
         return [1]
-    return [c for c in divisors(n) if training.seq_length % (2 * c) == 0]
+    return [c for c in divisors(n) if c == 1 or training.seq_length % (2 * c) == 0]
+
+
+def sp_options(tp: int, cp: int, seq_length: int) -> list[bool]:
+    """Sequence parallelism needs tp > 1 and each rank's tokens (s/cp) to split over the tp ranks
+    (Megatron's scatter_to_sequence_parallel_region asserts the first dimension divides by tp; the
+    bundled entrypoint splits the same way)."""
+    return [False, True] if tp > 1 and (seq_length // cp) % tp == 0 else [False]
 
 
 def interleaving_fits(vpp: int, pp: int, grad_accum_steps: int) -> bool:
@@ -171,6 +178,9 @@ def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, profi
     if L.sequence_parallel and L.tp == 1:
         r.append("sequence parallelism splits the tensor-parallel region's activations and needs tp > 1; "
                  "use --no-sp or tp > 1")
+    elif L.sequence_parallel and True not in sp_options(L.tp, L.cp, training.seq_length):
+        r.append(f"sequence parallelism splits each rank's {training.seq_length // L.cp} tokens over tp={L.tp}, "
+                 f"which does not divide them; use --no-sp or a tp dividing {training.seq_length // L.cp}")
     return r
 
 

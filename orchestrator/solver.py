@@ -13,10 +13,11 @@ import numpy as np
 
 from .costmodel import RECOMPUTE_CODES, Candidates, Evaluation, evaluate
 from .costmodel.calibration import Resolved, engine_of, per_layout
-from .costmodel.evaluate import invariant_violations
+from .costmodel.evaluate import invariant_violations, runtime_engine
 from .costmodel.memory import GIB
 from .layout import RECOMPUTE_LEVELS, Layout, divisors
-from .rules import check_layout, cp_degrees, interleaving_fits, stage_split, tp_degrees, vpp_degrees, zero_stages
+from .rules import (check_layout, cp_degrees, interleaving_fits, sp_options, stage_split, tp_degrees, vpp_degrees,
+                    zero_stages)
 from .specs import ClusterProfile, ModelSpec, TrainingSpec
 
 _RC_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
@@ -139,7 +140,7 @@ def _layouts_at(tp, cp, pp, dp, split, model, training, runtime, pins, reject) -
     rows = []
     all_zero = zero_stages(runtime, 1, "fp32", 1)
     vpps = vpp_degrees(runtime, model.num_layers, pp, training.overlap_p2p_comm)
-    sps = [False, True] if tp > 1 else [False]
+    sps = sp_options(tp, cp, training.seq_length)
     inner = len(_options(pins, "recompute", RECOMPUTE_LEVELS)) * len(_options(pins, "sequence_parallel", sps))
     for mbs in _options(pins, "micro_batch_size", divisors(gbs // dp)):
         gas = gbs // (dp * mbs)
@@ -179,7 +180,8 @@ def candidates_of(model: ModelSpec, layouts: list[Layout]) -> Candidates:
 
 
 def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float,
-            confidence: dict[str, Resolved] | None = None, runtime: str = "deepspeed", fp8: bool = False) -> Scored:
+            confidence: dict[str, Resolved] | None = None, runtime: str = "deepspeed",
+            training: TrainingSpec | None = None) -> Scored:
     layout = Layout(tp=int(c.tp[i]), pp=int(c.pp[i]), dp=int(c.dp[i]), vpp=int(c.vpp[i]),
                     zero_stage=int(c.zero[i]), micro_batch_size=int(c.mbs[i]), grad_accum_steps=int(c.gas[i]),
                     recompute=_RC_NAMES[int(c.rc[i])], sequence_parallel=bool(c.sp[i]), cp=int(c.cp[i]))
@@ -189,7 +191,13 @@ def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float,
          "optimizer": float(ev.optimizer_step[i])}
     r = None if confidence is None else confidence[str(engine_of(runtime, int(c.zero[i])).item())]
     interval, basis = (None, "") if r is None else (r.interval, r.describe())
-    beyond = None if r is None else r.beyond(layout.tp, layout.pp, layout.cp, fp8)
+    beyond = None
+    if r is not None and training is not None:
+        eng = runtime_engine(runtime, training)
+        L = layout
+        beyond = r.beyond(L.tp, L.pp, L.cp, training.fp8 is not None,
+                          tp_overlap=eng.tp_overlap and L.tp > 1 and L.sequence_parallel,
+                          dp_overlap=eng.dp_overlap and L.dp * L.cp > 1 and (L.pp == 1 or eng.dp_overlap_with_pp))
     if beyond:
         interval, basis = None, f"outside the fitted domain of {r.entry}: {beyond}"
     return Scored(layout, mem, t, float(ev.step_time[i]), float(ev.tokens_per_s[i]), float(ev.mfu[i]),
@@ -218,11 +226,10 @@ def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, ru
     order = np.lexsort(keys)  # last key is primary
     feasible_order = order[fits[order]]
     _, confidence = per_layout(profile, runtime, cand.zero)
-    fp8 = training.fp8 is not None
-    ranked = [_scored(cand, ev, int(i), capacity, confidence, runtime, fp8) for i in feasible_order[:keep]]
+    ranked = [_scored(cand, ev, int(i), capacity, confidence, runtime, training) for i in feasible_order[:keep]]
     infeasible = np.flatnonzero(~fits)
     closest_idx = infeasible[np.lexsort((ev.step_time[infeasible], ev.total[infeasible]))][:keep]
-    closest = [_scored(cand, ev, int(i), capacity, confidence, runtime, fp8) for i in closest_idx]
+    closest = [_scored(cand, ev, int(i), capacity, confidence, runtime, training) for i in closest_idx]
     return SearchResult(ranked, n, int(fits.sum()), int((~fits).sum()), closest, capacity, rejected)
 
 

@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from orchestrator.calibrate import error_summary, error_table, fit  # noqa: E402
 from orchestrator.calibrate.published import all_published_rows, published_errors  # noqa: E402
 from orchestrator.costmodel.calibration import FIELDS  # noqa: E402
+from orchestrator.costmodel.evaluate import runtime_engine  # noqa: E402
 
 OUT = ROOT / "orchestrator" / "costmodel" / "calibration.yaml"
 
@@ -108,11 +109,15 @@ def main() -> None:
         mine = [r for r in rows if r.hardware == eid]
         # The layouts the rows cover (every published row pins tp and pp): beyond them a prediction
         # is outside the fitted domain (costmodel.calibration.Resolved.beyond).
+        engines = [r.engine or runtime_engine(r.runtime, r.training) for r in mine]
         covers = {"tp": max(r.pins.tp or 1 for r in mine), "pp": max(r.pins.pp or 1 for r in mine),
-                  "cp": max(r.pins.cp or 1 for r in mine), "fp8": int(any(r.training.fp8 for r in mine))}
+                  "cp": max(r.pins.cp or 1 for r in mine), "fp8": int(any(r.training.fp8 for r in mine)),
+                  "tp_overlap": int(any(e.tp_overlap for e in engines)),
+                  "dp_overlap": int(any(e.dp_overlap for e in engines))}
         entries.append({
             "id": eid, "engine": spec["engine"], "description": hw["description"], "gpus": hw["gpus"],
-            "inter_node": hw["inter_node"], "fitted": list(spec["free"]),
+            "inter_node": hw["inter_node"], "measured_gpus": sorted({r.profile.gpu.name for r in mine}),
+            "fitted": list(spec["free"]),
             **({"fixed_from_literature": spec["fixed"]} if spec.get("fixed") else {}),
             **({"borrowed_from": spec["borrow"]} if spec.get("borrow") else {}),
             "efficiency": {f: round(fz["values"][f], 4) for f in FIELDS},

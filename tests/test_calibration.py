@@ -320,3 +320,32 @@ def test_deepspeed_runs_found_are_sourced_and_used_or_explained():
             assert (run["model"]["num_layers"], run["model"]["hidden_size"]) != (105, 20480), run["id"]
     used = [r for r in all_published_rows() if r.id.startswith("ds-")]
     assert [r.id for r in used] == [r["id"] for r in doc["runs"] if r["use"] == "fit"]
+
+
+def test_outside_the_fitted_domain_has_no_interval(tmp_path):
+    """Only an entry fitted on runs of this engine, GPU and fabric, with the profile's own values left
+    alone, gives an interval; everything else says why it gives none."""
+    dgx = load_profile("dgx16").profile
+    assert resolve_efficiency(dgx).domain == "fitted"
+    roce = dgx.model_copy(update={"inter_node": dgx.inter_node.model_copy(update={"kind": "roce"})})
+    r = resolve_efficiency(roce)
+    assert r.domain == "borrowed" and r.interval is None and "fitted on infiniband, not roce" in r.describe()
+    h200 = resolve_efficiency(load_profile("hgx-h200-ndr").profile)
+    assert h200.interval is None and "no runs on H200-SXM-141GB" in h200.describe()
+    (tmp_path / "mine.yaml").write_text("extends: dgx16\nefficiency: {gemm: 0.45}\n")
+    mine = resolve_efficiency(load_profile("mine", tmp_path).profile)
+    assert mine.domain == "adjusted" and mine.interval is None and "the profile states gemm" in mine.describe()
+    # What the layout uses beyond the entry's runs: TP overlap was in the H100 runs, not in SC21's.
+    a100 = resolve_efficiency(load_profile("dgx-a100-80gb-hdr").profile)
+    assert a100.beyond(8, 4, 1, False, dp_overlap=True) == "overlapped DP reduction (none of its runs)"
+    assert r.beyond(8, 4, 1, False) is None  # outside already: described by the domain
+
+
+def test_calibrate_refuses_an_fp8_record_on_a_gpu_without_fp8(tmp_path):
+    from orchestrator.errors import SpecError
+
+    rec = {"model": str(EXAMPLES / "llama3-70b-fp8.yaml"), "runtime": "megatron", "step_time_s": 30.0,
+           "layout": {"tp": 8, "pp": 4, "dp": 4, "micro_batch_size": 1, "zero_stage": 1, "sequence_parallel": True}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({"records": [rec]}))
+    with pytest.raises(SpecError, match="states no FP8 peak"):
+        calibrate([tmp_path / "r.yaml"], load_profile("dgx-a100-80gb-hdr").profile)

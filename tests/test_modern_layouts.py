@@ -240,3 +240,33 @@ def test_candidates_carry_cp_through_the_solver():
     again = candidates_of(spec.model, [best])
     assert int(again.cp[0]) == best.cp and best.world_size == profile.world_size
     assert dataclasses.asdict(best)["cp"] == best.cp
+
+
+def test_odd_sequence_still_plans_without_context_parallelism(tmp_path, runner):
+    text = (EXAMPLES / "llama3-8b.yaml").read_text().replace("seq_length: 8192", "seq_length: 8191")
+    (tmp_path / "s.yaml").write_text(text)
+    r = plan(runner, tmp_path / "s.yaml", "--cluster", "dgx16", "--runtime", "megatron", "--no-write")
+    assert r.exit_code == 0, r.output
+    model, training = _spec_of(tmp_path / "s.yaml")
+    c, _ = enumerate_layouts(model, training, load_profile("dgx16").profile, "megatron")
+    assert set(np.unique(c.cp)) == {1}
+    assert not c.sp.any()  # 8191 tokens do not split over any tp > 1
+
+
+def test_sequence_parallelism_needs_the_tokens_to_split(tmp_path, runner):
+    text = (EXAMPLES / "llama3-8b.yaml").read_text().replace("seq_length: 8192", "seq_length: 8190")
+    (tmp_path / "s.yaml").write_text(text)
+    r = plan(runner, tmp_path / "s.yaml", "--cluster", "dgx16", "--tp", "4", "--sp", "--no-write")
+    assert r.exit_code == 2 and "does not divide them; use --no-sp" in r.output, r.output
+    model, training = _spec_of(tmp_path / "s.yaml")
+    c, _ = enumerate_layouts(model, training, load_profile("dgx16").profile, "deepspeed", Pins(tp=2))
+    assert c.sp.any()  # 8190 = 2 x 4095
+
+
+def test_scalar_candidates_evaluate_like_one_element_arrays():
+    spec, _ = load_spec(EXAMPLES / "llama3-8b.yaml")
+    profile = load_profile("dgx16").profile
+    c, _ = enumerate_layouts(spec.model, spec.training, profile, "deepspeed")
+    one = evaluate(spec.model, spec.training, profile, "deepspeed", c.take([5]))
+    scalar = evaluate(spec.model, spec.training, profile, "deepspeed", c.take(5))
+    assert np.shape(scalar.step_time) == () and float(scalar.step_time) == float(one.step_time[0])

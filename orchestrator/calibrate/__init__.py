@@ -85,7 +85,7 @@ def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: P
     if free is None:
         exercised = {"gemm", "hbm"}
         for r in rows:
-            tp, pp, dp = r.pins.tp or 1, r.pins.pp or 1, r.pins.dp or 1
+            tp, pp, dp = r.pins.tp or 1, r.pins.pp or 1, (r.pins.dp or 1) * (r.pins.cp or 1)
             if r.training.flash_attention:
                 exercised.add("attention")
             if tp > 1 or (dp > 1 and r.profile.gpus_per_node > 1):
@@ -96,6 +96,8 @@ def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: P
                 exercised.add("dp_overlap")
             if row_engine(r) == "deepspeed-zero3" and dp > 1:
                 exercised.add("zero3_stall_us")
+            if r.runtime == "megatron" and r.training.tp_comm_overlap and tp > 1 and r.pins.sequence_parallel:
+                exercised.add("tp_overlap")
         free = tuple(f for f in FIELDS if f in exercised)
     before = row_errors(rows, lambda row: start)
     # A user's handful of runs makes a cheap objective: more restarts buy a better optimum.

@@ -99,7 +99,8 @@ class RowError:
 
 def _layout_text(cand: Candidates, i: int) -> str:
     rc = {**{v: k for k, v in RECOMPUTE_CODES.items()}, RC_TORCHTITAN_OP: "op"}[int(cand.rc[i])]
-    return (f"tp{int(cand.tp[i])} pp{int(cand.pp[i])} vpp{int(cand.vpp[i])} dp{int(cand.dp[i])} "
+    cp = f" cp{int(cand.cp[i])}" if int(cand.cp[i]) > 1 else ""
+    return (f"tp{int(cand.tp[i])}{cp} pp{int(cand.pp[i])} vpp{int(cand.vpp[i])} dp{int(cand.dp[i])} "
             f"zero{int(cand.zero[i])} mbs{int(cand.mbs[i])} rc={rc}{' sp' if cand.sp[i] else ''}")
 
 

@@ -74,11 +74,15 @@ class Resolved:
     engine: str = "megatron"
     rows: int | None = None  # runs the entry was fitted on
     # The layouts the entry's runs covered (calibration.yaml `covers`): largest tp, pp and cp, and
-    # whether any ran FP8 GEMMs. A layout beyond them is outside the fitted domain.
+    # whether any ran FP8 GEMMs or overlapped TP / DP communication. Beyond them a prediction is
+    # outside the fitted domain.
     covers: tuple[tuple[str, int], ...] = ()
-    # "fitted": the entry is this engine's on this GPU; "borrowed": another engine's entry;
-    # "default": no entry for the GPU; "profile": the profile states every value itself.
+    # "fitted": this engine's entry, fitted on runs on this GPU and fabric; "borrowed": another
+    # engine's entry, or one fitted on another GPU or fabric; "default": no entry for the GPU;
+    # "profile" / "adjusted": the profile states all / some of the values. Only "fitted" has an
+    # interval; ``reason`` says why the others have none.
     domain: str = "fitted"
+    reason: str = ""
 
     def values(self) -> dict[str, float]:
         return {f: getattr(self, f) for f in FIELDS}
@@ -89,27 +93,25 @@ class Resolved:
         the entry's own runs. None outside the fitted domain, where no residual says anything."""
         return self.max_rel_error if self.domain == "fitted" else None
 
-    def beyond(self, tp: int, pp: int, cp: int, fp8: bool) -> str | None:
+    def beyond(self, tp: int, pp: int, cp: int, fp8: bool, tp_overlap: bool = False,
+               dp_overlap: bool = False) -> str | None:
         """What of a layout lies beyond the runs the entry was fitted on, in words; None if nothing."""
         if self.domain != "fitted" or not self.covers:
             return None
         c = dict(self.covers)
         out = [f"{name} {v} (its runs: up to {c[name]})" for name, v in (("tp", tp), ("pp", pp), ("cp", cp))
                if v > c.get(name, 1)]
-        if fp8 and not c.get("fp8"):
-            out.append("FP8 GEMMs (none of its runs)")
+        for used, key, what in ((fp8, "fp8", "FP8 GEMMs"), (tp_overlap, "tp_overlap", "TP communication overlap"),
+                                (dp_overlap, "dp_overlap", "overlapped DP reduction")):
+            if used and not c.get(key):
+                out.append(f"{what} (none of its runs)")
         return ", ".join(out) or None
 
     def describe(self) -> str:
         """How sure a prediction made with these efficiencies is, in words."""
-        label = self.entry or "defaults"
         if self.domain == "fitted" and self.max_rel_error is not None:
-            return f"±{100 * self.max_rel_error:.0f} %, {label}, n={self.rows}"
-        if self.domain == "profile":
-            return "efficiencies stated by the profile; no interval"
-        if self.domain == "borrowed":
-            return f"outside the fitted domain: no {self.engine} runs on this GPU (efficiencies of {label})"
-        return f"outside the fitted domain: no calibration for this GPU and {self.engine}"
+            return f"±{100 * self.max_rel_error:.0f} %, {self.entry}, n={self.rows}"
+        return f"outside the fitted domain: {self.reason}; no interval"
 
 
 @functools.lru_cache(maxsize=1)
@@ -126,21 +128,33 @@ def _matches(entry: dict, profile: ClusterProfile, with_fabric: bool) -> bool:
     return not with_fabric or entry.get("inter_node") == profile.inter_node.kind
 
 
-def hardware_entry(profile: ClusterProfile, engine: str = "megatron", table: dict | None = None) -> tuple[dict | None, str]:
-    """The entry for ``engine`` on the profile's hardware and whether it is the engine's own
-    ("fitted") or another engine's ("borrowed"); (None, "default") when no entry has the GPU."""
+def hardware_entry(profile: ClusterProfile, engine: str = "megatron",
+                   table: dict | None = None) -> tuple[dict | None, str, str]:
+    """The entry for ``engine`` on the profile's hardware, its domain ("fitted" only when it is the
+    engine's own, fitted on runs on this GPU and fabric) and, outside it, why."""
     table = calibration_table() if table is None else table
-    for name, domain in [(engine, "fitted"), *((b, "borrowed") for b in BORROWS.get(engine, ()))]:
+    gpu, fabric = profile.gpu.name, profile.inter_node.kind
+    for name in (engine, *BORROWS.get(engine, ())):
         for with_fabric in (True, False):
             for entry in table.get("entries", []):
-                if entry.get("engine") == name and _matches(entry, profile, with_fabric):
-                    return entry, domain
-    return None, "default"
+                if entry.get("engine") != name or not _matches(entry, profile, with_fabric):
+                    continue
+                if name != engine:
+                    return entry, "borrowed", f"no {engine} runs on {gpu} (efficiencies of {entry['id']})"
+                if not with_fabric:
+                    return entry, "borrowed", (f"{entry['id']} was fitted on {entry.get('inter_node')}, not "
+                                               f"{fabric}")
+                measured = {g.lower() for g in entry.get("measured_gpus", [gpu])}
+                if gpu.lower() not in measured:
+                    return entry, "borrowed", (f"{entry['id']} has no runs on {gpu} (its runs: "
+                                               f"{', '.join(entry['measured_gpus'])})")
+                return entry, "fitted", ""
+    return None, "default", f"no calibration for {gpu} and {engine}"
 
 
 def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table: dict | None = None) -> Resolved:
     table = calibration_table() if table is None else table
-    entry, domain = hardware_entry(profile, engine, table)
+    entry, domain, reason = hardware_entry(profile, engine, table)
     default = table["default"]["efficiency"]
     values: dict[str, float] = {}
     sources = []
@@ -153,19 +167,23 @@ def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table:
         else:
             values[f], src = float(default[f]), "default"
         sources.append((f, src))
-    if all(src == "profile" for _, src in sources):
-        domain = "profile"
+    stated = [f for f, src in sources if src == "profile"]
+    if len(stated) == len(FIELDS):
+        domain, reason = "profile", "the profile states every efficiency"
+    elif stated:
+        domain, reason = "adjusted", f"the profile states {', '.join(stated)}"
     err = (entry or {}).get("step_time_error") or table["default"].get("step_time_error") or {}
     covers = tuple(sorted((k, int(v)) for k, v in ((entry or {}).get("covers") or {}).items()))
     return Resolved(**values, sources=tuple(sources), entry=None if entry is None else entry["id"],
                     mean_rel_error=err.get("mean"), max_rel_error=err.get("max"), engine=engine,
-                    rows=err.get("rows"), domain=domain, covers=covers)
+                    rows=err.get("rows"), domain=domain, covers=covers, reason=reason)
 
 
 def per_layout(profile: ClusterProfile, runtime: str, zero_stage) -> tuple[dict[str, np.ndarray], dict[str, Resolved]]:
     """The efficiencies of each layout (arrays over layouts, for the vectorized model) and the
     Resolved of each engine present: the deepspeed runtime mixes two engines (ZeRO-3 and below)."""
-    engines = engine_of(runtime, zero_stage)
-    resolved = {e: resolve_efficiency(profile, e) for e in sorted(set(engines.tolist()) or {"megatron"})}
-    arrays = {f: np.array([getattr(resolved[e], f) for e in engines.tolist()], dtype=np.float64) for f in FIELDS}
+    shape = np.shape(zero_stage)
+    engines = np.atleast_1d(engine_of(runtime, zero_stage)).ravel().tolist()
+    resolved = {e: resolve_efficiency(profile, e) for e in sorted(set(engines) or {"megatron"})}
+    arrays = {f: np.array([getattr(resolved[e], f) for e in engines], dtype=np.float64).reshape(shape) for f in FIELDS}
     return arrays, resolved

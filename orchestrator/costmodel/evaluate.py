@@ -380,6 +380,8 @@ def _compute(x: _Inputs) -> tuple[np.ndarray, ...]:
     fp8 = training.fp8 is not None
     # The layers' linear GEMMs in FP8 (Transformer Engine's Linear modules); attention and the output
     # layer stay in bf16. Their fraction of peak is bf16's: no published FP8 run was fitted.
+    if fp8 and fp8_peak_flops(x.profile) is None:  # rules.check_training refuses this before planning
+        raise ValueError(f"training.fp8 needs gpu.peak_tflops.fp8 in profile '{x.profile.name}'")
     layer_rate = fp8_peak_flops(x.profile) * eff.gemm if fp8 else flop_rate
     hbm = x.profile.gpu.hbm_bandwidth_gbps * 1e9 * eff.hbm
     e = float(x.act_bytes)

@@ -127,14 +127,14 @@ def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
     # --- precision and optimizer ---
     if t.precision == "bf16":
         add("--bf16")
+    elif t.precision == "fp16":
+        add("--fp16")
     if t.fp8 is not None and plan.runtime == "megatron":
         # Delayed scaling over a 1024-step amax history, as Megatron-LM's own Llama/GPT examples
         # (examples/llama, examples/gpt3) run FP8.
         add("--fp8-format", t.fp8)
         add("--fp8-amax-history-len", 1024)
         add("--fp8-amax-compute-algo", "max")
-    elif t.precision == "fp16":
-        add("--fp16")
     add("--optimizer", "adam")
     add("--lr", opt.lr)
     add("--min-lr", opt.min_lr)
