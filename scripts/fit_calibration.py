@@ -24,7 +24,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.calibrate import error_summary, error_table, fit  # noqa: E402
+from orchestrator.calibrate import error_summary, error_table, fit, row_errors  # noqa: E402
+from orchestrator.calibrate.rows import _resolved  # noqa: E402
 from orchestrator.calibrate.published import all_published_rows, published_errors  # noqa: E402
 from orchestrator.costmodel.calibration import FIELDS  # noqa: E402
 from orchestrator.costmodel.evaluate import runtime_engine  # noqa: E402
@@ -62,16 +63,31 @@ HEADER = """\
 # Fitted efficiencies of dsorch's time model, per engine and hardware. Written by
 #     python scripts/fit_calibration.py
 # from published runs: Megatron-LM (published_runs.yaml, evaluated as calibration_sets.yaml says) for
-# the megatron engine, PyTorch FSDP FULL_SHARD (published_runs_fsdp.yaml) for deepspeed-zero3.
-# Do not edit by hand: change the model or the sets and re-run the script.
+# the megatron engine, PyTorch FSDP FULL_SHARD (published_runs_fsdp.yaml) and DeepSpeed's own ZeRO-3
+# (published_runs_deepspeed.yaml) for deepspeed-zero3. `covers` and `measured_gpus` say what the
+# runs used; a layout or GPU beyond them is outside the fitted domain. Do not edit by hand: change the model or the sets and re-run the script.
 #
 # Resolution (orchestrator/costmodel/calibration.py): a profile's own `efficiency` values win;
 # then this engine's entry for the profile's gpu.name (and inter_node.kind); then an entry of the
 # engine it borrows from (deepspeed below ZeRO-3 has no published runs of its own yet: it borrows
 # deepspeed-zero3's, the same PyTorch kernels), which makes the prediction "outside the fitted
-# domain"; then `default`. `step_time_error` is the fit's residual on the entry's own rows: the
+# domain"; then `default`. `step_time_error` is the fit's residual on the entry's own rows, and
+# held out (each run predicted by a fit without it): the largest held-out error is the
 # interval every prediction made with the entry carries.
 """
+
+
+def held_out_table() -> str:
+    """The leave-one-out errors the last fit recorded (refitting them takes minutes: run the script
+    without --check)."""
+    from orchestrator.costmodel.calibration import calibration_table
+
+    lines = ["held out (each run predicted by a fit without it; the interval of a prediction is the max):"]
+    for e in calibration_table()["entries"]:
+        err = e["step_time_error"]
+        lines.append(f"{e['id']}: {err['rows']} rows, mean |error| {100 * err['held_out_mean']:.2f}%, "
+                     f"max |error| {100 * err['held_out_max']:.2f}%")
+    return "\n".join(lines)
 
 
 def entry_id(e: dict) -> str:
@@ -85,6 +101,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.check:
         print(error_table(published_errors()))
+        print(held_out_table())
         return
 
     rows = all_published_rows()
@@ -98,9 +115,20 @@ def main() -> None:
         start.update(spec.get("fixed", {}))
         res = fit(mine, start, tuple(spec["free"]), iters=args.iters, restarts=3)
         summary = error_summary(res.errors)
+        # Leave-one-out: refit without each run and predict it. A handful of runs fits its own rows
+        # closely; the held-out errors say how the entry predicts a run it has not seen, and their
+        # largest is the interval every prediction with the entry carries.
+        held_out = []
+        for i in range(len(mine)):
+            rest = mine[:i] + mine[i + 1:]
+            loo = fit(rest, res.values, tuple(spec["free"]), iters=args.iters, restarts=1)
+            held_out.append(row_errors([mine[i]], lambda row, v=loo.values: _resolved(v))[0].rel_error)
+        summary["loo_max"] = max(abs(e) for e in held_out)
+        summary["loo_mean"] = sum(abs(e) for e in held_out) / len(held_out)
         fitted[eid] = {"values": res.values, "summary": summary}
         print(f"{eid}: " + ", ".join(f"{f}={res.values[f]:.4g}" for f in FIELDS)
-              + f"  mean {100 * summary['mean']:.2f}% max {100 * summary['max']:.2f}%", flush=True)
+              + f"  mean {100 * summary['mean']:.2f}% max {100 * summary['max']:.2f}%"
+              + f"  held out: mean {100 * summary['loo_mean']:.2f}% max {100 * summary['loo_max']:.2f}%", flush=True)
 
     entries = []
     for spec in ENTRIES:
@@ -123,7 +151,9 @@ def main() -> None:
             "efficiency": {f: round(fz["values"][f], 4) for f in FIELDS},
             "covers": covers,
             "step_time_error": {"rows": fz["summary"]["rows"], "mean": round(fz["summary"]["mean"], 4),
-                                "max": round(fz["summary"]["max"], 4)},
+                                "max": round(fz["summary"]["max"], 4),
+                                "held_out_mean": round(fz["summary"]["loo_mean"], 4),
+                                "held_out_max": round(fz["summary"]["loo_max"], 4)},
         })
     # Unknown hardware: the less favourable of the fitted values, and the larger of the errors.
     worse = {f: (max if f == "zero3_stall_us" else min) for f in FIELDS}
@@ -139,6 +169,7 @@ def main() -> None:
     calibration_table.cache_clear()
     print(f"wrote {OUT.relative_to(ROOT)}\n")
     print(error_table(published_errors()))
+    print(held_out_table())
 
 
 if __name__ == "__main__":

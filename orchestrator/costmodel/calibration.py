@@ -83,15 +83,21 @@ class Resolved:
     # interval; ``reason`` says why the others have none.
     domain: str = "fitted"
     reason: str = ""
+    # Largest error on a run left out of the fit (leave-one-out over the entry's runs).
+    held_out_max: float | None = None
 
     def values(self) -> dict[str, float]:
         return {f: getattr(self, f) for f in FIELDS}
 
     @property
     def interval(self) -> float | None:
-        """Half-width of the step-time interval, as a fraction: the largest residual of the fit on
-        the entry's own runs. None outside the fitted domain, where no residual says anything."""
-        return self.max_rel_error if self.domain == "fitted" else None
+        """Half-width of the step-time interval, as a fraction: the largest error of the entry on a
+        run of its own that was left out of the fit (leave-one-out; a few runs fit themselves more
+        closely than they predict another). None outside the fitted domain, where no error says
+        anything."""
+        if self.domain != "fitted":
+            return None
+        return self.held_out_max if self.held_out_max is not None else self.max_rel_error
 
     def beyond(self, tp: int, pp: int, cp: int, fp8: bool, tp_overlap: bool = False,
                dp_overlap: bool = False) -> str | None:
@@ -109,8 +115,8 @@ class Resolved:
 
     def describe(self) -> str:
         """How sure a prediction made with these efficiencies is, in words."""
-        if self.domain == "fitted" and self.max_rel_error is not None:
-            return f"±{100 * self.max_rel_error:.0f} %, {self.entry}, n={self.rows}"
+        if self.interval is not None:
+            return f"±{100 * self.interval:.0f} %, {self.entry}, n={self.rows}"
         return f"outside the fitted domain: {self.reason}; no interval"
 
 
@@ -176,7 +182,8 @@ def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table:
     covers = tuple(sorted((k, int(v)) for k, v in ((entry or {}).get("covers") or {}).items()))
     return Resolved(**values, sources=tuple(sources), entry=None if entry is None else entry["id"],
                     mean_rel_error=err.get("mean"), max_rel_error=err.get("max"), engine=engine,
-                    rows=err.get("rows"), domain=domain, covers=covers, reason=reason)
+                    rows=err.get("rows"), domain=domain, covers=covers, reason=reason,
+                    held_out_max=err.get("held_out_max"))
 
 
 def per_layout(profile: ClusterProfile, runtime: str, zero_stage) -> tuple[dict[str, np.ndarray], dict[str, Resolved]]:

@@ -41,7 +41,8 @@ def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], 
     con.print(t)
     shown = r.ranked[:top]
     if any(s.interval is not None for s in shown):
-        con.print("±: the model's largest error on published runs of the same engine and GPU", markup=False)
+        con.print("±: the model's largest error on published runs of the same engine and GPU, each held out of the "
+                  "fit", markup=False)
     if any(s.interval is None for s in shown):
         con.print("?: outside the fitted domain (no published runs of that engine on this GPU, or the layout goes "
                   "beyond them): no interval", markup=False)
