@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.calibrate import error_summary, error_table, fit, row_errors  # noqa: E402
-from orchestrator.calibrate.rows import _resolved  # noqa: E402
+from orchestrator.calibrate.rows import _prepare, _resolved  # noqa: E402
+from orchestrator.costmodel import evaluate  # noqa: E402
+from orchestrator.costmodel.memory import GIB  # noqa: E402
 from orchestrator.calibrate.published import all_published_rows, published_errors  # noqa: E402
 from orchestrator.costmodel.calibration import FIELDS  # noqa: E402
 from orchestrator.costmodel.evaluate import runtime_engine  # noqa: E402
@@ -158,7 +160,20 @@ def main() -> None:
     # Unknown hardware: the less favourable of the fitted values, and the larger of the errors.
     worse = {f: (max if f == "zero3_stall_us" else min) for f in FIELDS}
     default = {f: worse[f](e["efficiency"][f] for e in entries) for f in FIELDS}
+    # Memory: the published peaks against the predicted totals. A plan within the largest
+    # under-prediction of the capacity is flagged (render/console.py), since that is how far a run
+    # that "fits" was seen to go beyond the model.
+    peaks = []
+    for r in rows:
+        if r.measured_peak_gib is not None:
+            p = _prepare(r)
+            predicted = float(evaluate(r.model, r.training, r.profile, r.runtime, p.cand).total[0]) / GIB
+            peaks.append(predicted / r.measured_peak_gib - 1.0)
+    memory = {"rows": len(peaks), "largest_under": round(max(0.0, -min(peaks)), 4),
+              "largest_over": round(max(0.0, max(peaks)), 4),
+              "source": "published peak memory per GPU (published_runs_fsdp.yaml measured_memory_gib)"}
     doc = {"version": 2,
+           "memory_error": memory,
            "default": {"efficiency": default,
                        "step_time_error": {"mean": max(e["step_time_error"]["mean"] for e in entries),
                                            "max": max(e["step_time_error"]["max"] for e in entries)}},

@@ -351,3 +351,21 @@ def test_calibrate_refuses_an_fp8_record_on_a_gpu_without_fp8(tmp_path):
     (tmp_path / "r.yaml").write_text(yaml.safe_dump({"records": [rec]}))
     with pytest.raises(SpecError, match="states no FP8 peak"):
         calibrate([tmp_path / "r.yaml"], load_profile("dgx-a100-80gb-hdr").profile)
+
+
+def test_memory_near_capacity_is_flagged_with_the_models_error():
+    """A layout within the largest under-prediction seen on published peaks of the capacity gets a
+    note; one with room does not."""
+    import dataclasses
+
+    from orchestrator.costmodel.calibration import memory_error
+    from orchestrator.render.console import memory_tight
+
+    err = memory_error()
+    assert err["rows"] == 2 and 0 < err["largest_under"] < 0.05
+    spec, _ = load_spec(EXAMPLES / "llama3-8b.yaml")
+    best = search(spec.model, spec.training, load_profile("dgx16").profile, "deepspeed").best
+    total = best.memory_gib["total"]
+    close = dataclasses.replace(best, capacity_gib=total * (1 + err["largest_under"] / 2))
+    assert "within the memory model's error" in memory_tight(close)
+    assert memory_tight(dataclasses.replace(best, capacity_gib=total * 1.2)) is None

@@ -127,6 +127,11 @@ def calibration_table() -> dict:
     return yaml.safe_load(text)
 
 
+def memory_error() -> dict:
+    """How far published peaks went beyond the memory model: {rows, largest_under, largest_over}."""
+    return calibration_table().get("memory_error") or {"rows": 0, "largest_under": 0.0, "largest_over": 0.0}
+
+
 def _matches(entry: dict, profile: ClusterProfile, with_fabric: bool) -> bool:
     names = {n.lower() for n in entry.get("gpus", [])}
     if profile.gpu.name.lower() not in names:

@@ -51,6 +51,9 @@ def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], 
     con.print(f"* chosen: {best.layout.short()}: {mem['total']:.1f} GiB per GPU (params {mem['params']:.1f}, grads "
               f"{mem['grads']:.1f}, optimizer {mem['optimizer']:.1f}, activations {mem['activations']:.1f}, overhead "
               f"{mem['overhead']:.1f}), {best.step_time_s:.3g} s per step ({best.basis})", markup=False)
+    tight = memory_tight(best)
+    if tight:
+        con.print(f"  note: {tight}", markup=False)
     if the_plan.spec.training.train_steps:
         days = the_plan.spec.training.train_steps * best.step_time_s / 86400
         con.print(f"  {the_plan.spec.training.tokens:.3g} tokens in {the_plan.spec.training.train_steps} steps: "
@@ -58,6 +61,19 @@ def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], 
     if out is not None:
         con.print(f"wrote {out}/: {', '.join(files)}" + (" (the default plan directory; --out DIR to choose)"
                                                          if default_out else ""), markup=False)
+
+
+def memory_tight(s) -> str | None:
+    """A warning when a layout's memory is within the memory model's known error of the capacity."""
+    from ..costmodel.calibration import memory_error
+
+    err = memory_error()
+    under = err.get("largest_under") or 0.0
+    if not under or s.memory_gib["total"] < s.capacity_gib * (1 - under):
+        return None
+    return (f"{s.memory_gib['total']:.1f} GiB is within the memory model's error of the {s.capacity_gib:g} GiB "
+            f"capacity (published peaks ran up to {100 * under:.1f}% above the prediction, {err['rows']} runs); "
+            f"--memory-margin GIB keeps headroom")
 
 
 def step_text(s) -> str:
