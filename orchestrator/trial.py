@@ -1,0 +1,78 @@
+"""Trials: which layouts to measure on the user's own cluster, and what measuring them costs.
+
+The first part of `dsorch trial` (issue 12): the selection and its price, before anything is
+submitted. The top K layouts by prediction are measured, and besides them the best layout of
+every other family the search found (ZeRO-3 data parallelism, pipelining, TP-heavy, plain data
+parallelism, context parallelism), so that a measurement can overturn the model's ranking of the
+families and not only reorder near-equals. Pure: a SearchResult in, picks and figures out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .layout import Layout
+from .solver import Pins, Scored
+
+# Families, in the order a tie between them is reported.
+FAMILIES = ("context-parallel", "pipeline", "zero3", "tp-heavy", "data-parallel")
+
+
+def family(layout: Layout) -> str:
+    """The family of a layout: what dominates its communication."""
+    if layout.cp > 1:
+        return "context-parallel"
+    if layout.pp > 1:
+        return "pipeline"
+    if layout.zero_stage == 3:
+        return "zero3"
+    if layout.tp > 1:
+        return "tp-heavy"
+    return "data-parallel"
+
+
+@dataclass(frozen=True)
+class TrialPick:
+    scored: Scored
+    family: str
+    why: str  # "rank 2 by prediction" or "best pipeline layout (rank 14)"
+
+
+def select_trials(ranked: list[Scored], top: int) -> list[TrialPick]:
+    """The top ``top`` of ``ranked`` (fastest first, as the search ranks them), then the best of each
+    family not among them, each once, in rank order. ``ranked`` should be long enough to hold every
+    family's best (search with a large ``keep``)."""
+    picks: list[TrialPick] = []
+    seen: set[Layout] = set()
+    for i, s in enumerate(ranked[:top]):
+        picks.append(TrialPick(s, family(s.layout), f"rank {i + 1} by prediction"))
+        seen.add(s.layout)
+    covered = {p.family for p in picks}
+    for i, s in enumerate(ranked):
+        fam = family(s.layout)
+        if fam not in covered and s.layout not in seen:
+            picks.append(TrialPick(s, fam, f"best {fam} layout (rank {i + 1})"))
+            covered.add(fam)
+            seen.add(s.layout)
+    return picks
+
+
+def pins_of(layout: Layout) -> Pins:
+    """Every field pinned: a trial's plan is exactly its layout."""
+    return Pins(tp=layout.tp, pp=layout.pp, dp=layout.dp, vpp=layout.vpp, zero_stage=layout.zero_stage,
+                micro_batch_size=layout.micro_batch_size, recompute=layout.recompute,
+                sequence_parallel=layout.sequence_parallel, cp=layout.cp)
+
+
+@dataclass(frozen=True)
+class TrialCost:
+    gpu_hours: float  # predicted, the whole array
+    seconds: float  # predicted compute time, the trials one after another (each takes the whole cluster)
+    gpus: int
+
+
+def trial_cost(picks: list[TrialPick], steps: int, world_size: int) -> TrialCost:
+    """What the trials cost by the model's own predictions: ``steps`` steps each (warm-up included)
+    on all ``world_size`` GPUs. Start-up (scheduling, imports, process groups) is not in it."""
+    seconds = sum(steps * p.scored.step_time_s for p in picks)
+    return TrialCost(gpu_hours=seconds * world_size / 3600.0, seconds=seconds, gpus=world_size)
