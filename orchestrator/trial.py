@@ -76,3 +76,63 @@ def trial_cost(picks: list[TrialPick], steps: int, world_size: int) -> TrialCost
     on all ``world_size`` GPUs. Start-up (scheduling, imports, process groups) is not in it."""
     seconds = sum(steps * p.scored.step_time_s for p in picks)
     return TrialCost(gpu_hours=seconds * world_size / 3600.0, seconds=seconds, gpus=world_size)
+
+
+def trial_dir_name(index: int, pick: TrialPick) -> str:
+    """The plan directory of a trial inside the trial's folder: ``01-zero3``; its run goes in ``run/``."""
+    return f"{index + 1:02d}-{pick.family}"
+
+
+# How a trial that did not finish failed, from the scheduler's state and the ranks' logs. An
+# out-of-memory is evidence against the memory model, the others are not.
+# PyTorch raises torch.OutOfMemoryError ("CUDA out of memory. Tried to allocate ..."); cuBLAS
+# reports a failed workspace allocation as CUBLAS_STATUS_ALLOC_FAILED.
+_OOM = ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")
+# sacct's states for a job the time limit ended (DEADLINE: its --deadline passed).
+_TIMEOUT_STATES = ("TIMEOUT", "DEADLINE")
+
+
+def classify_failure(state: str, log_text: str) -> str:
+    """"oom", "timeout" or "error"."""
+    if any(s in log_text for s in _OOM):
+        return "oom"
+    if state and state.upper().split()[0] in _TIMEOUT_STATES:
+        return "timeout"
+    return "error"
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    pick: TrialPick
+    plan_dir: str
+    measured_step_s: float | None  # steady state: the warm-up fifth of the steps dropped
+    peak_mem_gib: float | None
+    failure: str | None = None  # "oom" | "timeout" | "error"
+    detail: str = ""
+
+    @property
+    def error(self) -> float | None:
+        """Predicted over measured step time, minus one."""
+        if self.measured_step_s is None:
+            return None
+        return self.pick.scored.step_time_s / self.measured_step_s - 1.0
+
+
+def measure(pick: TrialPick, plan_dir, run_dir, state: str = "", log_text: str = "") -> TrialResult:
+    """The result of one trial from its run directory (metrics.jsonl, as calibrate reads it) or, when
+    it has no steps, its failure from the scheduler's state and the logs."""
+    from pathlib import Path
+
+    from .calibrate.records import _plan_dir_records
+    from .errors import SpecError
+
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if metrics.is_file():
+        try:
+            rec = _plan_dir_records(metrics, Path(plan_dir))
+        except SpecError:
+            rec = None
+        if rec is not None:
+            return TrialResult(pick, str(plan_dir), rec.step_time_s, rec.peak_mem_gib)
+    return TrialResult(pick, str(plan_dir), None, None, classify_failure(state, log_text),
+                       " ".join(log_text.split()[-40:]))

@@ -50,3 +50,45 @@ def test_cost_is_the_predicted_gpu_hours(ranked):
     cost = trial_cost(picks, steps=20, world_size=128)
     expected = sum(20 * p.scored.step_time_s for p in picks)
     assert cost.seconds == pytest.approx(expected) and cost.gpu_hours == pytest.approx(expected * 128 / 3600)
+
+
+@pytest.mark.parametrize("state, log, cause", [
+    ("FAILED", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total)", "oom"),
+    ("FAILED", "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "oom"),
+    ("TIMEOUT", "slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2026-12-01T05:00:00 DUE TO TIME LIMIT ***", "timeout"),
+    ("FAILED", "ValueError: bad value", "error"),
+    ("", "", "error"),
+])
+def test_failures_are_classified(state, log, cause):
+    from orchestrator.trial import classify_failure
+
+    assert classify_failure(state, log) == cause
+
+
+def test_a_trial_is_measured_from_its_run_directory(tmp_path, runner, monkeypatch):
+    """The run directory of a trial (metrics.jsonl) gives its steady step time, as calibrate reads it;
+    a run with no steps is a failure with its cause."""
+    import json
+
+    from orchestrator.cli import main
+    from orchestrator.trial import TrialPick, measure, trial_dir_name
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "examples").symlink_to(EXAMPLES)
+    spec, _ = load_spec(EXAMPLES / "tiny.yaml")
+    best = search(spec.model, spec.training, load_profile("local").profile, "deepspeed").best
+    pick = TrialPick(best, family(best.layout), "rank 1 by prediction")
+    plan_dir = tmp_path / trial_dir_name(0, pick)
+    r = runner.invoke(main, ["plan", "examples/tiny.yaml", "--cluster", "local", "--out", str(plan_dir)])
+    assert r.exit_code == 0, r.output
+    run = plan_dir / "run"
+    run.mkdir()
+    lines = [{"step": i, "loss": 1.0, "step_time_s": 2.0 if i < 2 else 0.25, "peak_mem_gib": 0.5,
+              "mem_kind": "cpu_peak_rss"} for i in range(10)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    res = measure(pick, plan_dir, run)
+    assert res.failure is None and res.measured_step_s == 0.25 and res.peak_mem_gib == 0.5
+    assert res.error == pytest.approx(best.step_time_s / 0.25 - 1)
+    failed = measure(pick, plan_dir, tmp_path / "nothing", "FAILED", "torch.OutOfMemoryError: CUDA out of memory.")
+    assert failed.failure == "oom" and failed.measured_step_s is None and failed.error is None
+    assert trial_dir_name(0, pick) == f"01-{pick.family}"
