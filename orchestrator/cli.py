@@ -167,7 +167,7 @@ def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, 
     from .pipeline import plan_files
     from .solver import Pins
     from .specs import load_spec
-    from .writer import diff_plan_dir, write_plan_dir
+    from .writer import diff_plan_dir, spec_path_in, write_plan_dir
 
     _ds_env()
     if not math.isfinite(memory_margin):  # click's FloatRange lets nan through (nan < 0 is false)
@@ -187,7 +187,7 @@ def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, 
         out = project.default_plan_dir(spec_file.name, lp.profile.name, runtime, nodes, gpus_per_node)
     pins = Pins(tp=tp, pp=pp, dp=dp, vpp=vpp, zero_stage=zero, micro_batch_size=mbs, recompute=recompute,
                 sequence_parallel=sp, cp=cp)
-    the_plan, files = plan_files(spec_file, _display_path(spec, out), loaded.sha256, lp, runtime, pins, nodes=nodes,
+    the_plan, files = plan_files(spec_file, spec_path_in(spec, out), loaded.sha256, lp, runtime, pins, nodes=nodes,
                                  gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin, keep=max(top, 8),
                                  shown_path=str(spec))
     shown = _shown(out) if out is not None else None
@@ -235,19 +235,6 @@ def _shown(p: Path) -> str:
         return Path(os.path.relpath(os.path.abspath(p))).as_posix()
     except ValueError:
         return str(p)
-
-
-def _display_path(p: Path, out: Path | None) -> str:
-    """The spec path as written into generated files: relative to the plan directory when there is
-    one (so the files do not depend on where dsorch ran from), never absolute."""
-    if out is not None:
-        return Path(os.path.relpath(os.path.abspath(p), os.path.abspath(out))).as_posix()
-    if not p.is_absolute():
-        return p.as_posix()
-    try:
-        return p.resolve().relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return p.name
 
 
 # --------------------------------------------------------------------------------------------

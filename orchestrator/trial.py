@@ -136,3 +136,23 @@ def measure(pick: TrialPick, plan_dir, run_dir, state: str = "", log_text: str =
             return TrialResult(pick, str(plan_dir), rec.step_time_s, rec.peak_mem_gib)
     return TrialResult(pick, str(plan_dir), None, None, classify_failure(state, log_text),
                        " ".join(log_text.split()[-40:]))
+
+
+def trial_plans(spec, spec_file, spec_sha256: str, loaded, runtime: str, picks: list[TrialPick], folder, *,
+                nodes: int | None = None, gpus_per_node: int | None = None) -> list[tuple[object, dict[str, str]]]:
+    """Each pick's plan directory (``folder/NN-family``) and its files: its layout pinned whole, then
+    searched, rendered and validated as `dsorch plan` does, so that every trial is an ordinary plan
+    directory (`dsorch submit` runs one, `dsorch calibrate` reads its run)."""
+    from pathlib import Path
+
+    from .pipeline import plan_files
+    from .writer import spec_path_in
+
+    out = []
+    for i, pick in enumerate(picks):
+        d = Path(folder) / trial_dir_name(i, pick)
+        _, files = plan_files(spec, spec_path_in(Path(spec_file), d), spec_sha256, loaded, runtime,
+                              pins_of(pick.scored.layout), nodes=nodes, gpus_per_node=gpus_per_node,
+                              memory_margin_gib=0.0, keep=1, shown_path=str(spec_file))
+        out.append((d, files))
+    return out

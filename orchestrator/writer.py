@@ -18,6 +18,19 @@ from .plandir import GENERATED
 EXECUTABLE = ("launch.sh", "job.sbatch")
 
 
+def spec_path_in(p: Path, out: Path | None) -> str:
+    """The spec path as written into generated files: relative to the plan directory when there is
+    one (so the files do not depend on where dsorch ran from), never absolute."""
+    if out is not None:
+        return Path(os.path.relpath(os.path.abspath(p), os.path.abspath(out))).as_posix()
+    if not p.is_absolute():
+        return p.as_posix()
+    try:
+        return p.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return p.name
+
+
 def _mode(name: str) -> int:
     return 0o755 if name in EXECUTABLE else 0o644
 

@@ -92,3 +92,25 @@ def test_a_trial_is_measured_from_its_run_directory(tmp_path, runner, monkeypatc
     failed = measure(pick, plan_dir, tmp_path / "nothing", "FAILED", "torch.OutOfMemoryError: CUDA out of memory.")
     assert failed.failure == "oom" and failed.measured_step_s is None and failed.error is None
     assert trial_dir_name(0, pick) == f"01-{pick.family}"
+
+
+def test_every_trial_is_an_ordinary_plan_directory(tmp_path):
+    """The plan directories of the picks: each is exactly its layout, validates, and is deterministic."""
+    from orchestrator.plandir import load_plan_dir
+    from orchestrator.trial import trial_plans
+    from orchestrator.validate.plan_dir import validate_path
+    from orchestrator.writer import write_plan_dir
+
+    spec, loaded_spec = load_spec(EXAMPLES / "tiny.yaml")
+    loaded = load_profile("local")
+    ranked = search(spec.model, spec.training, loaded.profile, "deepspeed", keep=10_000).ranked
+    picks = select_trials(ranked, 2)
+    plans = trial_plans(spec, EXAMPLES / "tiny.yaml", loaded_spec.sha256, loaded, "deepspeed", picks, tmp_path / "t")
+    assert [d.name for d, _ in plans] == [f"{i + 1:02d}-{p.family}" for i, p in enumerate(picks)]
+    for (d, files), pick in zip(plans, picks):
+        write_plan_dir(d, files)
+        assert validate_path(d) == []
+        assert load_plan_dir(d).layout == pick.scored.layout
+        assert load_plan_dir(d).spec == spec
+    again = trial_plans(spec, EXAMPLES / "tiny.yaml", loaded_spec.sha256, loaded, "deepspeed", picks, tmp_path / "t")
+    assert [f for _, f in again] == [f for _, f in plans]
