@@ -28,22 +28,12 @@ from orchestrator.calibrate import error_summary, error_table, fit, row_errors  
 from orchestrator.calibrate.rows import _prepare, _resolved  # noqa: E402
 from orchestrator.costmodel import evaluate  # noqa: E402
 from orchestrator.costmodel.memory import GIB  # noqa: E402
-from orchestrator.calibrate.published import all_published_rows, published_errors  # noqa: E402
+from orchestrator.calibrate.published import HARDWARE, all_published_rows, published_errors  # noqa: E402
 from orchestrator.costmodel.calibration import FIELDS  # noqa: E402
 from orchestrator.costmodel.evaluate import runtime_engine  # noqa: E402
 
 OUT = ROOT / "orchestrator" / "costmodel" / "calibration.yaml"
 
-# Which GPUs and fabric each hardware id describes. H200 has the H100's Hopper compute (same
-# SMs and clocks, dense peak 989 TFLOP/s); its larger, faster HBM3e is a physical parameter of
-# its profile (hbm_bandwidth_gbps), not an efficiency.
-HARDWARE = {
-    "a100-sxm4-hdr": {"gpus": ["A100-SXM4-80GB", "A100-SXM4-40GB", "A100-80GB", "A100"], "inter_node": "infiniband",
-                      "description": "A100 SXM4 + NVLink 3/NVSwitch, HDR InfiniBand (Selene)"},
-    "h100-sxm5-ndr": {"gpus": ["H100-SXM5-80GB", "H100", "H100-80GB", "H200-SXM-141GB", "H200"],
-                      "inter_node": "infiniband",
-                      "description": "H100/H200 SXM + NVLink 4/NVSwitch, NDR InfiniBand (DGX H100 / HGX H200)"},
-}
 # Entries in fitting order; `borrow` names the entry whose values fill what this one does not fit.
 ENTRIES = [
     {"engine": "megatron", "hardware": "h100-sxm5-ndr", "free": ("gemm", "attention", "hbm", "intra_node_comm",
@@ -127,7 +117,7 @@ def main() -> None:
             held_out.append(row_errors([mine[i]], lambda row, v=loo.values: _resolved(v))[0].rel_error)
         summary["loo_max"] = max(abs(e) for e in held_out)
         summary["loo_mean"] = sum(abs(e) for e in held_out) / len(held_out)
-        fitted[eid] = {"values": res.values, "summary": summary}
+        fitted[eid] = {"values": res.values, "summary": summary, "rows": mine}
         print(f"{eid}: " + ", ".join(f"{f}={res.values[f]:.4g}" for f in FIELDS)
               + f"  mean {100 * summary['mean']:.2f}% max {100 * summary['max']:.2f}%"
               + f"  held out: mean {100 * summary['loo_mean']:.2f}% max {100 * summary['loo_max']:.2f}%", flush=True)
@@ -136,7 +126,7 @@ def main() -> None:
     for spec in ENTRIES:
         eid, hw = entry_id(spec), HARDWARE[spec["hardware"]]
         fz = fitted[eid]
-        mine = [r for r in rows if r.hardware == eid]
+        mine = fz["rows"]
         # The layouts the rows cover (every published row pins tp and pp): beyond them a prediction
         # is outside the fitted domain (costmodel.calibration.Resolved.beyond).
         engines = [r.engine or runtime_engine(r.runtime, r.training) for r in mine]

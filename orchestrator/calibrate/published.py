@@ -15,14 +15,27 @@ from importlib import resources
 
 import yaml
 
+from ..costmodel.calibration import engine_of
 from ..costmodel.evaluate import Engine
 from ..solver import Pins
 from ..specs import ClusterProfile, ModelSpec, TrainingSpec, _deep_merge, load_profile
 from .rows import Row, RowError, row_errors
 
-# GPU name -> hardware id of the calibration entries (fit_calibration.HARDWARE lists the GPUs).
-_FSDP_HARDWARE = {"A100-SXM4-80GB": "a100-sxm4-hdr", "A100-SXM4-40GB": "a100-sxm4-hdr", "H100": "h100-sxm5-ndr",
-                  "H100-SXM5-80GB": "h100-sxm5-ndr"}
+# Which GPUs and fabric each hardware id of the calibration entries describes (written into
+# calibration.yaml by scripts/fit_calibration.py). H200 has the H100's Hopper compute (same SMs and
+# clocks, dense peak 989 TFLOP/s); its larger, faster HBM3e is a physical parameter of its profile
+# (hbm_bandwidth_gbps), not an efficiency.
+HARDWARE = {
+    "a100-sxm4-hdr": {"gpus": ["A100-SXM4-80GB", "A100-SXM4-40GB", "A100-80GB", "A100"], "inter_node": "infiniband",
+                      "description": "A100 SXM4 + NVLink 3/NVSwitch, HDR InfiniBand (Selene)"},
+    "h100-sxm5-ndr": {"gpus": ["H100-SXM5-80GB", "H100", "H100-80GB", "H200-SXM-141GB", "H200"],
+                      "inter_node": "infiniband",
+                      "description": "H100/H200 SXM + NVLink 4/NVSwitch, NDR InfiniBand (DGX H100 / HGX H200)"},
+}
+
+
+def _hardware_of(gpu_name: str) -> str:
+    return next(hw for hw, spec in HARDWARE.items() if gpu_name in spec["gpus"])
 
 def _data(name: str) -> dict:
     return yaml.safe_load(resources.files("orchestrator.costmodel").joinpath(name).read_text(encoding="utf-8"))
@@ -98,35 +111,31 @@ def fsdp_rows(profile_loader=load_profile) -> list[Row]:
     profiles = _fsdp_profiles(doc, profile_loader)
     out = []
     for r in doc["runs"]:
-        profile = profiles[r["profile"]]
-        profile = profile.resized(nodes=max(1, r["n_gpus"] // profile.gpus_per_node))
         L = r["layout"]
         torchtitan_op = L["recompute"] == "selective" and "torchtitan" in L["framework"]
-        pins = Pins(tp=L["tp"], pp=L["pp"], dp=L["dp"], vpp=L["vpp"], zero_stage=L["zero"], micro_batch_size=L["mbs"],
-                    recompute="op" if torchtitan_op else L["recompute"], sequence_parallel=L["sp"])
-        out.append(Row(r["id"], ModelSpec(**r["model"]), TrainingSpec(**r["training"]), profile, r["runtime"], pins,
-                       float(r["measured"]["step_time_s"]), measured_peak_gib=r.get("measured_memory_gib"),
-                       hardware=f"deepspeed-zero3/{_FSDP_HARDWARE[profile.gpu.name]}"))
+        out.append(_run_row(r, profiles[r["profile"]], "op" if torchtitan_op else L["recompute"]))
     return out
+
+
+def _run_row(r: dict, base: ClusterProfile, recompute: str) -> Row:
+    """A published run record (id, model, training, n_gpus, layout, measured, optional
+    measured_memory_gib) as a row of its engine's entry, on ``base`` resized to its GPU count."""
+    profile = base.resized(nodes=max(1, r["n_gpus"] // base.gpus_per_node))
+    L = r["layout"]
+    pins = Pins(tp=L["tp"], pp=L["pp"], dp=L["dp"], vpp=L.get("vpp", 1), zero_stage=L["zero"],
+                micro_batch_size=L["mbs"], recompute=recompute, sequence_parallel=L["sp"])
+    runtime = r.get("runtime", "deepspeed")
+    engine = str(engine_of(runtime, L["zero"]).item())
+    return Row(r["id"], ModelSpec(**r["model"]), TrainingSpec(**r["training"]), profile, runtime, pins,
+               float(r["measured"]["step_time_s"]), measured_peak_gib=r.get("measured_memory_gib"),
+               hardware=f"{engine}/{_hardware_of(profile.gpu.name)}")
 
 
 def deepspeed_rows(profile_loader=load_profile) -> list[Row]:
     """The DeepSpeed-engine runs of published_runs_deepspeed.yaml marked ``use: fit`` (ZeRO-3 ones
     join the deepspeed-zero3 entry of their GPU)."""
-    out = []
-    for r in _data("published_runs_deepspeed.yaml")["runs"]:
-        if r["use"] != "fit":
-            continue
-        base = profile_loader(r["profile"]).profile
-        profile = base.resized(nodes=max(1, r["n_gpus"] // base.gpus_per_node))
-        L = r["layout"]
-        pins = Pins(tp=L["tp"], pp=L["pp"], dp=L["dp"], vpp=1, zero_stage=L["zero"], micro_batch_size=L["mbs"],
-                    recompute=L["recompute"], sequence_parallel=L["sp"])
-        engine = "deepspeed-zero3" if L["zero"] == 3 else "deepspeed"
-        out.append(Row(r["id"], ModelSpec(**r["model"]), TrainingSpec(**r["training"]), profile, "deepspeed", pins,
-                       float(r["measured"]["step_time_s"]),
-                       hardware=f"{engine}/{_FSDP_HARDWARE[profile.gpu.name]}"))
-    return out
+    return [_run_row(r, profile_loader(r["profile"]).profile, r["layout"]["recompute"])
+            for r in _data("published_runs_deepspeed.yaml")["runs"] if r["use"] == "fit"]
 
 
 def all_published_rows() -> list[Row]:
