@@ -89,7 +89,17 @@ def cp_degrees(runtime: str, training: TrainingSpec, n: int) -> list[int]:
 
     if runtime != "megatron" or not training.flash_attention:
         return [1]
-    return [c for c in divisors(n) if c == 1 or training.seq_length % (2 * c) == 0]
+    return [c for c in divisors(n) if c == 1 or _splits_for_cp(training.seq_length, c)]
+
+
+def _splits_for_cp(seq_length: int, cp: int) -> bool:
+    return seq_length % (2 * cp) == 0
+
+
+def uses_tp_overlap(runtime: str, training: TrainingSpec, layout: Layout) -> bool:
+    """Whether --tp-comm-overlap applies to a layout: asked for by the spec, on the megatron runtime,
+    with tp > 1 and sequence parallelism (validate_args refuses it otherwise)."""
+    return runtime == "megatron" and training.tp_comm_overlap and layout.tp > 1 and layout.sequence_parallel
 
 
 def sp_options(tp: int, cp: int, seq_length: int) -> list[bool]:
@@ -128,7 +138,7 @@ def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, profi
         elif not training.flash_attention:
             r.append(f"cp={L.cp} needs Megatron-LM's fused attention (Transformer Engine); the unfused attention "
                      f"refuses context parallelism: set training.flash_attention true or use cp=1")
-        if training.seq_length % (2 * L.cp):
+        if not _splits_for_cp(training.seq_length, L.cp):
             r.append(f"seq_length {training.seq_length} is not a multiple of 2 x cp = {2 * L.cp} (Megatron-LM "
                      f"splits each sequence into 2 x cp chunks); choose a cp that fits")
     if L.tp > profile.gpus_per_node or profile.gpus_per_node % L.tp:

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costmodel import RECOMPUTE_CODES, Candidates, Evaluation, evaluate
-from .costmodel.calibration import Resolved, engine_of, per_layout
+from .costmodel.calibration import engine_of, per_layout
 from .costmodel.evaluate import invariant_violations, runtime_engine
 from .costmodel.memory import GIB
 from .layout import RECOMPUTE_LEVELS, Layout, divisors
-from .rules import (check_layout, cp_degrees, interleaving_fits, sp_options, stage_split, tp_degrees, vpp_degrees,
-                    zero_stages)
+from .rules import (check_layout, cp_degrees, interleaving_fits, sp_options, stage_split, tp_degrees, uses_tp_overlap,
+                    vpp_degrees, zero_stages)
 from .specs import ClusterProfile, ModelSpec, TrainingSpec
 
 _RC_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
@@ -60,9 +60,9 @@ class Scored:
     mfu: float
     fits: bool
     capacity_gib: float
-    # How sure the step time is: the half-width of its interval as a fraction (the largest residual
-    # of the calibration entry it was predicted with, on that entry's own runs), None outside any
-    # fitted domain; and that in words ("±6 %, deepspeed-zero3/h100-sxm5-ndr, n=5").
+    # How sure the step time is: the half-width of its interval as a fraction (the largest error of
+    # the calibration entry it was predicted with on a run held out of its fit), None outside any
+    # fitted domain; and that in words ("±12 %, deepspeed-zero3/h100-sxm5-ndr, n=5").
     interval: float | None = None
     basis: str = ""
 
@@ -107,8 +107,6 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, profile: Cluster
     world = profile.world_size
     gbs = training.global_batch_size
     rejected: dict[str, int] = {}
-    if pins.cp is not None and pins.cp > 1 and pins.cp not in cp_degrees(runtime, training, world):
-        return _candidates([]), rejected  # explain_pins says which rule
 
     def reject(reason: str, n: int = 1) -> None:
         if n:
@@ -179,9 +177,25 @@ def candidates_of(model: ModelSpec, layouts: list[Layout]) -> Candidates:
     return _candidates(rows)
 
 
-def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float,
-            confidence: dict[str, Resolved] | None = None, runtime: str = "deepspeed",
-            training: TrainingSpec | None = None) -> Scored:
+def _confidence(profile: ClusterProfile, runtime: str, training: TrainingSpec, zero_stages):
+    """(interval, basis) of a layout: its engine's calibration entry, unless the layout goes beyond
+    the runs that entry was fitted on."""
+    _, resolved = per_layout(profile, runtime, zero_stages)
+    eng = runtime_engine(runtime, training)
+
+    def of(L: Layout) -> tuple[float | None, str]:
+        r = resolved[str(engine_of(runtime, L.zero_stage).item())]
+        beyond = r.beyond(L.tp, L.pp, L.cp, training.fp8 is not None,
+                          tp_overlap=uses_tp_overlap(runtime, training, L),
+                          dp_overlap=eng.dp_overlap and L.dp * L.cp > 1 and (L.pp == 1 or eng.dp_overlap_with_pp))
+        if beyond:
+            return None, f"outside the fitted domain of {r.entry}: {beyond}"
+        return r.interval, r.describe()
+
+    return of
+
+
+def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float, confidence) -> Scored:
     layout = Layout(tp=int(c.tp[i]), pp=int(c.pp[i]), dp=int(c.dp[i]), vpp=int(c.vpp[i]),
                     zero_stage=int(c.zero[i]), micro_batch_size=int(c.mbs[i]), grad_accum_steps=int(c.gas[i]),
                     recompute=_RC_NAMES[int(c.rc[i])], sequence_parallel=bool(c.sp[i]), cp=int(c.cp[i]))
@@ -189,17 +203,7 @@ def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float,
     t = {"compute": float(ev.compute[i]), "tp_comm": float(ev.tp_comm[i]), "bubble": float(ev.bubble[i]),
          "pp_comm": float(ev.pp_comm[i]), "dp_comm": float(ev.dp_comm[i]), "cp_comm": float(ev.cp_comm[i]),
          "optimizer": float(ev.optimizer_step[i])}
-    r = None if confidence is None else confidence[str(engine_of(runtime, int(c.zero[i])).item())]
-    interval, basis = (None, "") if r is None else (r.interval, r.describe())
-    beyond = None
-    if r is not None and training is not None:
-        eng = runtime_engine(runtime, training)
-        L = layout
-        beyond = r.beyond(L.tp, L.pp, L.cp, training.fp8 is not None,
-                          tp_overlap=eng.tp_overlap and L.tp > 1 and L.sequence_parallel,
-                          dp_overlap=eng.dp_overlap and L.dp * L.cp > 1 and (L.pp == 1 or eng.dp_overlap_with_pp))
-    if beyond:
-        interval, basis = None, f"outside the fitted domain of {r.entry}: {beyond}"
+    interval, basis = confidence(layout)
     return Scored(layout, mem, t, float(ev.step_time[i]), float(ev.tokens_per_s[i]), float(ev.mfu[i]),
                   bool(mem["total"] <= capacity_gib), capacity_gib, interval, basis)
 
@@ -225,11 +229,11 @@ def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, ru
     keys = (cand.sp, cand.rc, cand.zero, cand.mbs, cand.vpp, cand.cp, cand.pp, cand.tp, ev.total, ev.step_time)
     order = np.lexsort(keys)  # last key is primary
     feasible_order = order[fits[order]]
-    _, confidence = per_layout(profile, runtime, cand.zero)
-    ranked = [_scored(cand, ev, int(i), capacity, confidence, runtime, training) for i in feasible_order[:keep]]
+    confidence = _confidence(profile, runtime, training, cand.zero)
+    ranked = [_scored(cand, ev, int(i), capacity, confidence) for i in feasible_order[:keep]]
     infeasible = np.flatnonzero(~fits)
     closest_idx = infeasible[np.lexsort((ev.step_time[infeasible], ev.total[infeasible]))][:keep]
-    closest = [_scored(cand, ev, int(i), capacity, confidence, runtime, training) for i in closest_idx]
+    closest = [_scored(cand, ev, int(i), capacity, confidence) for i in closest_idx]
     return SearchResult(ranked, n, int(fits.sum()), int((~fits).sum()), closest, capacity, rejected)
 
 

@@ -48,6 +48,7 @@ Engine; attention and the output layer stay bf16) and adds the casts' HBM traffi
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -215,7 +216,7 @@ class _Inputs:
     training: TrainingSpec
     profile: ClusterProfile
     runtime: str
-    eff: "_Rates"
+    eff: SimpleNamespace  # _rates
     eng: Engine
     tp: np.ndarray
     pp: np.ndarray
@@ -244,23 +245,15 @@ class _Inputs:
     params_stage: np.ndarray  # of the largest stage
 
 
-@dataclass(frozen=True)
-class _Rates:
-    """The efficiencies (``calibration.FIELDS``) of every layout: floats when one Resolved applies to
-    all, arrays over layouts when the runtime mixes engines (DeepSpeed's ZeRO-3 and below)."""
-
-    gemm: np.ndarray
-    attention: np.ndarray
-    hbm: np.ndarray
-    intra_node_comm: np.ndarray
-    inter_node_comm: np.ndarray
-    dp_overlap: np.ndarray
-    tp_overlap: np.ndarray
-    zero3_stall_us: np.ndarray
+def _rates(values) -> SimpleNamespace:
+    """The efficiencies (``calibration.FIELDS``) of every layout as attributes: floats when one
+    Resolved applies to all, arrays over layouts when the runtime mixes engines (DeepSpeed's ZeRO-3
+    and below)."""
+    return SimpleNamespace(**{f: values[f] for f in FIELDS})
 
 
 def _inputs(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str, c: Candidates,
-            eff: _Rates, eng: Engine) -> _Inputs:
+            eff: SimpleNamespace, eng: Engine) -> _Inputs:
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
     tp, pp, zero = f64(c.tp), f64(c.pp), np.asarray(c.zero)
     h = float(model.hidden_size)
@@ -380,9 +373,10 @@ def _compute(x: _Inputs) -> tuple[np.ndarray, ...]:
     fp8 = training.fp8 is not None
     # The layers' linear GEMMs in FP8 (Transformer Engine's Linear modules); attention and the output
     # layer stay in bf16. Their fraction of peak is bf16's: no published FP8 run was fitted.
-    if fp8 and fp8_peak_flops(x.profile) is None:  # rules.check_training refuses this before planning
+    fp8_peak = fp8_peak_flops(x.profile)
+    if fp8 and fp8_peak is None:  # rules.check_training refuses this before planning
         raise ValueError(f"training.fp8 needs gpu.peak_tflops.fp8 in profile '{x.profile.name}'")
-    layer_rate = fp8_peak_flops(x.profile) * eff.gemm if fp8 else flop_rate
+    layer_rate = fp8_peak * eff.gemm if fp8 else flop_rate
     hbm = x.profile.gpu.hbm_bandwidth_gbps * 1e9 * eff.hbm
     e = float(x.act_bytes)
     T = s_local * mbs  # tokens per micro-batch on this rank
@@ -463,9 +457,9 @@ def _compute(x: _Inputs) -> tuple[np.ndarray, ...]:
 
 def _communication(x: _Inputs, compute_mb: np.ndarray, compute: np.ndarray,
                    attention_layer_mb: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Exposed seconds per step of tensor-parallel, pipeline and data-parallel communication:
-    (TP per micro-batch exposed, TP per step before overlap, PP point-to-point, DP exposed, DP
-    before overlap)."""
+    """Exposed seconds per step of tensor-parallel, pipeline, data-parallel and context-parallel
+    communication: (TP per micro-batch exposed, TP per step before overlap, PP point-to-point, DP
+    exposed, DP before overlap, CP exposed)."""
     profile, eff, eng, training = x.profile, x.eff, x.eng, x.training
     tp, pp, vpp, gas, zero, rc, sp = x.tp, x.pp, x.vpp, x.gas, x.zero, x.rc, x.sp
     h = float(x.model.hidden_size)
@@ -569,11 +563,7 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     ``efficiency`` overrides the profile's resolved efficiencies and ``engine`` the runtime's
     overlap settings (calibration uses both); plain callers pass neither.
     """
-    if efficiency is None:
-        arrays, _ = per_layout(profile, runtime, c.zero)
-        eff = _Rates(**arrays)
-    else:
-        eff = _Rates(**{f: getattr(efficiency, f) for f in FIELDS})
+    eff = _rates(per_layout(profile, runtime, c.zero)[0] if efficiency is None else efficiency.values())
     eng = runtime_engine(runtime, training) if engine is None else engine
     x = _inputs(model, training, profile, runtime, c, eff, eng)
     params_b, grads_b, opt_bytes, act_b, buffers, framework, total = _memory(x)

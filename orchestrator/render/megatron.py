@@ -9,7 +9,7 @@ is in plan.yaml.
 from __future__ import annotations
 
 from ..plan import Plan
-from ..rules import stage_split
+from ..rules import stage_split, uses_tp_overlap
 
 
 def _fmt(v) -> str:
@@ -69,7 +69,7 @@ def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
             add("--no-overlap-p2p-communication")
     if L.sequence_parallel:
         add("--sequence-parallel")
-    tp_overlap = plan.runtime == "megatron" and t.tp_comm_overlap and L.tp > 1 and L.sequence_parallel
+    tp_overlap = uses_tp_overlap(plan.runtime, t, L)
     if plan.runtime == "megatron" and (L.cp > 1 or t.fp8 is not None or tp_overlap):
         # Context parallelism, FP8 and TP overlap live in Transformer Engine's modules (Megatron's
         # default implementation; stated so that a reviewer sees what the plan needs installed).
