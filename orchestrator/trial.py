@@ -10,6 +10,7 @@ families and not only reorder near-equals. Pure: a SearchResult in, picks and fi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from .layout import Layout
 from .solver import Pins, Scored
@@ -121,15 +122,13 @@ class TrialResult:
 def measure(pick: TrialPick, plan_dir, run_dir, state: str = "", log_text: str = "") -> TrialResult:
     """The result of one trial from its run directory (metrics.jsonl, as calibrate reads it) or, when
     it has no steps, its failure from the scheduler's state and the logs."""
-    from pathlib import Path
-
-    from .calibrate.records import _plan_dir_records
+    from .calibrate.records import run_record
     from .errors import SpecError
 
     metrics = Path(run_dir) / "metrics.jsonl"
     if metrics.is_file():
         try:
-            rec = _plan_dir_records(metrics, Path(plan_dir))
+            rec = run_record(metrics, Path(plan_dir))
         except SpecError:
             rec = None
         if rec is not None:
@@ -143,8 +142,6 @@ def trial_plans(spec, spec_file, spec_sha256: str, loaded, runtime: str, picks: 
     """Each pick's plan directory (``folder/NN-family``) and its files: its layout pinned whole, then
     searched, rendered and validated as `dsorch plan` does, so that every trial is an ordinary plan
     directory (`dsorch submit` runs one, `dsorch calibrate` reads its run)."""
-    from pathlib import Path
-
     from .pipeline import plan_files
     from .writer import spec_path_in
 

@@ -37,7 +37,7 @@ def _steady(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def _plan_dir_records(metrics: Path, plan_dir: Path) -> CalibrationRecord:
+def run_record(metrics: Path, plan_dir: Path) -> CalibrationRecord:
     """One record from a training run's metrics.jsonl and the plan directory it trained."""
     from ..plandir import load_plan_dir
 
@@ -161,7 +161,7 @@ def _load_one(path: Path, profile: ClusterProfile, plan_dir: Path | None, rows: 
         if pdir is None:
             raise SpecError(f"{path}: no plan.yaml next to it or one level up; pass the plan directory "
                             f"it was trained from (--plan DIR).")
-        rows.append(_record_row(_plan_dir_records(path, pdir), path.parent, profile, len(rows)))
+        rows.append(_record_row(run_record(path, pdir), path.parent, profile, len(rows)))
         return
     for i, raw in enumerate(_read_records(path)):
         rows.append(_record_row(_parse_record(raw, path, i), path.parent, profile, len(rows)))
