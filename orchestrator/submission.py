@@ -5,6 +5,7 @@ The CLI calls these; ``orchestrator.slurm`` talks to submitit; ``orchestrator.re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -105,29 +106,6 @@ def _display(p: Path, base: Path) -> str:
 
 
 def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
-    created = not sub.folder.exists()
-    sub.folder.mkdir(parents=True, exist_ok=True)
-    before = set(sub.folder.iterdir())
-    try:
-        return _record(reg, sub, force)
-    except BaseException:
-        # A refused submission leaves no row (one transaction) and no submitit files either.
-        import shutil
-
-        for p in set(sub.folder.iterdir()) - before:
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
-        if created:
-            try:
-                sub.folder.rmdir()
-            except OSError:
-                pass
-        raise
-
-
-def _record(reg: Registry, sub: Submission, force: bool) -> JobRecord:
     with reg.reserve(sub.plan_display, force) as (insert, update):
         # The run directory is named after dsorch's own key, known only once the row exists; the
         # row and the submission are one transaction, so a refused submission leaves no row.
@@ -136,9 +114,34 @@ def _record(reg: Registry, sub: Submission, force: bool) -> JobRecord:
                      log_dir=str(sub.folder))
         run_dir = Path(str(sub.run_dir).replace("{key}", str(key))).resolve()
         job = dataclasses.replace(sub.job, run_dir=str(run_dir))
-        job_id = slurm.submit(sub.spec, sub.folder, job)
+        with _no_leftovers(sub.folder):
+            job_id = slurm.submit(sub.spec, sub.folder, job)
         update(key, job_id=job_id, state="PENDING" if sub.spec.kind == "slurm" else "RUNNING", run_dir=str(run_dir))
     return reg.get(str(key))
+
+
+@contextlib.contextmanager
+def _no_leftovers(folder: Path):
+    """A refused submission leaves no submitit files behind. Runs under the registry's write lock:
+    the folder is shared by every submission of a plan, and a snapshot taken before the lock would
+    count a concurrent winner's files as ours and delete them (its job then fails to start)."""
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    before = set(folder.iterdir())
+    try:
+        yield
+    except BaseException:
+        import shutil
+
+        for p in set(folder.iterdir()) - before:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
 
 
 def _progress(run_dir: Path, finished: bool = False) -> tuple[int | None, float | None, int, float | None]:

@@ -110,6 +110,35 @@ def test_a_refused_submission_leaves_no_row_and_no_files(runner, planned, tmp_pa
     assert not jobs.exists() or list(jobs.rglob("*")) == [], list(jobs.rglob("*"))
 
 
+def test_a_losing_submit_keeps_the_winners_files(runner, planned, tmp_path, monkeypatch):
+    """Two submits of one plan race: the loser waits for the registry lock while the winner writes
+    its submitit files into the shared .dsorch/jobs/<plan>/ folder. The loser's cleanup must not
+    take them (the winner's job would then fail to start: CI stop 17)."""
+    import contextlib
+
+    from orchestrator.errors import DsorchError
+    from orchestrator.registry import Registry
+
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    for name in ("sbatch", "srun"):
+        (fake / name).write_text("#!/bin/sh\nexit 0\n")
+        (fake / name).chmod(0o755)
+    winners = planned / ".dsorch" / "jobs" / "l8" / "4242_submitted.pkl"
+
+    @contextlib.contextmanager
+    def lost_the_race(self, plan_dir, force):
+        winners.parent.mkdir(parents=True, exist_ok=True)
+        winners.write_bytes(b"the winner's job")  # written while this process waited for the lock
+        raise DsorchError(f"plan {plan_dir} already has a job pending or running: 4242 (PENDING).")
+        yield
+
+    monkeypatch.setattr(Registry, "reserve", lost_the_race)
+    r = submit(runner, "plans/l8", env={"PATH": f"{fake}:{os.environ['PATH']}"})
+    assert r.exit_code == 2 and "already has a job pending or running" in r.output, r.output
+    assert winners.read_bytes() == b"the winner's job"
+
+
 def test_a_failed_write_leaves_no_directories_behind(tmp_path):
     from orchestrator.errors import OutputError
     from orchestrator.writer import write_plan_dir
