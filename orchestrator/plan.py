@@ -32,6 +32,8 @@ class Plan:
     nodes_override: int | None = None  # --nodes, as given
     gpus_per_node_override: int | None = None  # --gpus-per-node, as given
     version: str = __version__
+    # Measurements behind the choice (`dsorch trial`): which trials, what they measured.
+    evidence: dict | None = None
 
     @property
     def resize_flags(self) -> str:

@@ -108,6 +108,7 @@ class PlanDoc(BaseModel):
     search: dict[str, Any]
     alternatives: list[dict[str, Any]]
     explain: dict[str, Any]
+    evidence: dict[str, Any] | None = None  # `dsorch trial`: the measurements behind the choice
 
 
 @dataclass(frozen=True)

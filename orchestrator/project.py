@@ -9,7 +9,8 @@ directory is the experiment directory and every default is the built-in one.
 
 Each setting is resolved in one order, and remembers where its value came from so that an error
 can say it: the command-line flag, then the environment (``DSORCH_CLUSTER``,
-``DSORCH_PROFILES_DIR``), then ``dsorch.yaml``, then the built-in default.
+``DSORCH_PROFILES_DIR``), then ``dsorch.yaml``, then the built-in default (for profiles, a
+``profiles/`` directory in the experiment directory when it exists).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from .errors import DsorchError, SpecError
 CONFIG_NAME = "dsorch.yaml"
 ENV_CLUSTER = "DSORCH_CLUSTER"
 ENV_PROFILES_DIR = "DSORCH_PROFILES_DIR"
+# The profiles directory when none is configured, if the experiment directory has one.
+DEFAULT_PROFILES_DIR = "profiles"
 # One alphabet for every name that becomes a directory or reaches a script: letters, digits, '.',
 # '_' and '-' (the same one SLURM job names are kept to).
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -87,7 +90,13 @@ class Project:
         return self._resolve(flag, "--cluster", ENV_CLUSTER, "cluster", env)
 
     def profiles_dir(self, flag: str | None, env: dict | None = None) -> Setting:
-        return self._resolve(flag, "--profiles-dir", ENV_PROFILES_DIR, "profiles_dir", env)
+        """As every setting, then the built-in default: a ``profiles/`` directory in the experiment
+        directory when there is one (where `dsorch trial` writes the profile it calibrates)."""
+        setting = self._resolve(flag, "--profiles-dir", ENV_PROFILES_DIR, "profiles_dir", env)
+        if setting.value is None and (self.root / DEFAULT_PROFILES_DIR).is_dir():
+            return Setting(str(self.root / DEFAULT_PROFILES_DIR), f"{setting.origin}; the experiment directory's "
+                                                                  f"{DEFAULT_PROFILES_DIR}/")
+        return setting
 
     @property
     def plans_dir(self) -> Path:

@@ -188,8 +188,9 @@ class Registry:
         return self._record(row)
 
     @contextlib.contextmanager
-    def reserve(self, plan_dir: str, force: bool):
-        """Check that no job of ``plan_dir`` is active and hold the write lock while submitting.
+    def reserve(self, plan_dir: str | list[str], force: bool):
+        """Check that no job of ``plan_dir`` (or of any of a list) is active and hold the write lock
+        while submitting.
 
         Yields ``(insert, update)``: ``insert(**fields) -> key`` adds the row, ``update(key,
         **fields)`` completes it once the scheduler accepted the job. The check, the row and its
@@ -197,14 +198,16 @@ class Registry:
         Scheduler job ids are not unique over time (local ids are PIDs, SLURM restarts its
         counter), so rows are keyed by dsorch's own ``key`` and a job id names its newest row.
         """
+        plans = [plan_dir] if isinstance(plan_dir, str) else list(plan_dir)
         with self._connect(write=True) as con:
-            active = con.execute(
-                f"SELECT job_id, state FROM jobs WHERE plan_dir = ? AND state IN ({','.join('?' * len(ACTIVE_STATES))})",
-                (plan_dir, *sorted(ACTIVE_STATES))).fetchall()
-            if active and not force:
-                jobs = ", ".join(f"{j} ({s})" for j, s in active)
-                raise DsorchError(f"plan {plan_dir} already has a job pending or running: {jobs}. Wait for it, "
-                                  f"`dsorch cancel` it, or pass --force to submit another.")
+            for plan in plans:
+                active = con.execute(
+                    f"SELECT job_id, state FROM jobs WHERE plan_dir = ? AND state IN "
+                    f"({','.join('?' * len(ACTIVE_STATES))})", (plan, *sorted(ACTIVE_STATES))).fetchall()
+                if active and not force:
+                    jobs = ", ".join(f"{j} ({s})" for j, s in active)
+                    raise DsorchError(f"plan {plan} already has a job pending or running: {jobs}. Wait for it, "
+                                      f"`dsorch cancel` it, or pass --force to submit another.")
 
             def insert(**values) -> int:
                 values.setdefault("updated_at", now_utc())

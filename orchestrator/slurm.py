@@ -99,6 +99,7 @@ class TrainingJob:
     data: str | None = None
     use_gpus: bool = False
     save_interval: int = 0
+    save: bool = True  # False for trials: a measurement needs no checkpoint
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-u", "-m", "orchestrator.train", "--plan", self.plan_dir, "--run-dir", self.run_dir]
@@ -108,23 +109,16 @@ class TrainingJob:
             cmd += ["--data", self.data]
         if self.save_interval:
             cmd += ["--save-interval", str(self.save_interval)]
+        if not self.save:
+            cmd += ["--no-save"]
         return cmd
 
     def __call__(self) -> dict:
         import submitit
-        from submitit.helpers import TorchDistributedEnvironment
 
         env = submitit.JobEnvironment()
-        dist_env = TorchDistributedEnvironment().export(set_cuda_visible_devices=self.use_gpus, overwrite=True)
-        # Node names need not resolve: the master is the first node's NodeAddr.
-        master = node_address(dist_env.master_addr) if env.num_nodes > 1 else "127.0.0.1"  # train/hosts.py
-        child_env = dict(os.environ, MASTER_ADDR=master)
-        run_dir = Path(self.run_dir)
-        if env.global_rank == 0:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            with open(run_dir / STARTS_FILE, "a") as fh:
-                fh.write(json.dumps({"job_id": env.job_id, "restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
-                                     "time": time.time(), "world_size": env.num_tasks}) + "\n")
+        child_env = _rank_env(env, self.use_gpus)
+        _record_start(env, Path(self.run_dir), env.job_id)
         received: list[int] = []
         submitit_usr2 = signal.getsignal(signal.SIGUSR2)
         children: list[subprocess.Popen] = []
@@ -169,6 +163,73 @@ class TrainingJob:
         import submitit
 
         return submitit.helpers.DelayedSubmission(dataclasses.replace(self))
+
+
+def _record_start(env, run_dir: Path, job_id: str) -> None:
+    """Rank 0 notes each start of a run in RUN_DIR/starts.jsonl (`dsorch status`: elapsed, requeues)."""
+    if env.global_rank != 0:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / STARTS_FILE, "a") as fh:
+        fh.write(json.dumps({"job_id": job_id, "restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
+                             "time": time.time(), "world_size": env.num_tasks}) + "\n")
+
+
+def _rank_env(env, use_gpus: bool, port_offset: int = 0) -> dict[str, str]:
+    """The environment of a rank's child: torch.distributed's variables from submitit's view of
+    SLURM (or of the local executor), the master being the first node's NodeAddr (node names need
+    not resolve: train/hosts.py)."""
+    from submitit.helpers import TorchDistributedEnvironment
+
+    dist_env = TorchDistributedEnvironment().export(set_cuda_visible_devices=use_gpus, overwrite=True)
+    master = node_address(dist_env.master_addr) if env.num_nodes > 1 else "127.0.0.1"
+    return dict(os.environ, MASTER_ADDR=master, MASTER_PORT=str(dist_env.master_port + port_offset))
+
+
+@dataclass
+class LocalArray:
+    """A job array for the local executor, which has none: submitit's LocalExecutor starts every
+    job of a batch at once, and trials must not share this machine's cores (each measures the
+    whole "cluster"). One local job runs the elements in turn; element ``i`` of job ``PID`` is
+    ``PID_i``, as SLURM names array tasks, with submitit's per-task log and result files, so that
+    `dsorch status/logs/cancel` treat it as they treat a SLURM array task (job_state below). An
+    element that runs past ``timeout_s`` is killed and ends TIMEOUT, as SLURM's time limit would."""
+
+    jobs: list[TrainingJob]
+    timeout_s: float
+
+    def __call__(self) -> list[str]:
+        import submitit
+        from submitit.core.utils import JobPaths
+
+        env = submitit.JobEnvironment()
+        states = []
+        for i, job in enumerate(self.jobs):
+            paths = JobPaths(env.paths.folder, job_id=f"{env.job_id}_{i}", task_id=env.global_rank)
+            # A port per element: the previous element's store may linger in TIME_WAIT.
+            child_env = _rank_env(env, job.use_gpus, port_offset=i)
+            _record_start(env, Path(job.run_dir), f"{env.job_id}_{i}")
+            with open(paths.stdout, "w") as out, open(paths.stderr, "w") as err:
+                child = subprocess.Popen(job.command(), env=child_env, stdout=out, stderr=err)
+                try:
+                    rc = child.wait(timeout=self.timeout_s)
+                    result = ("success", {"rank": env.global_rank, "run_dir": job.run_dir}) if rc == 0 else \
+                        ("error", f"rank {env.global_rank}: `{' '.join(job.command())}` exited with code {rc}:\n"
+                                  + _tail_file(paths.stderr, 30))
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+                    result = ("error", f"{TIMEOUT_MARK} after {self.timeout_s:.0f} s (rank {env.global_rank})")
+            tmp = paths.result_pickle.with_suffix(".tmp")
+            with open(tmp, "wb") as fh:
+                pickle.dump(result, fh)
+            os.replace(tmp, paths.result_pickle)
+            states.append(state_from_result(result))
+        return states
+
+
+# How LocalArray marks an element it killed at its time limit (SLURM's TIMEOUT state).
+TIMEOUT_MARK = "TIMEOUT: the element ran past its time limit"
 
 
 def _tail_file(path: Path, n: int) -> str:
@@ -315,6 +376,25 @@ def submit(spec: JobSpec, folder: Path, job: TrainingJob) -> str:
     return str(submitted.job_id)
 
 
+def submit_array(spec: JobSpec, folder: Path, jobs: list[TrainingJob], timeout_s: float) -> list[str]:
+    """``jobs`` as one job array; returns the element ids ("JOB_i"). On SLURM one element runs at a
+    time (``--array=0-N%1``): each element is planned for the whole allocation and a measurement
+    must not share nodes with its siblings. The local executor has no arrays (LocalArray)."""
+    ex = make_executor(spec, folder)
+    try:
+        with _detached_stdio(spec.kind == "local"):
+            if spec.kind == "local":
+                job = ex.submit(LocalArray(list(jobs), timeout_s))
+                job._cancel_at_deletion = False  # the controller outlives this process
+                return [f"{job.job_id}_{i}" for i in range(len(jobs))]
+            ex.update_parameters(array_parallelism=1)
+            with ex.batch():
+                submitted = [ex.submit(j) for j in jobs]
+    except Exception as e:  # as in submit()
+        raise DsorchError(f"the scheduler refused the job array: {' '.join(str(e).split())[:2000]}")
+    return [str(j.job_id) for j in submitted]
+
+
 # --------------------------------------------------------------------------------------------
 # States, logs, cancellation
 # --------------------------------------------------------------------------------------------
@@ -367,7 +447,9 @@ def _first_failure(folder: Path, job_id: str) -> str | None:
 
 
 def state_from_result(result: tuple[str, object]) -> str:
-    return "FAILED" if result[0] == "error" else "COMPLETED"
+    if result[0] != "error":
+        return "COMPLETED"
+    return "TIMEOUT" if str(result[1]).startswith(TIMEOUT_MARK) else "FAILED"
 
 
 def job_state(kind: str, folder: Path, job_id: str, last_known: str) -> tuple[str, str | None]:
@@ -377,13 +459,16 @@ def job_state(kind: str, folder: Path, job_id: str, last_known: str) -> tuple[st
     if kind == "local":
         if last_known == "CANCELLED":
             return "CANCELLED", error
-        if not job_id.isdigit():  # a local job's id is its controller's pid
+        pid, element = _local_id(job_id)
+        if pid is None:
             return "UNKNOWN", f"job id {job_id!r} is not a local process id; the registry row is damaged"
-        if _pid_alive(int(job_id)):
+        if result is not None:
+            return state_from_result(result), error
+        if _pid_alive(pid):
+            if element is not None and not log_paths(folder, job_id, 0)[0].exists():
+                return "PENDING", None  # an earlier element of its LocalArray still runs
             return "RUNNING", error
-        if result is None:
-            return "FAILED", "the local job ended without a result (killed?)"
-        return state_from_result(result), error
+        return "FAILED", "the local job ended without a result (killed?)"
     if shutil.which("sacct") is None:
         # No SLURM client here (e.g. a laptop with a copy of the experiment directory): the last
         # state seen stays; `dsorch status` says so.
@@ -405,14 +490,24 @@ def job_state(kind: str, folder: Path, job_id: str, last_known: str) -> tuple[st
     return state, error
 
 
+def _local_id(job_id: str) -> tuple[int | None, int | None]:
+    """(controller pid, element) of a local job id: "PID", or "PID_i" for a LocalArray element."""
+    pid, sep, element = job_id.partition("_")
+    if not pid.isdigit() or (sep and not element.isdigit()):
+        return None, None
+    return int(pid), int(element) if sep else None
+
+
 def cancel(kind: str, job_id: str) -> None:
     if kind == "local":
-        if not job_id.isdigit():
+        pid, _ = _local_id(job_id)
+        if pid is None:
             raise DsorchError(f"job id {job_id!r} is not a local process id; the registry row is damaged, nothing "
                               f"to cancel.")
         try:
             # submitit's local controller kills its tasks on SIGINT (LocalJob.cancel does the same).
-            os.kill(int(job_id), signal.SIGINT)
+            # An element of a LocalArray has no process of its own: the whole array stops.
+            os.kill(pid, signal.SIGINT)
         except ProcessLookupError:
             pass
         return

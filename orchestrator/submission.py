@@ -120,6 +120,28 @@ def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
     return reg.get(str(key))
 
 
+def record_array(reg: Registry, subs: list[Submission], folder: Path, time_min: int,
+                 timeout_s: float) -> list[JobRecord]:
+    """``subs`` (plan directories of one cluster) as one job array of ``time_min`` minutes per
+    element, one registry row each, in one transaction with the array's submission (as
+    record_submission): refused while any of the plans has an active job."""
+    first = subs[0]
+    spec = dataclasses.replace(first.spec, time_min=time_min)
+    with reg.reserve([sub.plan_display for sub in subs], force=False) as (insert, update):
+        keys, jobs = [], []
+        for sub in subs:
+            key = insert(job_id="pending", executor=spec.kind, cluster=sub.cluster, plan_dir=sub.plan_display,
+                         plan_sha256=sub.plan_sha256, submitted_at=now_utc(), state="SUBMITTED",
+                         run_dir=str(sub.run_dir), log_dir=str(folder))
+            keys.append(key)
+            jobs.append(dataclasses.replace(sub.job, run_dir=str(sub.run_dir), save=False))
+        with _no_leftovers(folder):
+            ids = slurm.submit_array(spec, folder, jobs, timeout_s)
+        for key, job_id in zip(keys, ids):
+            update(key, job_id=job_id, state="PENDING")
+    return [reg.get(str(k)) for k in keys]
+
+
 @contextlib.contextmanager
 def _no_leftovers(folder: Path):
     """A refused submission leaves no submitit files behind. Runs under the registry's write lock:

@@ -1,19 +1,38 @@
-"""Trials: which layouts to measure on the user's own cluster, and what measuring them costs.
+"""`dsorch trial`: measure the top layouts on the user's own cluster and close the loop into the plan.
 
-The first part of `dsorch trial` (issue 12): the selection and its price, before anything is
-submitted. The top K layouts by prediction are measured, and besides them the best layout of
-every other family the search found (ZeRO-3 data parallelism, pipelining, TP-heavy, plain data
-parallelism, context parallelism), so that a measurement can overturn the model's ranking of the
-families and not only reorder near-equals. Pure: a SearchResult in, picks and figures out.
+1. Selection and price (pure): the top K layouts by prediction, and besides them the best layout
+   of every other family the search found (ZeRO-3 data parallelism, pipelining, TP-heavy, plain
+   data parallelism, context parallelism), so that a measurement can overturn the model's ranking
+   of the families and not only reorder near-equals; priced in GPU-hours from the predictions.
+2. Start (``start``): each pick becomes an ordinary plan directory (``TRIAL/NN-family/``, its
+   run in ``run/``), and all of them one job array (orchestrator.slurm.submit_array: SLURM's
+   ``--array=0-N%1``, or a LocalArray for ``--cluster local``), each a short run of the bundled
+   entrypoint on synthetic tokens without checkpoints; one registry row per trial, so `dsorch
+   status` shows them. ``TRIAL/trial.yaml`` (MANIFEST) records what was submitted.
+3. Collect (``collect``), once every element has ended: each trial's steady step time and peak
+   memory (metrics.jsonl, the warm-up fifth of the steps dropped, as calibrate reads it) or its
+   failure (oom / timeout / error; an out-of-memory is evidence against the memory model: its
+   peak passed the device's memory); ``dsorch calibrate``'s fit over them writes
+   ``PROFILES/<cluster>-measured.yaml`` (it extends the original); the spec is re-planned with
+   it and the winner's plan directory written with the evidence in its plan.yaml; everything
+   also in ``TRIAL/results.yaml``.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import DsorchError
 from .layout import Layout
 from .solver import Pins, Scored
+from .train.stop import OOM_MARK
 
 # Families, in the order a tie between them is reported.
 FAMILIES = ("context-parallel", "pipeline", "zero3", "tp-heavy", "data-parallel")
@@ -88,7 +107,8 @@ def trial_dir_name(index: int, pick: TrialPick) -> str:
 # out-of-memory is evidence against the memory model, the others are not.
 # PyTorch raises torch.OutOfMemoryError ("CUDA out of memory. Tried to allocate ..."); cuBLAS
 # reports a failed workspace allocation as CUBLAS_STATUS_ALLOC_FAILED.
-_OOM = ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")
+# On a CPU (gloo) run the entrypoint's stand-in says OOM_MARK (orchestrator/train/stop.py).
+_OOM = ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED", OOM_MARK)
 # sacct's states for a job the time limit ended (DEADLINE: its --deadline passed).
 _TIMEOUT_STATES = ("TIMEOUT", "DEADLINE")
 
@@ -102,12 +122,83 @@ def classify_failure(state: str, log_text: str) -> str:
     return "error"
 
 
+class TrialEntry(BaseModel):
+    """One trial in the manifest: its plan directory, why it was picked, what was predicted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dir: str
+    family: str
+    why: str
+    layout: str  # Layout.short()
+    predicted_step_s: float
+    predicted_peak_gib: float
+    job_id: str
+
+
+class Manifest(BaseModel):
+    """TRIAL/trial.yaml: what `dsorch trial` submitted; `--status` and `--collect` read it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    version: int = 1
+    spec: str  # relative to the trial directory
+    spec_sha256: str
+    cluster: str
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    world_size: int = Field(gt=0)
+    steps: int = Field(gt=0)
+    top: int = Field(gt=0)
+    executor: str
+    log_dir: str  # submitit's folder of the array
+    time_limit_s: float
+    trials: list[TrialEntry]
+
+
+MANIFEST = "trial.yaml"
+RESULTS = "results.yaml"
+
+
+def entry_of(index: int, pick: TrialPick, job_id: str) -> TrialEntry:
+    s = pick.scored
+    return TrialEntry(dir=trial_dir_name(index, pick), family=pick.family, why=pick.why, layout=s.layout.short(),
+                      predicted_step_s=round(s.step_time_s, 6), predicted_peak_gib=round(s.memory_gib["total"], 4),
+                      job_id=job_id)
+
+
+def load_manifest(trial_dir: Path) -> Manifest:
+    path = Path(trial_dir) / MANIFEST
+    if not path.is_file():
+        raise DsorchError(f"{trial_dir} is not a trial directory (no {MANIFEST}); start one with `dsorch trial SPEC "
+                          f"--cluster NAME`.")
+    try:
+        return Manifest.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except (ValidationError, yaml.YAMLError) as e:
+        raise DsorchError(f"{path}: not a manifest dsorch trial wrote ({' '.join(str(e).split())[:300]}); "
+                          f"start the trials again into a new directory.")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def trial_time_limit_s(picks: list[TrialPick], steps: int, profile_limit_min: int) -> float:
+    """The time limit of each element: start-up is not in the predictions (imports, process
+    groups, DeepSpeed's op builds on first use), so 10 minutes of it, plus 5x the slowest trial's
+    predicted steps, within the profile's own limit. A hang ends as TIMEOUT, not as a lost day."""
+    slowest = max(steps * p.scored.step_time_s for p in picks)
+    return float(min(600.0 + 5.0 * slowest, profile_limit_min * 60.0))
+
+
 @dataclass(frozen=True)
 class TrialResult:
-    pick: TrialPick
+    entry: TrialEntry
     plan_dir: str
+    state: str
     measured_step_s: float | None  # steady state: the warm-up fifth of the steps dropped
     peak_mem_gib: float | None
+    tokens_per_s: float | None = None
     failure: str | None = None  # "oom" | "timeout" | "error"
     detail: str = ""
 
@@ -116,25 +207,30 @@ class TrialResult:
         """Predicted over measured step time, minus one."""
         if self.measured_step_s is None:
             return None
-        return self.pick.scored.step_time_s / self.measured_step_s - 1.0
+        return self.entry.predicted_step_s / self.measured_step_s - 1.0
 
 
-def measure(pick: TrialPick, plan_dir, run_dir, state: str = "", log_text: str = "") -> TrialResult:
-    """The result of one trial from its run directory (metrics.jsonl, as calibrate reads it) or, when
-    it has no steps, its failure from the scheduler's state and the logs."""
+def measure(entry: TrialEntry, plan_dir, run_dir, state: str, log_text: str = "") -> TrialResult:
+    """The result of one trial: a COMPLETED element's steady step time and peak memory from its
+    run directory (metrics.jsonl, as calibrate reads it); any other end is a failure with its cause
+    from the state and the ranks' logs, keeping the peak it recorded before failing."""
     from .calibrate.records import run_record
     from .errors import SpecError
 
     metrics = Path(run_dir) / "metrics.jsonl"
+    rec = None
     if metrics.is_file():
         try:
             rec = run_record(metrics, Path(plan_dir))
         except SpecError:
             rec = None
-        if rec is not None:
-            return TrialResult(pick, str(plan_dir), rec.step_time_s, rec.peak_mem_gib)
-    return TrialResult(pick, str(plan_dir), None, None, classify_failure(state, log_text),
-                       " ".join(log_text.split()[-40:]))
+    if state == "COMPLETED" and rec is not None:
+        t = rec.training
+        return TrialResult(entry, str(plan_dir), state, rec.step_time_s, rec.peak_mem_gib,
+                           t.global_batch_size * t.seq_length / rec.step_time_s)
+    detail = " ".join(log_text.split()[-40:])
+    return TrialResult(entry, str(plan_dir), state, None, rec.peak_mem_gib if rec else None, None,
+                       classify_failure(state, log_text), detail)
 
 
 def trial_plans(spec, spec_file, spec_sha256: str, loaded, runtime: str, picks: list[TrialPick], folder, *,
@@ -153,3 +249,207 @@ def trial_plans(spec, spec_file, spec_sha256: str, loaded, runtime: str, picks: 
                               memory_margin_gib=0.0, keep=1, shown_path=str(spec_file))
         out.append((d, files))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Start: plan directories, one job array, registry rows, the manifest
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What `dsorch trial` would submit, priced: shown before anything is written."""
+
+    picks: list[TrialPick]
+    cost: TrialCost
+    time_limit_s: float
+    world_size: int
+
+
+def propose(spec, loaded, top: int, steps: int, nodes: int | None, gpus_per_node: int | None) -> Proposal:
+    from .slurm import parse_slurm_time
+    from .solver import search
+
+    profile = loaded.profile.resized(nodes, gpus_per_node)
+    # keep: every feasible layout, so that each family's best is in the list.
+    ranked = search(spec.model, spec.training, profile, "deepspeed", keep=1_000_000).ranked
+    if not ranked:
+        raise DsorchError(f"no layout of {spec.name} fits on {profile.name} ({profile.nodes} x {profile.gpus_per_node}); "
+                          f"`dsorch plan` says why. Nothing to measure.")
+    picks = select_trials(ranked, top)
+    limit = trial_time_limit_s(picks, steps, parse_slurm_time(profile.slurm.time))
+    return Proposal(picks, trial_cost(picks, steps, profile.world_size), limit, profile.world_size)
+
+
+def start(project, spec_path: Path, spec, spec_sha256: str, loaded, proposal: Proposal, out: Path, steps: int,
+          top: int, nodes: int | None, gpus_per_node: int | None, profiles_dir: str | None) -> Manifest:
+    """Write every trial's plan directory, submit them as one array, record rows and the manifest."""
+    from .registry import Registry
+    from .slurm import check_scheduler
+    from .submission import prepare_submission, record_array
+    from .writer import write_plan_dir
+
+    if (out / MANIFEST).exists():
+        raise DsorchError(f"{out} already holds trials ({MANIFEST}); see them with `dsorch trial --status {out}`, "
+                          f"or pass --out NEW_DIR for new ones.")
+    if out.exists() and any(out.iterdir()):
+        raise DsorchError(f"{out} exists and is not empty; pass --out NEW_DIR (dsorch trial writes a directory of "
+                          f"its own).")
+    check_scheduler(loaded.profile.executor)
+    plans = trial_plans(spec, spec_path, spec_sha256, loaded, "deepspeed", proposal.picks, out, nodes=nodes,
+                        gpus_per_node=gpus_per_node)
+    try:
+        for d, files in plans:
+            write_plan_dir(d, files)
+        subs = [prepare_submission(d, loaded.profile.name, None, steps, None, d / "run", profiles_dir, project.root)
+                for d, _ in plans]
+        folder = (project.root / ".dsorch" / "jobs" / f"trial-{out.resolve().name}").resolve()
+        records = record_array(Registry(project.root), subs, folder, math.ceil(proposal.time_limit_s / 60),
+                               proposal.time_limit_s)
+    except BaseException:
+        # Nothing half-written: a refused array leaves no trial directory behind.
+        import shutil
+
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    manifest = Manifest(spec=os.path.relpath(spec_path.resolve(), out.resolve()), spec_sha256=spec_sha256,
+                        cluster=loaded.profile.name, nodes=nodes, gpus_per_node=gpus_per_node,
+                        world_size=proposal.world_size, steps=steps, top=top, executor=loaded.profile.executor,
+                        log_dir=str(folder), time_limit_s=proposal.time_limit_s,
+                        trials=[entry_of(i, p, r.job_id) for i, (p, r) in enumerate(zip(proposal.picks, records))])
+    _write_atomic(out / MANIFEST, "# Written by `dsorch trial`; `dsorch trial --status/--collect DIR` read it.\n"
+                  + yaml.safe_dump(manifest.model_dump(mode="json"), sort_keys=False, width=100))
+    return manifest
+
+
+# --------------------------------------------------------------------------------------------
+# Status and collection
+# --------------------------------------------------------------------------------------------
+
+
+def states(reg, manifest: Manifest) -> list:
+    """Each trial's registry row, refreshed from the scheduler."""
+    from .submission import refresh
+
+    return [refresh(reg, reg.get(t.job_id)) for t in manifest.trials]
+
+
+def _logs(manifest: Manifest, job_id: str) -> str:
+    from .slurm import log_paths
+
+    parts = []
+    for rank in range(manifest.world_size):
+        for path in log_paths(Path(manifest.log_dir), job_id, rank):
+            try:
+                parts.append(path.read_text(errors="replace"))
+            except OSError:
+                pass
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Collected:
+    results: list[TrialResult]
+    report: Any  # calibrate.CalibrationReport
+    profile_path: Path
+    profile_name: str
+    plan: Any  # plan.Plan: the re-planned winner
+    plan_dir: Path
+    measured_winner: TrialResult | None  # the trial of the winner's layout, when it was one
+
+
+def results_of(trial_dir: Path, manifest: Manifest, records) -> list[TrialResult]:
+    out = []
+    for t, rec in zip(manifest.trials, records):
+        log = _logs(manifest, t.job_id) + "\n" + (rec.error or "")
+        out.append(measure(t, trial_dir / t.dir, trial_dir / t.dir / "run", rec.state, log))
+    return out
+
+
+PROFILE_HEADER = "# Calibrated by `dsorch"
+
+
+def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Manifest, profiles_dir: str | None,
+            name: str | None) -> Collected:
+    """Calibrate the profile from the finished trials, write it, re-plan, write the winner."""
+    from .calibrate import calibrate, calibrated_profile_yaml
+    from .calibrate.records import oom_record
+    from .pipeline import plan_files
+    from .specs import load_profile, load_spec
+    from .writer import spec_path_in, write_plan_dir
+
+    ok = [r for r in results if r.failure is None]
+    if not ok:
+        causes = "; ".join(f"{r.entry.dir}: {r.failure} ({r.state})" for r in results)
+        raise DsorchError(f"none of the {len(results)} trials in {trial_dir} finished ({causes}); there is nothing "
+                          f"to calibrate from. `dsorch logs JOB_ID --rank 0` shows why each ended.")
+    spec_path = (trial_dir / manifest.spec).resolve()
+    spec, loaded_spec = load_spec(spec_path)
+    if loaded_spec.sha256 != manifest.spec_sha256:
+        raise DsorchError(f"{spec_path} changed since the trials ran (sha256 differs from {trial_dir / MANIFEST}); "
+                          f"the measurements are of the old spec. Start new trials.")
+    original = load_profile(manifest.cluster, profiles_dir)
+    ooms = [oom_record(trial_dir / r.entry.dir, trial_dir / r.entry.dir / "run" / "metrics.jsonl")
+            for r in results if r.failure == "oom"]
+    calibrated, report = calibrate([trial_dir / r.entry.dir / "run" for r in ok], original.profile, memory_only=ooms)
+    name = name or f"{manifest.cluster}-measured"
+    pdir = Path(profiles_dir) if profiles_dir else project.root / "profiles"
+    pdir.mkdir(parents=True, exist_ok=True)
+    profile_path = pdir / f"{name}.yaml"
+    if profile_path.exists() and not profile_path.read_text(encoding="utf-8").startswith(PROFILE_HEADER):
+        raise DsorchError(f"{profile_path} exists and was not written by dsorch; pass --name NEW_NAME for the "
+                          f"calibrated profile.")
+    text = calibrated_profile_yaml(calibrated, report, name=name)
+    shown_dir = _rel(trial_dir, project.root)
+    text = text.replace("\n", f"\n# From the trials in {shown_dir} (`dsorch trial --collect {shown_dir}`).\n", 1)
+    _write_atomic(profile_path, text)
+
+    loaded = load_profile(name, pdir)
+    out = project.default_plan_dir(spec.name, name, "deepspeed", manifest.nodes, manifest.gpus_per_node)
+    args = dict(nodes=manifest.nodes, gpus_per_node=manifest.gpus_per_node, memory_margin_gib=0.0, keep=8,
+                shown_path=str(spec_path))
+    first, _ = plan_files(spec, spec_path_in(spec_path, out), loaded_spec.sha256, loaded, "deepspeed", Pins(), **args)
+    winner = next((r for r in ok if r.entry.layout == first.layout.short()), None)
+    evidence = {
+        "trials": _rel(trial_dir, out),
+        "calibrated_profile": name,
+        "steps_per_trial": manifest.steps,
+        "warmup_steps_dropped": max(1, manifest.steps // 5),
+        "chosen_layout_measured": winner is not None,
+        "measured": [_evidence_row(r) for r in results],
+    }
+    the_plan, files = plan_files(spec, spec_path_in(spec_path, out), loaded_spec.sha256, loaded, "deepspeed",
+                                 Pins(), evidence=evidence, **args)
+    write_plan_dir(out, files)
+    collected = Collected(results, report, profile_path, name, the_plan, out, winner)
+    _write_atomic(trial_dir / RESULTS, results_yaml(collected, project.root))
+    return collected
+
+
+def _rel(p: Path, base: Path) -> str:
+    return os.path.relpath(Path(p).resolve(), Path(base).resolve())
+
+
+def _evidence_row(r: TrialResult) -> dict:
+    row = {"trial": r.entry.dir, "family": r.entry.family, "layout": r.entry.layout,
+           "predicted_step_s": r.entry.predicted_step_s, "predicted_peak_gib": r.entry.predicted_peak_gib,
+           "outcome": r.failure or "ok"}
+    if r.measured_step_s is not None:
+        row["measured_step_s"] = round(r.measured_step_s, 6)
+        row["measured_tokens_per_s"] = round(r.tokens_per_s, 1)
+    if r.peak_mem_gib is not None:
+        row["measured_peak_gib"] = round(r.peak_mem_gib, 4)
+    return row
+
+
+def results_yaml(c: Collected, root: Path) -> str:
+    doc = {
+        "trials": [_evidence_row(r) for r in c.results],
+        "calibration": c.report.as_dict(),
+        "calibrated_profile": _rel(c.profile_path, root),
+        "winner": {"plan_dir": _rel(c.plan_dir, root), "layout": c.plan.layout.short(),
+                   "predicted_step_s": round(c.plan.chosen.step_time_s, 6),
+                   "measured_step_s": round(c.measured_winner.measured_step_s, 6) if c.measured_winner else None},
+    }
+    return ("# Written by `dsorch trial --collect`: predicted vs measured per trial, the calibration, the winner.\n"
+            + yaml.safe_dump(doc, sort_keys=False, width=100))

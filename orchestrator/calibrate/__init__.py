@@ -36,7 +36,7 @@ from ..solver import GIB
 from ..specs import ClusterProfile, Efficiency
 from .fit import FitResult, fit
 from .published import published_errors, published_rows, step_time_from_tflops
-from .records import CalibrationRecord, load_records
+from .records import CalibrationRecord, load_records, record_rows
 from .rows import (BOUNDS, CPU_BOUNDS, Row, RowError, _prepare, _resolved, error_summary, error_table,
                    row_engine, row_errors)
 
@@ -66,7 +66,8 @@ class CalibrationReport:
 
 
 def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: Path | None = None,
-              free: tuple[str, ...] | None = None, prior_weight: float = 0.02) -> tuple[ClusterProfile, CalibrationReport]:
+              free: tuple[str, ...] | None = None, prior_weight: float = 0.02,
+              memory_only: list[CalibrationRecord] = ()) -> tuple[ClusterProfile, CalibrationReport]:
     """Fit ``profile``'s efficiencies to measured step times; returns the calibrated profile (all
     efficiencies explicit) and a report of errors before and after.
 
@@ -74,8 +75,11 @@ def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: P
     context and NCCL's own buffers, so it is compared with the predicted total minus the
     profile's framework overhead; a record without ``mem_kind`` is taken as the device total, and
     ``memory_overhead_gib`` grows to cover the largest shortfall (never shrinks).
+    ``memory_only`` records (runs that ran out of memory: records.oom_record) count for memory and
+    not for time.
     """
     rows = load_records(metrics_paths, profile, plan_dir)
+    memory_rows = record_rows(list(memory_only), profile)
     # Start from the engine most runs used (the fitted values then apply to the profile as a whole).
     engines = [row_engine(r) for r in rows]
     start = resolve_efficiency(profile, max(sorted(set(engines)), key=engines.count))
@@ -110,27 +114,42 @@ def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: P
     new_overhead = overhead
     records = []
     notes = [f"fitted {', '.join(free)} to {len(rows)} run(s); other efficiencies kept"]
-    for row, b, a in zip(rows, before, after):
-        item = {"id": row.id, "layout": a.layout, "measured_step_s": round(row.measured_step_s, 4),
-                "predicted_before_s": round(b.predicted_s, 4), "predicted_after_s": round(a.predicted_s, 4)}
+    timed = [(row, b, a) for row, b, a in zip(rows, before, after)]
+    for row, b, a in timed + [(row, None, None) for row in memory_rows]:
+        item = {"id": row.id}
+        if a is not None:
+            item.update({"layout": a.layout, "measured_step_s": round(row.measured_step_s, 4),
+                         "predicted_before_s": round(b.predicted_s, 4), "predicted_after_s": round(a.predicted_s, 4)})
+        else:
+            item["out_of_memory"] = True
         if row.measured_peak_gib is not None:
             p = _prepare(row)
             ev = evaluate(row.model, row.training, row.profile, row.runtime, p.cand, efficiency=fitted)
             total = float(ev.total[0]) / GIB
             allocator_only = row.note == "cuda_max_allocated"
             predicted = total - overhead if allocator_only else total
+            kind = ("allocator (no CUDA context / NCCL)" if allocator_only else
+                    "device total, at least (ran out of memory)" if a is None else "device total")
             item.update({"measured_peak_gib": round(row.measured_peak_gib, 3), "predicted_peak_gib": round(predicted, 3),
-                         "peak_kind": "allocator (no CUDA context / NCCL)" if allocator_only else "device total"})
+                         "peak_kind": kind})
             if not allocator_only and row.measured_peak_gib > total:
                 new_overhead = max(new_overhead, overhead + row.measured_peak_gib - total)
         records.append(item)
     if new_overhead != overhead:
-        notes.append(f"memory_overhead_gib raised from {overhead:g} to {new_overhead:.2f} to cover the measured peaks")
+        notes.append(f"memory_overhead_gib raised from {overhead:g} to {_ceil_cent(new_overhead):.2f} to cover the "
+                     f"measured peaks" + (" and the out-of-memory runs" if memory_rows else ""))
     eff = Efficiency(**{f: round(result.values[f], 4) for f in FIELDS})
-    calibrated = profile.model_copy(update={"efficiency": eff, "memory_overhead_gib": round(new_overhead, 2)})
+    calibrated = profile.model_copy(update={"efficiency": eff, "memory_overhead_gib": _ceil_cent(new_overhead)})
     report = CalibrationReport(profile.name, records, error_summary(before), error_summary(after), start.values(),
                                result.values, (overhead, new_overhead), notes)
     return calibrated, report
+
+
+def _ceil_cent(x: float) -> float:
+    """Rounded up to 0.01 GiB: an overhead raised to cover a measured peak must still cover it."""
+    import math
+
+    return math.ceil(round(x * 100, 6)) / 100
 
 
 def calibrated_profile_yaml(calibrated: ClusterProfile, report: CalibrationReport, *, name: str | None = None) -> str:

@@ -60,6 +60,39 @@ def run_record(metrics: Path, plan_dir: Path) -> CalibrationRecord:
                              nodes=pd.doc.cluster.nodes, gpus_per_node=pd.doc.cluster.gpus_per_node)
 
 
+# How far past the device memory an out-of-memory proves the peak went, when the run recorded no
+# larger peak of its own: a GPU run that dies of torch.OutOfMemoryError records nothing, but its
+# peak passed the device's memory; the smallest step this takes is the allocation that failed,
+# unknown, so a token 10 MiB (one that keeps the calibrated prediction strictly over the limit).
+OOM_MARGIN_GIB = 10 / 1024
+
+
+def oom_record(plan_dir: Path, metrics: Path | None) -> CalibrationRecord:
+    """A memory-only record of a run that ran out of memory: its peak is at least the plan's device
+    memory (plus OOM_MARGIN_GIB), or the largest peak it recorded before dying. Its step time is
+    the plan's prediction, a placeholder that no time fit may use (calibrate's memory_only)."""
+    from ..plandir import load_plan_dir
+
+    pd = load_plan_dir(plan_dir)
+    peak = pd.doc.cluster.gpu_memory_gib + OOM_MARGIN_GIB
+    if metrics is not None and metrics.is_file():
+        try:
+            recorded = run_record(metrics, plan_dir).peak_mem_gib
+        except SpecError:
+            recorded = None
+        if recorded is not None:
+            peak = max(peak, recorded)
+    return CalibrationRecord(id=f"{plan_dir} (out of memory)", model=pd.spec.model, training=pd.spec.training,
+                             runtime=pd.runtime, layout=RecordLayout(**pd.layout.as_dict()),
+                             step_time_s=float(pd.doc.predicted["step_time_s"]), peak_mem_gib=peak,
+                             mem_kind="out_of_memory", nodes=pd.doc.cluster.nodes,
+                             gpus_per_node=pd.doc.cluster.gpus_per_node)
+
+
+def record_rows(records: list[CalibrationRecord], profile: ClusterProfile) -> list[Row]:
+    return [_record_row(r, Path("."), profile, i) for i, r in enumerate(records)]
+
+
 class RecordLayout(BaseModel):
     """The layout a measured run used (the keys of plan.yaml's layout section)."""
 

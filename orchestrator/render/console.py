@@ -115,6 +115,10 @@ def calibration_summary(doc: dict, out) -> str:
     records = doc["records"]
     lines = [f"fitted {len(records)} measured run(s) on profile {doc['profile']}:"]
     for rec in records:
+        if rec.get("out_of_memory"):
+            lines.append(f"  {rec.get('id')}: peak at least {rec.get('measured_peak_gib')} GiB, predicted "
+                         f"{rec.get('predicted_peak_gib')} GiB (memory only)")
+            continue
         lines.append(f"  {rec.get('id')}: {rec.get('layout')}: measured {rec.get('measured_step_s')} s/step, predicted "
                      f"{rec.get('predicted_before_s')} s before, {rec.get('predicted_after_s')} s after")
     for key in sorted(set(before) | set(after)):
@@ -128,4 +132,71 @@ def calibration_summary(doc: dict, out) -> str:
     lines += [f"  note: {n}" for n in doc.get("notes", [])]
     if out is not None:
         lines.append(f"wrote {out}")
+    return "\n".join(lines)
+
+
+def trial_proposal_table(proposal) -> Table:
+    """`dsorch trial`: what would be measured, and why."""
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("#", "family", "layout", "step s", "GiB/GPU", "why"):
+        t.add_column(col)
+    for i, p in enumerate(proposal.picks):
+        t.add_row(str(i + 1), p.family, p.scored.layout.short(), step_text(p.scored),
+                  f"{p.scored.memory_gib['total']:.2f}", p.why)
+    return t
+
+
+def trial_cost_text(proposal, steps: int) -> str:
+    c = proposal.cost
+    n = len(proposal.picks)
+    worst = n * proposal.time_limit_s * c.gpus / 3600
+    return (f"cost: {n} trials x {steps} steps on {c.gpus} GPUs, one after another: {c.gpu_hours:.3g} GPU-hours of "
+            f"predicted steps ({c.seconds:.0f} s), plus start-up; at most {worst:.3g} GPU-hours if every trial ran "
+            f"to its {proposal.time_limit_s / 60:.0f}-minute limit.")
+
+
+def trial_state_table(manifest, records) -> Table:
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("trial", "layout", "job", "state", "step", "elapsed"):
+        t.add_column(col)
+    for e, r in zip(manifest.trials, records):
+        t.add_row(e.dir, e.layout, r.job_id, r.state, "" if r.last_step is None else f"{r.last_step}/{manifest.steps}",
+                  elapsed(r.elapsed_s))
+    return t
+
+
+def trial_results_table(results) -> Table:
+    """Predicted vs measured per trial."""
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("trial", "layout", "predicted s", "measured s", "error", "predicted GiB", "measured GiB", "outcome"):
+        t.add_column(col)
+    for r in results:
+        err = "" if r.error is None else f"{100 * r.error:+.0f}%"
+        t.add_row(r.entry.dir, r.entry.layout, f"{r.entry.predicted_step_s:.3g}",
+                  "" if r.measured_step_s is None else f"{r.measured_step_s:.3g}", err,
+                  f"{r.entry.predicted_peak_gib:.2f}", "" if r.peak_mem_gib is None else f"{r.peak_mem_gib:.2f}",
+                  r.failure or "ok")
+    return t
+
+
+def trial_summary(c, shown) -> str:
+    """After the table: the calibration, the profile written, the winner and its evidence."""
+    doc = c.report.as_dict()
+    b, a = doc["step_time_error_before"], doc["step_time_error_after"]
+    lines = [f"calibrated on {sum(r.failure is None for r in c.results)} finished trial(s): step-time error mean "
+             f"{100 * b['mean']:.1f}% / max {100 * b['max']:.1f}% before, {100 * a['mean']:.1f}% / "
+             f"{100 * a['max']:.1f}% after"]
+    lines += [f"  note: {n}" for n in doc.get("notes", [])]
+    failed = [r for r in c.results if r.failure is not None]
+    for r in failed:
+        what = {"oom": "ran out of memory (evidence against the memory model: the calibrated profile's overhead "
+                       "now covers it)", "timeout": "ran past its time limit", "error": "failed"}[r.failure]
+        lines.append(f"  {r.entry.dir} {what}")
+    lines.append(f"wrote profile {shown(c.profile_path)} (extends the original)")
+    p = c.plan
+    measured = (f"measured {c.measured_winner.measured_step_s:.3g} s in {c.measured_winner.entry.dir}"
+                if c.measured_winner else "not among the trials: its prediction rests on the calibrated profile")
+    lines.append(f"re-planned with {c.profile_name}: {p.layout.short()}, predicted {p.chosen.step_time_s:.3g} s/step "
+                 f"({measured})")
+    lines.append(f"wrote {shown(c.plan_dir)}/ (evidence in plan.yaml); run it: dsorch submit {shown(c.plan_dir)}")
     return "\n".join(lines)

@@ -93,6 +93,7 @@ def plan_doc(plan: Plan, file_hashes: dict[str, str] | None = None) -> dict:
         },
         "alternatives": [scored_doc(plan, s) for s in plan.alternatives],
         "explain": explain_doc(plan),
+        **({"evidence": plan.evidence} if plan.evidence is not None else {}),
     }
 
 

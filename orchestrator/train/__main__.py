@@ -1,6 +1,7 @@
 """``python -m orchestrator.train --plan PLAN_DIR [--steps N] [--data PATH] [--run-dir DIR]``;
 see entry.py for the launch commands."""
 
+import os
 import sys
 
 from .stop import StopRequest
@@ -10,9 +11,15 @@ from .stop import StopRequest
 stop = StopRequest()
 
 from ..errors import DsorchError  # noqa: E402
-from .entry import main  # noqa: E402
+from .entry import DeviceMemoryExceeded, main  # noqa: E402
+from .stop import EXIT_OUT_OF_MEMORY  # noqa: E402
 
 try:
     main(stop=stop)
 except DsorchError as e:  # a problem with the plan or data, not a bug: one readable line
     sys.exit(f"orchestrator.train: {e}")
+except DeviceMemoryExceeded as e:
+    print(f"orchestrator.train: {e}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # os._exit, as launch.teardown does: gloo may abort a rank during interpreter shutdown.
+    os._exit(EXIT_OUT_OF_MEMORY)

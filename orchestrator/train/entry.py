@@ -41,7 +41,7 @@ from .config import load_plan, stage_layers
 from .data import micro_batches, open_dataset
 from .metrics import MetricsLog, peak_memory_gib
 from .model import DenseModel, LossFn, Pipeline, layer_specs, recompute
-from .stop import EXIT_STOPPED, RUN_DIR_ENV, STOP_REQUEST_FILE, StopRequest
+from .stop import EXIT_STOPPED, OOM_MARK, RUN_DIR_ENV, STOP_REQUEST_FILE, StopRequest
 from .tensor_parallel import TPContext
 
 
@@ -212,6 +212,13 @@ def train(plan: PlanDir, args, denv: launch.DistEnv, device: torch.device, stop:
             log.record(step + 1, loss, lr, engine.get_global_grad_norm(), dt,
                        float(mem_t[0]), kind)
         done = step + 1
+        limit = plan.doc.cluster.gpu_memory_gib
+        if device.type == "cpu" and float(mem_t[0]) > limit:
+            # Every rank sees the same maximum, so all leave here together (no rank waits in a
+            # collective for a peer that died). stop.py says why this is a fake.
+            raise DeviceMemoryExceeded(f"{OOM_MARK}: the busiest rank's peak resident set reached "
+                                       f"{float(mem_t[0]):.3f} GiB at step {done}, past the plan's "
+                                       f"cluster.gpu_memory_gib {limit:g} GiB")
         stopping = bool(mem_t[1] > 0) and done < args.steps
         if not args.no_save and (done == args.steps or stopping or
                                  (args.save_interval and done % args.save_interval == 0)):
@@ -228,6 +235,10 @@ def train(plan: PlanDir, args, denv: launch.DistEnv, device: torch.device, stop:
     if rank0:
         stop_file.unlink(missing_ok=True)  # a request that came with the last step is moot
     return True
+
+
+class DeviceMemoryExceeded(RuntimeError):
+    """The CPU stand-in for torch.OutOfMemoryError (orchestrator/train/stop.py)."""
 
 
 def write_stopped(run_dir: Path, step: int, signum: int | None) -> None:

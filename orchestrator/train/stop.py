@@ -13,6 +13,12 @@ import signal
 RUN_DIR_ENV = "DSORCH_RUN_DIR"
 # The entrypoint's exit code after every rank has checkpointed on a stop request: rerun to resume.
 EXIT_STOPPED = 3
+# The entrypoint's exit code when the busiest rank's measured memory passed the plan's device
+# memory. A GPU run meets torch.OutOfMemoryError by itself; on a CPU (gloo) run there is no device
+# limit, so the entrypoint applies the plan's cluster.gpu_memory_gib to the ranks' peak resident
+# set instead: a FAKE out-of-memory, the CPU stand-in, named so in its message (OOM_MARK).
+EXIT_OUT_OF_MEMORY = 4
+OOM_MARK = "out of memory (CPU stand-in for a GPU's memory limit)"
 # A file in the run directory that asks the ranks to checkpoint and stop after the current step.
 # job.sbatch uses it rather than a signal: SLURM delivers a step's signal to every process of the
 # step, and a rank's helper processes (a ninja build of a DeepSpeed op at start-up, say) die of it
