@@ -19,13 +19,14 @@ from .validate.plan_dir import validate_files
 
 def plan_files(spec: SpecFile, spec_path: str, spec_sha256: str, profile: LoadedProfile, runtime: str, pins: Pins,
                *, nodes: int | None, gpus_per_node: int | None, memory_margin_gib: float, keep: int,
-               shown_path: str, evidence: dict | None = None) -> tuple[Plan, dict[str, str]]:
+               shown_path: str, evidence: dict | None = None,
+               measured_fit: dict | None = None) -> tuple[Plan, dict[str, str]]:
     """The chosen plan and its files, each validated by DeepSpeed's and Megatron-LM's own rules.
     ``spec_path`` is the spec as the files name it (relative to the plan directory),
     ``shown_path`` as the user gave it (for errors)."""
     the_plan = make_plan(spec, spec_path, spec_sha256, profile, runtime, pins, nodes=nodes,
                          gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin_gib, keep=keep,
-                         shown_path=shown_path)
+                         shown_path=shown_path, measured_fit=measured_fit)
     if evidence is not None:
         the_plan = dataclasses.replace(the_plan, evidence=evidence)
     files = render_all(the_plan)

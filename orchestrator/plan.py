@@ -61,7 +61,7 @@ def _pins_text(pins: Pins) -> str:
 
 def make_plan(spec: SpecFile, spec_path: str, spec_sha256: str, loaded: LoadedProfile, runtime: str,
               pins: Pins, *, nodes: int | None = None, gpus_per_node: int | None = None, memory_margin_gib: float = 0.0,
-              keep: int = 8, shown_path: str | None = None) -> Plan:
+              keep: int = 8, shown_path: str | None = None, measured_fit: dict | None = None) -> Plan:
     """``spec_path`` goes into the generated files; ``shown_path`` (the path as the user gave it)
     into error messages."""
     if gpus_per_node is not None and gpus_per_node > loaded.profile.gpus_per_node:
@@ -76,7 +76,7 @@ def make_plan(spec: SpecFile, spec_path: str, spec_sha256: str, loaded: LoadedPr
     if problems:
         raise LayoutError(f"{shown_path or spec_path}: " + "; ".join(problems) + ".")
     result = search(spec.model, spec.training, profile, runtime, pins, memory_margin_gib=memory_margin_gib,
-                    keep=keep)
+                    keep=keep, measured_fit=measured_fit)
     if result.evaluated == 0:
         reasons = explain_pins(spec.model, spec.training, profile, runtime, pins)
         if not reasons:

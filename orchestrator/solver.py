@@ -195,7 +195,7 @@ def _confidence(profile: ClusterProfile, runtime: str, training: TrainingSpec, z
     return of
 
 
-def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float, confidence) -> Scored:
+def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float, confidence, fits=None) -> Scored:
     layout = Layout(tp=int(c.tp[i]), pp=int(c.pp[i]), dp=int(c.dp[i]), vpp=int(c.vpp[i]),
                     zero_stage=int(c.zero[i]), micro_batch_size=int(c.mbs[i]), grad_accum_steps=int(c.gas[i]),
                     recompute=_RC_NAMES[int(c.rc[i])], sequence_parallel=bool(c.sp[i]), cp=int(c.cp[i]))
@@ -205,15 +205,26 @@ def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float, confiden
          "optimizer": float(ev.optimizer_step[i])}
     interval, basis = confidence(layout)
     return Scored(layout, mem, t, float(ev.step_time[i]), float(ev.tokens_per_s[i]), float(ev.mfu[i]),
-                  bool(mem["total"] <= capacity_gib), capacity_gib, interval, basis)
+                  bool(mem["total"] <= capacity_gib) if fits is None else bool(fits[i]), capacity_gib, interval, basis)
+
+
+def _index_of(c: Candidates, layout: Layout) -> np.ndarray:
+    """The candidates that are ``layout`` (a boolean mask: none, or one)."""
+    rc = RECOMPUTE_CODES[layout.recompute]
+    return ((c.tp == layout.tp) & (c.pp == layout.pp) & (c.dp == layout.dp) & (c.vpp == layout.vpp)
+            & (c.zero == layout.zero_stage) & (c.mbs == layout.micro_batch_size) & (c.gas == layout.grad_accum_steps)
+            & (c.rc == rc) & (c.sp == layout.sequence_parallel) & (c.cp == layout.cp))
 
 
 def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
-           pins: Pins = Pins(), *, memory_margin_gib: float = 0.0, keep: int = 10) -> SearchResult:
+           pins: Pins = Pins(), *, memory_margin_gib: float = 0.0, keep: int = 10,
+           measured_fit: dict[Layout, bool] | None = None) -> SearchResult:
     """Evaluate every legal layout and rank those that fit, fastest first.
 
     Ties in step time are broken by lower memory, then by the layout's fields, so the ranking
-    (and therefore every emitted file) is deterministic.
+    (and therefore every emitted file) is deterministic. ``measured_fit`` (`dsorch trial`): layouts
+    whose fit was measured on the cluster; a measurement overrules the memory model's prediction
+    either way (a trial that ran out of memory is out, one that ran is in).
     """
     capacity = profile.gpu.memory_gib - memory_margin_gib
     cand, rejected = enumerate_layouts(model, training, profile, runtime, pins)
@@ -226,14 +237,16 @@ def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, ru
         raise RuntimeError(f"cost model invariant broken for {model}: {'; '.join(violations)}")
     total_gib = ev.total / GIB
     fits = total_gib <= capacity
+    for layout, fit in (measured_fit or {}).items():
+        fits[_index_of(cand, layout)] = fit
     keys = (cand.sp, cand.rc, cand.zero, cand.mbs, cand.vpp, cand.cp, cand.pp, cand.tp, ev.total, ev.step_time)
     order = np.lexsort(keys)  # last key is primary
     feasible_order = order[fits[order]]
     confidence = _confidence(profile, runtime, training, cand.zero)
-    ranked = [_scored(cand, ev, int(i), capacity, confidence) for i in feasible_order[:keep]]
+    ranked = [_scored(cand, ev, int(i), capacity, confidence, fits) for i in feasible_order[:keep]]
     infeasible = np.flatnonzero(~fits)
     closest_idx = infeasible[np.lexsort((ev.step_time[infeasible], ev.total[infeasible]))][:keep]
-    closest = [_scored(cand, ev, int(i), capacity, confidence) for i in closest_idx]
+    closest = [_scored(cand, ev, int(i), capacity, confidence, fits) for i in closest_idx]
     return SearchResult(ranked, n, int(fits.sum()), int((~fits).sum()), closest, capacity, rejected)
 
 

@@ -406,8 +406,16 @@ def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Mani
 
     loaded = load_profile(name, pdir)
     out = project.default_plan_dir(spec.name, name, "deepspeed", manifest.nodes, manifest.gpus_per_node)
+    # What the trials measured overrules the memory model for their own layouts: the calibrated
+    # overhead is one constant over every layout, raised to cover the largest shortfall, so it may
+    # predict a measured-to-fit layout out (measured on the loopback cluster: a pipeline trial at
+    # 0.40 GiB of 0.5 next to TP/ZeRO trials that ran out of memory).
+    from .plandir import load_plan_dir
+
+    measured_fit = {load_plan_dir(trial_dir / r.entry.dir).layout: r.failure is None
+                    for r in results if r.failure in (None, "oom")}
     args = dict(nodes=manifest.nodes, gpus_per_node=manifest.gpus_per_node, memory_margin_gib=0.0, keep=8,
-                shown_path=str(spec_path))
+                shown_path=str(spec_path), measured_fit=measured_fit)
     first, _ = plan_files(spec, spec_path_in(spec_path, out), loaded_spec.sha256, loaded, "deepspeed", Pins(), **args)
     winner = next((r for r in ok if r.entry.layout == first.layout.short()), None)
     evidence = {

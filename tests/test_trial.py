@@ -66,18 +66,19 @@ def test_failures_are_classified(state, log, cause):
 
 
 def test_a_trial_is_measured_from_its_run_directory(tmp_path, runner, monkeypatch):
-    """The run directory of a trial (metrics.jsonl) gives its steady step time, as calibrate reads it;
-    a run with no steps is a failure with its cause."""
+    """A COMPLETED trial's run directory (metrics.jsonl) gives its steady step time, as calibrate
+    reads it; any other end is a failure with its cause, keeping the peak it recorded."""
     import json
 
     from orchestrator.cli import main
-    from orchestrator.trial import TrialPick, measure, trial_dir_name
+    from orchestrator.trial import TrialPick, entry_of, measure, trial_dir_name
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "examples").symlink_to(EXAMPLES)
     spec, _ = load_spec(EXAMPLES / "tiny.yaml")
     best = search(spec.model, spec.training, load_profile("local").profile, "deepspeed").best
     pick = TrialPick(best, family(best.layout), "rank 1 by prediction")
+    entry = entry_of(0, pick, "123_0")
     plan_dir = tmp_path / trial_dir_name(0, pick)
     r = runner.invoke(main, ["plan", "examples/tiny.yaml", "--cluster", "local", "--out", str(plan_dir)])
     assert r.exit_code == 0, r.output
@@ -86,12 +87,38 @@ def test_a_trial_is_measured_from_its_run_directory(tmp_path, runner, monkeypatc
     lines = [{"step": i, "loss": 1.0, "step_time_s": 2.0 if i < 2 else 0.25, "peak_mem_gib": 0.5,
               "mem_kind": "cpu_peak_rss"} for i in range(10)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    res = measure(pick, plan_dir, run)
+    res = measure(entry, plan_dir, run, "COMPLETED")
     assert res.failure is None and res.measured_step_s == 0.25 and res.peak_mem_gib == 0.5
-    assert res.error == pytest.approx(best.step_time_s / 0.25 - 1)
-    failed = measure(pick, plan_dir, tmp_path / "nothing", "FAILED", "torch.OutOfMemoryError: CUDA out of memory.")
+    assert res.tokens_per_s == pytest.approx(16 * 64 / 0.25)
+    assert res.error == pytest.approx(entry.predicted_step_s / 0.25 - 1)
+    oom = measure(entry, plan_dir, run, "FAILED", "orchestrator.train: out of memory (CPU stand-in for a GPU's "
+                                                   "memory limit): the busiest rank's peak ...")
+    assert oom.failure == "oom" and oom.measured_step_s is None and oom.peak_mem_gib == 0.5
+    failed = measure(entry, plan_dir, tmp_path / "nothing", "FAILED", "torch.OutOfMemoryError: CUDA out of memory.")
     assert failed.failure == "oom" and failed.measured_step_s is None and failed.error is None
-    assert trial_dir_name(0, pick) == f"01-{pick.family}"
+    assert measure(entry, plan_dir, run, "TIMEOUT", "").failure == "timeout"
+    assert entry.dir == f"01-{pick.family}" and entry.job_id == "123_0"
+
+
+def test_a_measurement_overrules_the_memory_model_for_its_layout():
+    """search(measured_fit=...): a layout predicted not to fit but measured to run is in, one that
+    ran out of memory is out, whatever the model predicts."""
+    from orchestrator.layout import Layout
+
+    spec, _ = load_spec(EXAMPLES / "tiny.yaml")
+    profile = load_profile("local").profile
+    res = search(spec.model, spec.training, profile, "deepspeed", keep=100_000)
+    best = res.ranked[0].layout
+    small = profile.model_copy(update={"gpu": profile.gpu.model_copy(update={"memory_gib": 0.3})})
+    assert search(spec.model, spec.training, small, "deepspeed").best is None  # the model: nothing fits
+    rescued = search(spec.model, spec.training, small, "deepspeed", measured_fit={best: True})
+    assert [s.layout for s in rescued.ranked] == [best] and rescued.ranked[0].fits
+    out = search(spec.model, spec.training, profile, "deepspeed", keep=100_000, measured_fit={best: False})
+    assert best not in [s.layout for s in out.ranked] and len(out.ranked) == len(res.ranked) - 1
+    absent = Layout(tp=3, pp=1, dp=1, vpp=1, zero_stage=0, micro_batch_size=1, grad_accum_steps=16, recompute="none",
+                    sequence_parallel=False)
+    assert search(spec.model, spec.training, profile, "deepspeed", keep=100_000,
+                  measured_fit={absent: True}).feasible == res.feasible  # not a candidate: nothing changes
 
 
 def test_every_trial_is_an_ordinary_plan_directory(tmp_path):
@@ -114,3 +141,85 @@ def test_every_trial_is_an_ordinary_plan_directory(tmp_path):
         assert load_plan_dir(d).spec == spec
     again = trial_plans(spec, EXAMPLES / "tiny.yaml", loaded_spec.sha256, loaded, "deepspeed", picks, tmp_path / "t")
     assert [f for _, f in again] == [f for _, f in plans]
+
+
+def _dsorch(cwd, *args, env=None, timeout=900):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ if env is None else env, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    env.pop("DSORCH_PROFILES_DIR", None)
+    exe = str(Path(sys.executable).with_name("dsorch"))
+    return subprocess.run([exe, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_trial_on_the_local_executor_measures_calibrates_and_replans(tmp_path):
+    """One command, --cluster local: the trials run in turn as one LocalArray, each is measured,
+    the profile calibrated from them (profiles/local-measured.yaml, extending local), the spec
+    re-planned with it and the winner written with the trials as evidence."""
+    import json
+
+    import yaml
+
+    from orchestrator.plandir import load_plan_dir
+    from orchestrator.validate.plan_dir import validate_path
+
+    (tmp_path / "examples").symlink_to(EXAMPLES)
+    dry = _dsorch(tmp_path, "trial", "examples/tiny.yaml", "--cluster", "local", "--top", "1", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "GPU-hours of predicted steps" in dry.stdout and sorted(p.name for p in tmp_path.iterdir()) == ["examples"]
+    r = _dsorch(tmp_path, "trial", "examples/tiny.yaml", "--cluster", "local", "--top", "1", "--steps", "6", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    trial_dir = tmp_path / "trials" / "tiny-local"
+    manifest = yaml.safe_load((trial_dir / "trial.yaml").read_text())
+    n = len(manifest["trials"])
+    assert n >= 3 and len({t["family"] for t in manifest["trials"]}) == n
+    pid = manifest["trials"][0]["job_id"].split("_")[0]
+    assert [t["job_id"] for t in manifest["trials"]] == [f"{pid}_{i}" for i in range(n)]  # one local array
+    rows = json.loads(_dsorch(tmp_path, "status", "--json").stdout)
+    assert [(row["job_id"], row["state"], row["last_step"]) for row in rows] == \
+        [(f"{pid}_{i}", "COMPLETED", 6) for i in range(n)]
+    # One element at a time: each started after the previous one's last step.
+    starts = [json.loads((trial_dir / t["dir"] / "run" / "starts.jsonl").read_text().splitlines()[0])["time"]
+              for t in manifest["trials"]]
+    ends = [(trial_dir / t["dir"] / "run" / "metrics.jsonl").stat().st_mtime for t in manifest["trials"]]
+    assert all(starts[i + 1] >= ends[i] - 0.5 for i in range(n - 1)), (starts, ends)
+    assert "predicted s" in r.stdout and "measured s" in r.stdout
+    profile = yaml.safe_load((tmp_path / "profiles" / "local-measured.yaml").read_text())
+    assert profile["extends"] == "local" and profile["name"] == "local-measured"
+    winner = tmp_path / "plans" / "tiny-local-measured"
+    assert validate_path(winner) == []
+    pd = load_plan_dir(winner)
+    assert pd.doc.inputs.cluster_profile.name == "local-measured"
+    ev = pd.doc.evidence
+    assert [m["trial"] for m in ev["measured"]] == [t["dir"] for t in manifest["trials"]]
+    assert all(m["outcome"] == "ok" and m["measured_step_s"] > 0 for m in ev["measured"])
+    assert ev["chosen_layout_measured"] == (pd.layout.short() in [t["layout"] for t in manifest["trials"]])
+    results = yaml.safe_load((trial_dir / "results.yaml").read_text())
+    assert results["winner"]["layout"] == pd.layout.short()
+    # --collect again: the same measurements give the same files, byte for byte.
+    before = {p.name: p.read_bytes() for p in winner.iterdir()}
+    again = _dsorch(tmp_path, "trial", "--collect", "trials/tiny-local")
+    assert again.returncode == 0, again.stderr
+    assert {p.name: p.read_bytes() for p in winner.iterdir()} == before
+    st = _dsorch(tmp_path, "trial", "--status", "trials/tiny-local")
+    assert st.returncode == 0 and f"all {n} trials ended" in st.stdout
+    # The directory holds trials now: a second start into it is refused, and nothing is submitted.
+    refused = _dsorch(tmp_path, "trial", "examples/tiny.yaml", "--cluster", "local", "--top", "1")
+    assert refused.returncode != 0 and "already holds trials" in refused.stderr and "Traceback" not in refused.stderr
+    assert len(json.loads(_dsorch(tmp_path, "status", "--json").stdout)) == n
+
+
+def test_trial_input_errors_are_one_paragraph(tmp_path):
+    (tmp_path / "examples").symlink_to(EXAMPLES)
+    for args, message in [
+        (["--status", "nowhere"], "nowhere is not a trial directory"),
+        (["--status", "--collect", "x"], "pass one of them"),
+        (["examples/tiny.yaml", "--cluster", "locl"], "unknown cluster profile 'locl'"),
+        (["--collect", "x", "--cluster", "local"], "--cluster belongs to starting trials"),
+    ]:
+        r = _dsorch(tmp_path, "trial", *args)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
