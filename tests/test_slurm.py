@@ -339,3 +339,85 @@ def test_an_unreachable_controller_is_a_clear_error_and_no_ghost_row(slurm_env, 
     assert status(env, tmp_path) == []
     jobs = tmp_path / ".dsorch" / "jobs"
     assert not jobs.exists() or list(jobs.rglob("*")) == []
+
+
+# A model with enough parameters that its layouts' memory differs by more than the noise of a
+# CPU rank's resident set (measured: a TP/ZeRO layout ~0.52-0.60 GiB, the TP x PP one ~0.40).
+TRIAL_SPEC = """\
+name: trialmed
+source: "a 4-layer test model of ~15M parameters, big enough for its layouts to differ in memory"
+model: {num_layers: 4, hidden_size: 384, ffn_hidden_size: 1024, num_attention_heads: 8, num_kv_heads: 4,
+        vocab_size: 4096, activation: swiglu, tied_embeddings: false, max_position_embeddings: 64}
+training:
+  seq_length: 32
+  global_batch_size: 8
+  precision: fp32
+  flash_attention: false
+  optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 2, weight_decay: 0.0}
+"""
+# The loopback cluster with 0.46 GiB "GPUs" (the entrypoint's CPU stand-in for an OOM applies it
+# to the ranks' peak resident set) and an overhead the model under-states, so that the model
+# predicts every layout fits and the TP/ZeRO trials then run out of memory.
+SMALL_MEMORY_PROFILE = """\
+name: loopback-smallmem
+description: the loopback cluster with 0.46 GiB "GPUs" (tests/test_slurm.py, dsorch trial)
+extends: loopback
+gpu: {memory_gib: 0.46}
+memory_overhead_gib: 0.2
+"""
+
+
+def test_trial_array_on_the_loopback_cluster_with_an_out_of_memory_trial(slurm_env, tmp_path):
+    """dsorch trial on the 2-node cluster, without --wait: one SLURM job array of at least 3
+    layouts (one element at a time), --status while it runs, --collect refused until it ends, then
+    --collect --wait: predicted vs measured, the out-of-memory trials reported as such and counted
+    as memory evidence, the calibrated profile written and the re-plan taken from it."""
+    import yaml
+
+    from orchestrator.plandir import load_plan_dir
+    from orchestrator.validate.plan_dir import validate_path
+
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "loopback.yaml").write_text((PROFILES / "loopback.yaml").read_text())
+    (profiles / "loopback-smallmem.yaml").write_text(SMALL_MEMORY_PROFILE)
+    (tmp_path / "trialmed.yaml").write_text(TRIAL_SPEC)
+    env = dict(slurm_env, DSORCH_PROFILES_DIR=str(profiles))
+    r = dsorch(env, tmp_path, "trial", "trialmed.yaml", "--cluster", "loopback-smallmem", "--top", "1",
+               "--steps", "8")
+    assert "submitted" in r.stdout and "(slurm)" in r.stdout
+    trial_dir = tmp_path / "trials" / "trialmed-loopback-smallmem"
+    manifest = yaml.safe_load((trial_dir / "trial.yaml").read_text())
+    ids = [t["job_id"] for t in manifest["trials"]]
+    array = ids[0].split("_")[0]
+    assert len(ids) >= 3 and ids == [f"{array}_{i}" for i in range(len(ids))]
+    script = next((tmp_path / ".dsorch" / "jobs").glob("*/*_submission.sh")).read_text()
+    assert re.search(r"#SBATCH --array=0-\d+%1", script), script
+    st = dsorch(env, tmp_path, "trial", "--status", str(trial_dir))
+    assert all(i in st.stdout for i in ids)
+    early = dsorch(env, tmp_path, "trial", "--collect", str(trial_dir), check=False)
+    if early.returncode != 0:  # the array is still running (it takes a minute)
+        assert "still queued or running" in early.stderr and "Traceback" not in early.stderr
+    r = dsorch(env, tmp_path, "trial", "--collect", str(trial_dir), "--wait", timeout=900)
+    results = yaml.safe_load((trial_dir / "results.yaml").read_text())
+    outcomes = {t["trial"]: t["outcome"] for t in results["trials"]}
+    ooms = [k for k, v in outcomes.items() if v == "oom"]
+    oks = [k for k, v in outcomes.items() if v == "ok"]
+    assert ooms and oks and len(ooms) + len(oks) == len(ids), outcomes
+    assert "ran out of memory" in r.stdout and "oom" in r.stdout
+    for name in ooms:  # the entrypoint's stand-in, in the rank's own log
+        job = ids[[t["dir"] for t in manifest["trials"]].index(name)]
+        logs = dsorch(env, tmp_path, "logs", job, "--rank", "0", check=False)
+        assert "out of memory (CPU stand-in" in logs.stdout + logs.stderr
+    prof = yaml.safe_load((profiles / "loopback-smallmem-measured.yaml").read_text())
+    assert prof["extends"] == "loopback-smallmem" and prof["memory_overhead_gib"] > 0.2  # the OOMs raised it
+    winner = tmp_path / "plans" / "trialmed-loopback-smallmem-measured"
+    assert validate_path(winner) == []
+    pd = load_plan_dir(winner)
+    assert pd.doc.inputs.cluster_profile.name == "loopback-smallmem-measured"
+    oom_layouts = {t["layout"] for t in results["trials"] if t["outcome"] == "oom"}
+    assert pd.layout.short() not in oom_layouts
+    assert {m["trial"]: m["outcome"] for m in pd.doc.evidence["measured"]} == outcomes
+    # The winner runs: one command from the re-planned directory to a finished job.
+    done = dsorch(env, tmp_path, "submit", str(winner), "--steps", "2", "--wait", timeout=600)
+    assert "COMPLETED" in done.stdout
