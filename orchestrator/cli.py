@@ -624,6 +624,8 @@ def trial(target, cluster, top, steps, nodes, gpus_per_node, out, dry_run, wait,
     _ds_env()
     if show_status and collect:
         raise UserError("--status shows the trials and --collect finishes them; pass one of them.")
+    if name is not None:
+        trials.check_profile_name(name)  # before anything is submitted
     project = _project()
     pdir = _profiles_dir(project, profiles_dir)
     reg = _registry()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,11 +115,14 @@ _TIMEOUT_STATES = ("TIMEOUT", "DEADLINE")
 
 
 def classify_failure(state: str, log_text: str) -> str:
-    """"oom", "timeout" or "error"."""
+    """"oom", "timeout", "cancelled" or "error"."""
     if any(s in log_text for s in _OOM):
         return "oom"
-    if state and state.upper().split()[0] in _TIMEOUT_STATES:
+    first = state.upper().split()[0] if state and state.split() else ""
+    if first in _TIMEOUT_STATES:
         return "timeout"
+    if first == "CANCELLED":
+        return "cancelled"
     return "error"
 
 
@@ -199,7 +203,8 @@ class TrialResult:
     measured_step_s: float | None  # steady state: the warm-up fifth of the steps dropped
     peak_mem_gib: float | None
     tokens_per_s: float | None = None
-    failure: str | None = None  # "oom" | "timeout" | "error"
+    mfu: float | None = None  # model FLOPs (no recomputation) over the cluster's dense peak, as the entrypoint logs it
+    failure: str | None = None  # "oom" | "timeout" | "cancelled" | "error"
     detail: str = ""
 
     @property
@@ -225,12 +230,18 @@ def measure(entry: TrialEntry, plan_dir, run_dir, state: str, log_text: str = ""
         except SpecError:
             rec = None
     if state == "COMPLETED" and rec is not None:
+        from .costmodel.flops import model_flops_per_step
+        from .plandir import load_plan_dir
+
         t = rec.training
+        cluster = load_plan_dir(Path(plan_dir)).doc.cluster
+        flops = model_flops_per_step(rec.model, t.seq_length, t.global_batch_size)
+        mfu = flops / rec.step_time_s / cluster.world_size / (cluster.peak_tflops * 1e12)
         return TrialResult(entry, str(plan_dir), state, rec.step_time_s, rec.peak_mem_gib,
-                           t.global_batch_size * t.seq_length / rec.step_time_s)
+                           t.global_batch_size * t.seq_length / rec.step_time_s, mfu)
     detail = " ".join(log_text.split()[-40:])
-    return TrialResult(entry, str(plan_dir), state, None, rec.peak_mem_gib if rec else None, None,
-                       classify_failure(state, log_text), detail)
+    return TrialResult(entry, str(plan_dir), state, None, rec.peak_mem_gib if rec else None,
+                       failure=classify_failure(state, log_text), detail=detail)
 
 
 def trial_plans(spec, spec_file, spec_sha256: str, loaded, runtime: str, picks: list[TrialPick], folder, *,
@@ -367,6 +378,8 @@ def results_of(trial_dir: Path, manifest: Manifest, records) -> list[TrialResult
 
 
 PROFILE_HEADER = "# Calibrated by `dsorch"
+# plan.yaml's cluster.name pattern (orchestrator/plandir.py PlanCluster).
+PROFILE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Manifest, profiles_dir: str | None,
@@ -393,6 +406,7 @@ def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Mani
             for r in results if r.failure == "oom"]
     calibrated, report = calibrate([trial_dir / r.entry.dir / "run" for r in ok], original.profile, memory_only=ooms)
     name = name or f"{manifest.cluster}-measured"
+    check_profile_name(name)
     pdir = Path(profiles_dir) if profiles_dir else project.root / "profiles"
     pdir.mkdir(parents=True, exist_ok=True)
     profile_path = pdir / f"{name}.yaml"
@@ -434,6 +448,12 @@ def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Mani
     return collected
 
 
+def check_profile_name(name: str) -> None:
+    if not PROFILE_NAME.fullmatch(name):
+        raise DsorchError(f"--name {name!r}: a profile name is letters, digits, '.', '_' and '-' (it names a file "
+                          f"and goes into plan.yaml); choose another.")
+
+
 def _rel(p: Path, base: Path) -> str:
     return os.path.relpath(Path(p).resolve(), Path(base).resolve())
 
@@ -445,6 +465,7 @@ def _evidence_row(r: TrialResult) -> dict:
     if r.measured_step_s is not None:
         row["measured_step_s"] = round(r.measured_step_s, 6)
         row["measured_tokens_per_s"] = round(r.tokens_per_s, 1)
+        row["measured_mfu"] = round(r.mfu, 4)
     if r.peak_mem_gib is not None:
         row["measured_peak_gib"] = round(r.peak_mem_gib, 4)
     return row

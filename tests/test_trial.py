@@ -58,6 +58,7 @@ def test_cost_is_the_predicted_gpu_hours(ranked):
     ("TIMEOUT", "slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2026-12-01T05:00:00 DUE TO TIME LIMIT ***", "timeout"),
     ("FAILED", "ValueError: bad value", "error"),
     ("", "", "error"),
+    ("CANCELLED by 0", "", "cancelled"),
 ])
 def test_failures_are_classified(state, log, cause):
     from orchestrator.trial import classify_failure
@@ -90,6 +91,9 @@ def test_a_trial_is_measured_from_its_run_directory(tmp_path, runner, monkeypatc
     res = measure(entry, plan_dir, run, "COMPLETED")
     assert res.failure is None and res.measured_step_s == 0.25 and res.peak_mem_gib == 0.5
     assert res.tokens_per_s == pytest.approx(16 * 64 / 0.25)
+    from orchestrator.costmodel.flops import model_flops_per_step
+
+    assert res.mfu == pytest.approx(model_flops_per_step(spec.model, 64, 16) / 0.25 / 4 / 0.05e12)
     assert res.error == pytest.approx(entry.predicted_step_s / 0.25 - 1)
     oom = measure(entry, plan_dir, run, "FAILED", "orchestrator.train: out of memory (CPU stand-in for a GPU's "
                                                    "memory limit): the busiest rank's peak ...")
@@ -220,6 +224,7 @@ def test_trial_input_errors_are_one_paragraph(tmp_path):
         (["--status", "--collect", "x"], "pass one of them"),
         (["examples/tiny.yaml", "--cluster", "locl"], "unknown cluster profile 'locl'"),
         (["--collect", "x", "--cluster", "local"], "--cluster belongs to starting trials"),
+        (["examples/tiny.yaml", "--cluster", "local", "--name", "../evil"], "--name '../evil': a profile name"),
     ]:
         r = _dsorch(tmp_path, "trial", *args)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)

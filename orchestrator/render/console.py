@@ -168,12 +168,14 @@ def trial_state_table(manifest, records) -> Table:
 def trial_results_table(results) -> Table:
     """Predicted vs measured per trial."""
     t = Table(show_edge=False, pad_edge=False)
-    for col in ("trial", "layout", "predicted s", "measured s", "error", "predicted GiB", "measured GiB", "outcome"):
+    for col in ("trial", "layout", "predicted s", "measured s", "error", "MFU", "predicted GiB", "measured GiB",
+                "outcome"):
         t.add_column(col)
     for r in results:
         err = "" if r.error is None else f"{100 * r.error:+.0f}%"
         t.add_row(r.entry.dir, r.entry.layout, f"{r.entry.predicted_step_s:.3g}",
                   "" if r.measured_step_s is None else f"{r.measured_step_s:.3g}", err,
+                  "" if r.mfu is None else f"{100 * r.mfu:.1f}%",
                   f"{r.entry.predicted_peak_gib:.2f}", "" if r.peak_mem_gib is None else f"{r.peak_mem_gib:.2f}",
                   r.failure or "ok")
     return t
@@ -190,7 +192,8 @@ def trial_summary(c, shown) -> str:
     failed = [r for r in c.results if r.failure is not None]
     for r in failed:
         what = {"oom": "ran out of memory (evidence against the memory model: the calibrated profile's overhead "
-                       "now covers it)", "timeout": "ran past its time limit", "error": "failed"}[r.failure]
+                       "now covers it)", "timeout": "ran past its time limit", "cancelled": "was cancelled",
+                "error": "failed"}[r.failure]
         lines.append(f"  {r.entry.dir} {what}")
     lines.append(f"wrote profile {shown(c.profile_path)} (extends the original)")
     p = c.plan
