@@ -402,11 +402,14 @@ Examples:
 @click.option("--resume", is_flag=True,
               help="Continue the newest job of this plan: its run directory, from its newest intact checkpoint "
                    "(after a failure or a cancel).")
+@click.option("--resume-from", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="RUN_DIR",
+              help="Continue the run in RUN_DIR with this plan, from its newest checkpoint: one this plan's layout "
+                   "wrote, or the conversion `dsorch replan RUN_DIR` made for it.")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch script submitit would submit; submit nothing.")
 @click.option("--force", is_flag=True, help="Submit even if a job of this plan is pending or running.")
 @click.option("--wait", is_flag=True, help="Wait for the job to finish and print its final state.")
 @_profiles_dir_option
-def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume, dry_run, force, wait,
+def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume, resume_from, dry_run, force, wait,
            profiles_dir):
     """Submit PLAN_DIR as a job running dsorch's training entrypoint (SLURM through submitit, or local)."""
     from . import slurm
@@ -422,6 +425,13 @@ def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume
     reg = Registry(project.root)
     if resume and run_dir is not None:
         raise UserError("--resume continues the newest run of the plan and --run-dir names one; pass one of them.")
+    if resume_from is not None:
+        if resume or run_dir is not None:
+            raise UserError("--resume-from names the run to continue; pass it without --resume or --run-dir.")
+        if not (resume_from / "checkpoints").is_dir():
+            raise UserError(f"--resume-from {resume_from}: no checkpoints/ in it, so there is nothing to resume from; "
+                            f"name the run directory of the job to continue (`dsorch status` shows them).")
+        run_dir = resume_from
     sub = prepare_submission(plan_dir, cluster, nodes, steps, data, run_dir,
                              _profiles_dir(project, profiles_dir), project.root, save_interval,
                              runs_dir=project.runs_dir)
@@ -574,6 +584,57 @@ def cancel(job):
         slurm.cancel(rec.executor, rec.job_id)
     reg.update(rec.key, state="CANCELLED")
     click.echo(f"cancelled job {rec.job_id}")
+
+
+# --------------------------------------------------------------------------------------------
+# replan
+# --------------------------------------------------------------------------------------------
+
+
+@main.command(epilog="""\b
+Examples:
+  dsorch replan runs/llama3-8b-dgx16-3 --nodes 12      # a run dir
+  dsorch replan 41234 --nodes 12                         # or the job that wrote it
+  dsorch submit plans/llama3-8b-dgx16-12n --resume-from runs/llama3-8b-dgx16-3
+""")
+@click.argument("run", metavar="RUN_DIR|JOB")
+@click.option("--nodes", type=click.IntRange(1, 1_000_000), default=None, help="Nodes to go on with.")
+@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+              help="GPUs (processes) per node to go on with (default: as planned).")
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The new plan directory (default: the old one's name plus -<N>n).")
+@click.option("--tp", type=click.IntRange(1, 1024), default=None, help="Pin the tensor-parallel degree.")
+@click.option("--pp", type=click.IntRange(1, 1_000_000), default=None, help="Pin the pipeline-parallel degree.")
+@click.option("--dp", type=click.IntRange(1, 1_000_000_000), default=None, help="Pin the data-parallel degree.")
+@click.option("--zero", type=click.IntRange(1, 2), default=None, help="Pin the ZeRO stage (1 or 2: what converts).")
+@click.option("--mbs", type=click.IntRange(1, 100_000_000), default=None, help="Pin the micro-batch size.")
+@_profiles_dir_option
+def replan(run, nodes, gpus_per_node, out, tp, pp, dp, zero, mbs, profiles_dir):
+    """Re-plan a run for another number of nodes and convert its newest checkpoint to the new layout.
+
+    The same spec and global batch, planned for the new world; the fastest layout DeepSpeed's
+    universal checkpoint can convert to (ZeRO-1/2) is chosen; the newest intact checkpoint is
+    converted beside it (checkpoints/universal_stepN). Continue with `dsorch submit NEW_PLAN
+    --resume-from RUN_DIR`: step, LR schedule and optimizer state carry over, metrics.jsonl goes on.
+    """
+    from .replan import find_run
+    from .replan import replan as do_replan
+    from .solver import Pins
+
+    _ds_env()
+    if nodes is None and gpus_per_node is None:
+        raise UserError("pass --nodes N (and/or --gpus-per-node G): the world to go on with.")
+    project = _project()
+    run_dir = find_run(project, run)
+    pins = Pins(tp=tp, pp=pp, dp=dp, zero_stage=zero, micro_batch_size=mbs)
+    r = do_replan(project, run_dir, nodes, gpus_per_node, pins, out, _profiles_dir(project, profiles_dir))
+    p = r.plan
+    click.echo(f"{_shown(run_dir)}: checkpoint of step {r.step}, layout {r.source.short()}")
+    click.echo(f"re-planned for {p.profile.nodes} x {p.profile.gpus_per_node} of {p.profile.name}: {p.layout.short()}, "
+               f"{p.chosen.memory_gib['total']:.1f} GiB per GPU, predicted {p.chosen.step_time_s:.3g} s/step "
+               f"(global batch {p.layout.global_batch_size} kept)")
+    click.echo(f"wrote {_shown(r.out)}/; converted the checkpoint to {_shown(r.universal)}/ (DeepSpeed universal)")
+    click.echo(f"  continue: dsorch submit {_shown(r.out)} --resume-from {_shown(run_dir)}")
 
 
 # --------------------------------------------------------------------------------------------

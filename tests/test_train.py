@@ -290,3 +290,65 @@ def test_slurm_environment_is_read():
     t = read_env({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "SLURM_PROCID": "0",
                   "SLURM_NTASKS": "1"})
     assert (t.rank, t.launcher) == (1, "torchrun")  # torchrun inside an allocation wins
+
+
+def test_replan_reshards_the_checkpoint_for_another_world(tmp_path, reference):
+    """tp2 x pp2 (ZeRO-1) on 4 ranks, stopped after step 3; `dsorch replan` for 2 ranks, as
+    tp1 x pp2 and as dp2, converts its checkpoint (DeepSpeed's universal checkpoint). Each resumed
+    run continues the uninterrupted loss curve (the single-process reference every layout matches),
+    with no step lost or repeated, in the same metrics.jsonl."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli import main
+
+    src = plan(tmp_path / "plans" / "a", "--tp", "2", "--pp", "2", "--dp", "1", "--zero", "1")
+    run = tmp_path / "run"
+    train(src, 4, run, "--steps", "3")
+    for name, pins, expected in [("pp2", ["--tp", "1", "--pp", "2"], dict(tp=1, pp=2, dp=1)),
+                                 ("dp2", ["--tp", "1", "--pp", "1"], dict(tp=1, pp=1, dp=2))]:
+        resumed = tmp_path / f"run-{name}"
+        shutil.copytree(run, resumed)
+        out = tmp_path / "plans" / f"a-{name}"
+        r = CliRunner().invoke(main, ["replan", str(resumed), "--gpus-per-node", "2", "--out", str(out), *pins])
+        assert r.exit_code == 0, r.output
+        assert "checkpoint of step 3, layout tp2+sp pp2 dp1 zero1" in r.output
+        import yaml
+
+        layout = yaml.safe_load((out / "plan.yaml").read_text())["layout"]
+        assert {k: layout[k] for k in expected} == expected and layout["zero_stage"] in (1, 2)
+        p = train(out, 2, resumed)
+        assert f"resuming from {resumed / 'checkpoints' / 'universal_step00000003'}" in p.stdout, p.stdout[-2000:]
+        m = metrics(resumed)
+        assert sorted(m) == list(range(1, STEPS + 1))
+        assert losses(resumed) == pytest.approx(reference, rel=RTOL), name
+        assert [m[s]["layout"]["tp"] for s in sorted(m)] == [2, 2, 2, 1, 1, 1]
+        assert "step00000006" in checkpoints(resumed)  # native checkpoints of the new layout from here on
+
+
+def test_a_checkpoint_of_another_layout_is_refused_without_conversion(tmp_path):
+    """The newest checkpoint was written by another layout and nothing converted it: resuming is an
+    error that names `dsorch replan`, not a silent fall-back to an older checkpoint."""
+    from orchestrator.train import checkpoint
+
+    ckpt = tmp_path / "checkpoints"
+    for step, tp in ((2, 1), (4, 2)):
+        d = ckpt / checkpoint.tag_for(step)
+        d.mkdir(parents=True)
+        (d / "x.pt").write_bytes(b"x")
+        (d / checkpoint.MANIFEST).write_text(json.dumps({"step": step, "files": checkpoint.file_digests(d),
+                                                         "layout": {"tp": tp}, "plan": "p"}))
+    tag, universal, error = checkpoint._choose(ckpt, {"tp": 1}, "dense")
+    assert tag is None and "written by another layout" in error and "dsorch replan" in error
+    assert checkpoint._choose(ckpt, {"tp": 2}, "dense") == ("step00000004", False, None)
+
+
+def test_what_universal_checkpoints_cannot_convert_is_named():
+    from orchestrator.layout import Layout
+    from orchestrator.train.reshard import convertible
+
+    def lay(zero):
+        return Layout(tp=1, pp=1, dp=2, vpp=1, zero_stage=zero, micro_batch_size=1, grad_accum_steps=8,
+                      recompute="none", sequence_parallel=False)
+
+    assert convertible(lay(1), lay(2)) == []
+    assert "ZeRO-0" in convertible(lay(0), lay(1))[0] and "ZeRO-3" in convertible(lay(1), lay(3))[0]

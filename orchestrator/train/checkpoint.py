@@ -31,7 +31,7 @@ def tag_for(step: int) -> str:
     return f"step{step:08d}"
 
 
-def _files(tag_dir: Path) -> dict[str, dict]:
+def file_digests(tag_dir: Path) -> dict[str, dict]:
     out = {}
     for p in sorted(tag_dir.rglob("*")):
         if p.is_file() and p.name != MANIFEST:
@@ -50,7 +50,7 @@ def damage(tag_dir: Path) -> str | None:
         expected = json.loads(man.read_text(encoding="utf-8"))["files"]
     except (ValueError, KeyError) as e:
         return f"unreadable manifest ({e})"
-    actual = _files(tag_dir)
+    actual = file_digests(tag_dir)
     for name, rec in expected.items():
         if name not in actual:
             return f"{name} is missing"
@@ -59,12 +59,19 @@ def damage(tag_dir: Path) -> str | None:
     return None
 
 
-def save(engine, ckpt_dir: Path, step: int, keep: int, is_rank0: bool) -> None:
+def save(engine, ckpt_dir: Path, step: int, keep: int, is_rank0: bool, *, layout: dict | None = None,
+         plan: str | None = None, universal_info: dict | None = None) -> None:
+    """``layout`` and ``plan`` go into the manifest (which layout wrote it, from which plan
+    directory: `dsorch replan` reads them); ``universal_info`` into DeepSpeed's client state, for
+    converting the checkpoint to another layout (reshard.py)."""
     tag = tag_for(step)
+    client_state = {"step": step}
+    if universal_info is not None:
+        client_state["universal_checkpoint_info"] = universal_info
     # save_latest=False: DeepSpeed's `latest` file would name a checkpoint before its manifest
     # exists; resume picks the newest intact directory itself.
     try:
-        engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": step}, save_latest=False)
+        engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
     except Exception as e:
         # torch.save reports a full disk as "basic_ios::clear: iostream error": say what it is.
         free = shutil.disk_usage(ckpt_dir).free if ckpt_dir.exists() else None
@@ -77,27 +84,69 @@ def save(engine, ckpt_dir: Path, step: int, keep: int, is_rank0: bool) -> None:
     if is_rank0:
         tag_dir = ckpt_dir / tag
         tmp = tag_dir / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps({"step": step, "files": _files(tag_dir)}, indent=1,
-                                  sort_keys=True), encoding="utf-8")
+        doc = {"step": step, "files": file_digests(tag_dir)}
+        if layout is not None:
+            doc.update(layout=layout, plan=plan)
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True), encoding="utf-8")
         os.replace(tmp, tag_dir / MANIFEST)
         for old in sorted(p for p in ckpt_dir.glob("step*") if p.is_dir())[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
 
 
-def choose_resume_tag(ckpt_dir: Path, is_rank0: bool) -> str | None:
-    """Newest intact checkpoint (decided on rank 0, broadcast to all), or None."""
-    choice = [None]
-    if is_rank0 and ckpt_dir.is_dir():
-        for tag_dir in sorted((p for p in ckpt_dir.glob("step*") if p.is_dir()), reverse=True):
-            why = damage(tag_dir)
-            if why is None:
-                choice[0] = tag_dir.name
-                break
-            warnings.warn(f"checkpoint {tag_dir} is damaged: {why}; falling back to the "
-                          "previous checkpoint", stacklevel=2)
+def manifest_of(tag_dir: Path) -> dict:
+    return json.loads((tag_dir / MANIFEST).read_text(encoding="utf-8"))
+
+
+def newest_intact(ckpt_dir: Path, prefix: str = "step") -> Path | None:
+    """The newest checkpoint directory named ``prefix...`` whose files match its manifest."""
+    if not ckpt_dir.is_dir():
+        return None
+    for tag_dir in sorted((p for p in ckpt_dir.glob(f"{prefix}*") if p.is_dir() and not p.name.endswith(".tmp")),
+                          reverse=True):
+        why = damage(tag_dir)
+        if why is None:
+            return tag_dir
+        warnings.warn(f"checkpoint {tag_dir} is damaged: {why}; falling back to the "
+                      "previous checkpoint", stacklevel=2)
+    return None
+
+
+def _choose(ckpt_dir: Path, layout: dict, naming: str) -> tuple[str | None, bool, str | None]:
+    """(tag, universal, error): the newest intact native checkpoint of this layout, or the
+    universal conversion (`dsorch replan`) of a newer one; an error when the newest checkpoint is
+    of another layout with no conversion to load instead."""
+    from .reshard import UNIVERSAL_PREFIX
+
+    native = newest_intact(ckpt_dir)
+    universal = newest_intact(ckpt_dir, UNIVERSAL_PREFIX)
+    n_step = manifest_of(native)["step"] if native else -1
+    u_step = manifest_of(universal)["step"] if universal else -1
+    if universal is not None and u_step >= n_step:
+        got = manifest_of(universal).get("naming")
+        if got != naming:
+            return None, False, (f"{universal} was converted for a {got} model, this plan runs a {naming} one; "
+                                 f"convert again with `dsorch replan` for this plan")
+        return universal.name, True, None
+    if native is None:
+        return None, False, None
+    written_by = manifest_of(native).get("layout")
+    if written_by is not None and written_by != layout:
+        return None, False, (f"the newest checkpoint, {native}, was written by another layout ({written_by}); this "
+                             f"plan's layout cannot load it as it is. Convert it with `dsorch replan RUN_DIR` (DeepSpeed's "
+                             f"universal checkpoint), or resume with the plan that wrote it")
+    return native.name, False, None
+
+
+def choose_resume(ckpt_dir: Path, is_rank0: bool, layout: dict, naming: str) -> tuple[str | None, bool]:
+    """The checkpoint to resume from, decided on rank 0 and broadcast to all: (tag, universal)."""
+    choice = [None, False, None]
+    if is_rank0:
+        choice = list(_choose(ckpt_dir, layout, naming))
     dist.broadcast_object_list(choice, src=0)
-    return choice[0]
+    if choice[2]:
+        raise ValueError(choice[2])
+    return choice[0], bool(choice[1])
 
 
 def load(engine, ckpt_dir: Path, tag: str) -> int:

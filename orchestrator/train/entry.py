@@ -35,7 +35,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, launch
+from . import checkpoint, launch, reshard
+from ..errors import DsorchError
+from ..layout import Layout
 from ..plandir import PlanDir
 from .config import load_plan, stage_layers
 from .data import micro_batches, open_dataset
@@ -71,8 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def build_engine(plan: PlanDir, grid, topo, device):
-    """The model as DeepSpeed sees it: a PipelineModule for pp > 1, a plain module for pp = 1."""
+def build_engine(plan: PlanDir, grid, topo, device, load_universal: bool = False):
+    """The model as DeepSpeed sees it: a PipelineModule for pp > 1, a plain module for pp = 1.
+    ``load_universal``: the checkpoint to resume from is a universal one (reshard.py)."""
     import deepspeed
 
     lay, training = plan.layout, plan.spec.training
@@ -94,7 +97,12 @@ def build_engine(plan: PlanDir, grid, topo, device):
         model = DenseModel(specs, loss_fn, full_recompute=lay.recompute == "full")
         mpu = grid
     model.to(device)
-    engine, *_ = deepspeed.initialize(model=model, config=ds_config_for(plan, device), mpu=mpu,
+    config = ds_config_for(plan, device)
+    if load_universal:
+        # For this resume only: with it on, a native checkpoint does not load (DeepSpeed looks for
+        # zero/optimizer_state.pt). Added here, not in the plan, whose ds_config.json is checked.
+        config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
+    engine, *_ = deepspeed.initialize(model=model, config=config, mpu=mpu,
                                       model_parameters=[p for p in model.parameters()
                                                         if p.requires_grad])
     return engine
@@ -161,12 +169,19 @@ def train(plan: PlanDir, args, denv: launch.DistEnv, device: torch.device, stop:
     if rank0:
         run_dir.mkdir(parents=True, exist_ok=True)
     dataset = open_dataset(args.data, plan.spec.model.vocab_size, seq, seed)
-    engine = build_engine(plan, grid, topo, device)
+    try:
+        tag, universal = checkpoint.choose_resume(ckpt_dir, rank0, lay.as_dict(), reshard.naming(lay.pp))
+    except ValueError as e:
+        raise DsorchError(str(e)) from None
+    engine = build_engine(plan, grid, topo, device, load_universal=universal)
 
     start = 0
-    tag = checkpoint.choose_resume_tag(ckpt_dir, rank0)
     if tag is not None:
         start = checkpoint.load(engine, ckpt_dir, tag)
+        if rank0 and universal:
+            source = Layout(**checkpoint.manifest_of(ckpt_dir / tag)["layout"]).short()
+            print(f"dsorch train: resuming from {ckpt_dir / tag}, converted from layout {source} to "
+                  f"{lay.short()}", flush=True)
     if rank0:
         # Steps logged after the checkpoint we resume from are redone now: drop their records so
         # that metrics.jsonl is one trajectory with no gap and no repeated step.
@@ -222,7 +237,8 @@ def train(plan: PlanDir, args, denv: launch.DistEnv, device: torch.device, stop:
         stopping = bool(mem_t[1] > 0) and done < args.steps
         if not args.no_save and (done == args.steps or stopping or
                                  (args.save_interval and done % args.save_interval == 0)):
-            checkpoint.save(engine, ckpt_dir, done, args.keep, rank0)
+            checkpoint.save(engine, ckpt_dir, done, args.keep, rank0, layout=lay.as_dict(), plan=str(plan.path.resolve()),
+                            universal_info=reshard.universal_info(plan.spec.model))
         if args.fail_after_step == done and rank0:
             os.kill(os.getpid(), signal.SIGKILL)
         if stopping:
