@@ -425,3 +425,49 @@ def test_trial_array_on_the_loopback_cluster_with_an_out_of_memory_trial(slurm_e
     # The winner runs: one command from the re-planned directory to a finished job.
     done = dsorch(env, tmp_path, "submit", str(winner), "--steps", "2", "--wait", timeout=600)
     assert "COMPLETED" in done.stdout
+
+
+def test_a_run_that_lost_a_node_is_replanned_onto_the_rest_and_completes(slurm_env, tmp_path):
+    """A 2-node job; one node is drained mid-run and the job preempted (SIGUSR2: it checkpoints and
+    requeues itself). Its requeue waits for 2 nodes that are not there. `dsorch replan JOB --nodes 1`
+    plans the spec for the one node left and converts the checkpoint; the pending job is cancelled
+    and the new plan, submitted with --resume-from, finishes the run on the other node: every step
+    once, in one metrics.jsonl."""
+    env = slurm_env
+    plan_tiny(env, tmp_path, "loopback", "plans/p", *LAYOUT)
+    steps = 40
+    job = submitted_id(dsorch(env, tmp_path, "submit", "plans/p", "--steps", steps, "--save-interval", "5"))
+    wait_for(env, tmp_path, job, lambda r: (r["last_step"] or 0) >= 8, timeout=240, what="step 8")
+    nodes = subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], env=env, capture_output=True, text=True,
+                           check=True).stdout.strip()
+    names = subprocess.run(["scontrol", "show", "hostnames", nodes], env=env, capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert len(names) == 2, names
+    lost = names[1]
+    subprocess.run(["scontrol", "update", f"nodename={lost}", "state=drain", "reason=dsorch-test"], env=env, check=True)
+    try:
+        subprocess.run(["scancel", "--signal=USR2", job], env=env, check=True)
+        # The requeued job waits: it needs 2 nodes and one is drained.
+        wait_for(env, tmp_path, job, lambda r: r["state"] in ("PENDING", "REQUEUED"), timeout=240,
+                 what="requeued and pending")
+        time.sleep(5)  # a scheduler pass: it stays pending
+        assert next(x for x in status(env, tmp_path) if x["job_id"] == job)["state"] in ("PENDING", "REQUEUED")
+        r = dsorch(env, tmp_path, "replan", job, "--nodes", "1")
+        assert "re-planned for 1 x 2 of loopback" in r.stdout, r.stdout
+        new_plan = tmp_path / "plans" / "p-1n"
+        run_dir = next(Path(x["run_dir"]) for x in status(env, tmp_path) if x["job_id"] == job)
+        dsorch(env, tmp_path, "cancel", job)
+        done = dsorch(env, tmp_path, "submit", new_plan, "--resume-from", run_dir, "--steps", steps, "--wait",
+                      timeout=600)
+        assert "COMPLETED" in done.stdout
+        new_job = submitted_id(done)
+        ran_on = subprocess.run(["sacct", "-n", "-X", "-P", "-j", new_job, "-o", "NodeList"], env=env,
+                                capture_output=True, text=True).stdout.split()
+        assert ran_on and lost not in ran_on[0], ran_on
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={lost}", "state=resume"], env=env)
+    trajectory = losses(run_dir)
+    assert [s for s, _ in trajectory] == list(range(1, steps + 1))
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["layout"]["pp"] == 2 and records[-1]["layout"]["tp"] * records[-1]["layout"]["pp"] * \
+        records[-1]["layout"]["dp"] == 2  # the last steps ran on the one node's 2 ranks
