@@ -23,11 +23,15 @@ to the last digit in fp32):
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
 import shutil
 from pathlib import Path
+
+from ..errors import DsorchError
 
 # The universal copy of checkpoint ``step00000030`` is ``universal_step00000030`` in the same
 # checkpoints directory: not ``step*``, so that retention and the native resume never take it for
@@ -125,10 +129,19 @@ def convert(tag_dir: Path, out_dir: Path, target_naming: str, tied: bool, manife
 
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    # num_*_workers=1: in this process (the default starts pools of 4 and 2 workers).
-    ds_to_universal(argparse.Namespace(input_folder=str(tag_dir), output_folder=str(tmp), num_extract_workers=1,
-                                       num_merge_workers=1, keep_temp_folder=False, strict=True,
-                                       inject_missing_state=False))
+    # The converter prints its progress bars and notes; they are shown only if it fails.
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            # num_*_workers=1: in this process (the default starts pools of 4 and 2 workers).
+            ds_to_universal(argparse.Namespace(input_folder=str(tag_dir), output_folder=str(tmp),
+                                               num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
+                                               strict=True, inject_missing_state=False))
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tail = "\n".join(said.getvalue().strip().splitlines()[-15:])
+        raise DsorchError(f"DeepSpeed's ds_to_universal could not convert {tag_dir}: {type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:500]}\n{tail}") from None
     # The converter also writes `latest_universal` beside its output; dsorch chooses by manifest.
     (tmp.parent / "latest_universal").unlink(missing_ok=True)
     rename_for(tmp, target_naming, tied)
