@@ -70,6 +70,7 @@ def replan(project, run_dir: Path, nodes: int | None, gpus_per_node: int | None,
                           f"Restore the spec to re-plan this run.")
     lp = load_profile(old.doc.cluster.name, profiles_dir)
     gpn = gpus_per_node or old.doc.inputs.gpus_per_node
+    nodes = nodes or old.doc.inputs.nodes  # --gpus-per-node alone keeps the run's node count
     profile = lp.profile.resized(nodes, gpn)
     ranked = search(spec.model, spec.training, profile, "deepspeed", pins, keep=1_000_000,
                     memory_margin_gib=old.doc.inputs.memory_margin_gib).ranked

@@ -159,8 +159,12 @@ class TrainingJob:
         return {"stopped": False, "rank": env.global_rank, "run_dir": self.run_dir}
 
     def checkpoint(self, *args, **kwargs):
-        """submitit's Checkpointable hook: resubmit the same job; it resumes from the run directory."""
+        """submitit's Checkpointable hook: resubmit the same job; it resumes from the run directory.
+        A job that saves no checkpoint (a trial) is not requeued: it would start again from step 0."""
         import submitit
+
+        if not self.save:
+            return None
 
         return submitit.helpers.DelayedSubmission(dataclasses.replace(self))
 

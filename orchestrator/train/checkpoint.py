@@ -122,7 +122,8 @@ def _choose(ckpt_dir: Path, layout: dict, naming: str) -> tuple[str | None, bool
     universal = newest_intact(ckpt_dir, UNIVERSAL_PREFIX)
     n_step = manifest_of(native)["step"] if native else -1
     u_step = manifest_of(universal)["step"] if universal else -1
-    if universal is not None and u_step >= n_step:
+    own = native is not None and manifest_of(native).get("layout") in (None, layout)
+    if universal is not None and (u_step > n_step or (u_step == n_step and not own)):
         got = manifest_of(universal).get("naming")
         if got != naming:
             return None, False, (f"{universal} was converted for a {got} model, this plan runs a {naming} one; "
