@@ -7,8 +7,6 @@ with the files (write, --check, print); this is what happens in between. It live
 
 from __future__ import annotations
 
-import dataclasses
-
 from .errors import DsorchError
 from .plan import Plan, make_plan
 from .render import render_all
@@ -19,20 +17,22 @@ from .validate.plan_dir import validate_files
 
 def plan_files(spec: SpecFile, spec_path: str, spec_sha256: str, profile: LoadedProfile, runtime: str, pins: Pins,
                *, nodes: int | None, gpus_per_node: int | None, memory_margin_gib: float, keep: int,
-               shown_path: str, evidence: dict | None = None,
-               measured_fit: dict | None = None) -> tuple[Plan, dict[str, str]]:
+               shown_path: str) -> tuple[Plan, dict[str, str]]:
     """The chosen plan and its files, each validated by DeepSpeed's and Megatron-LM's own rules.
     ``spec_path`` is the spec as the files name it (relative to the plan directory),
     ``shown_path`` as the user gave it (for errors)."""
     the_plan = make_plan(spec, spec_path, spec_sha256, profile, runtime, pins, nodes=nodes,
                          gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin_gib, keep=keep,
-                         shown_path=shown_path, measured_fit=measured_fit)
-    if evidence is not None:
-        the_plan = dataclasses.replace(the_plan, evidence=evidence)
+                         shown_path=shown_path)
+    return the_plan, checked_files(the_plan)
+
+
+def checked_files(the_plan: Plan) -> dict[str, str]:
+    """The files of a plan, rendered and validated (a plan made by make_plan, or one changed after)."""
     files = render_all(the_plan)
     errors = validate_files(files, dp=the_plan.layout.dp, world_size=the_plan.profile.world_size,
                             runtime=the_plan.runtime)
     if errors:
         raise DsorchError("the generated files do not validate (a dsorch bug; please report it with the spec and "
                           "profile):\n  " + "\n  ".join(errors))
-    return the_plan, files
+    return files

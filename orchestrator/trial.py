@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -387,7 +388,8 @@ def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Mani
     """Calibrate the profile from the finished trials, write it, re-plan, write the winner."""
     from .calibrate import calibrate, calibrated_profile_yaml
     from .calibrate.records import oom_record
-    from .pipeline import plan_files
+    from .pipeline import checked_files
+    from .plan import make_plan
     from .specs import load_profile, load_spec
     from .writer import spec_path_in, write_plan_dir
 
@@ -428,10 +430,10 @@ def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Mani
 
     measured_fit = {load_plan_dir(trial_dir / r.entry.dir).layout: r.failure is None
                     for r in results if r.failure in (None, "oom")}
-    args = dict(nodes=manifest.nodes, gpus_per_node=manifest.gpus_per_node, memory_margin_gib=0.0, keep=8,
-                shown_path=str(spec_path), measured_fit=measured_fit)
-    first, _ = plan_files(spec, spec_path_in(spec_path, out), loaded_spec.sha256, loaded, "deepspeed", Pins(), **args)
-    winner = next((r for r in ok if r.entry.layout == first.layout.short()), None)
+    chosen = make_plan(spec, spec_path_in(spec_path, out), loaded_spec.sha256, loaded, "deepspeed", Pins(),
+                       nodes=manifest.nodes, gpus_per_node=manifest.gpus_per_node, memory_margin_gib=0.0, keep=8,
+                       shown_path=str(spec_path), measured_fit=measured_fit)
+    winner = next((r for r in ok if r.entry.layout == chosen.layout.short()), None)
     evidence = {
         "trials": _rel(trial_dir, out),
         "calibrated_profile": name,
@@ -440,9 +442,8 @@ def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Mani
         "chosen_layout_measured": winner is not None,
         "measured": [_evidence_row(r) for r in results],
     }
-    the_plan, files = plan_files(spec, spec_path_in(spec_path, out), loaded_spec.sha256, loaded, "deepspeed",
-                                 Pins(), evidence=evidence, **args)
-    write_plan_dir(out, files)
+    the_plan = dataclasses.replace(chosen, evidence=evidence)
+    write_plan_dir(out, checked_files(the_plan))
     collected = Collected(results, report, profile_path, name, the_plan, out, winner)
     _write_atomic(trial_dir / RESULTS, results_yaml(collected, project.root))
     return collected
