@@ -120,22 +120,22 @@ def _choose(ckpt_dir: Path, layout: dict, naming: str) -> tuple[str | None, bool
 
     native = newest_intact(ckpt_dir)
     universal = newest_intact(ckpt_dir, UNIVERSAL_PREFIX)
-    n_step = manifest_of(native)["step"] if native else -1
-    u_step = manifest_of(universal)["step"] if universal else -1
-    own = native is not None and manifest_of(native).get("layout") in (None, layout)
-    if universal is not None and (u_step > n_step or (u_step == n_step and not own)):
-        got = manifest_of(universal).get("naming")
-        if got != naming:
-            return None, False, (f"{universal} was converted for a {got} model, this plan runs a {naming} one; "
-                                 f"convert again with `dsorch replan` for this plan")
+    n_man = manifest_of(native) if native else None
+    u_man = manifest_of(universal) if universal else None
+    n_step = n_man["step"] if n_man else -1
+    # A manifest without a layout is from before dsorch recorded it: taken as this layout's.
+    own = n_man is not None and n_man.get("layout") in (None, layout)
+    if u_man is not None and (u_man["step"] > n_step or (u_man["step"] == n_step and not own)):
+        if u_man.get("naming") != naming:
+            return None, False, (f"{universal} was converted for a {u_man.get('naming')} model, this plan runs a "
+                                 f"{naming} one; convert again with `dsorch replan` for this plan")
         return universal.name, True, None
-    if native is None:
+    if n_man is None:
         return None, False, None
-    written_by = manifest_of(native).get("layout")
-    if written_by is not None and written_by != layout:
-        return None, False, (f"the newest checkpoint, {native}, was written by another layout ({written_by}); this "
-                             f"plan's layout cannot load it as it is. Convert it with `dsorch replan RUN_DIR` (DeepSpeed's "
-                             f"universal checkpoint), or resume with the plan that wrote it")
+    if not own:
+        return None, False, (f"the newest checkpoint, {native}, was written by another layout ({n_man['layout']}); "
+                             f"this plan's layout cannot load it as it is. Convert it with `dsorch replan RUN_DIR` "
+                             f"(DeepSpeed's universal checkpoint), or resume with the plan that wrote it")
     return native.name, False, None
 
 
