@@ -69,6 +69,9 @@ def replan(project, run_dir: Path, nodes: int | None, gpus_per_node: int | None,
         raise DsorchError(f"{spec_path} changed since {old.path} was planned; the checkpoint is of the old spec. "
                           f"Restore the spec to re-plan this run.")
     lp = load_profile(old.doc.cluster.name, profiles_dir)
+    if out is None:  # named after what changed
+        suffix = (f"-{nodes}n" if nodes else "") + (f"-{gpus_per_node}g" if gpus_per_node else "")
+        out = old.path.parent / f"{old.path.name}{suffix}"
     gpn = gpus_per_node or old.doc.inputs.gpus_per_node
     nodes = nodes or old.doc.inputs.nodes  # --gpus-per-node alone keeps the run's node count
     profile = lp.profile.resized(nodes, gpn)
@@ -80,9 +83,6 @@ def replan(project, run_dir: Path, nodes: int | None, gpus_per_node: int | None,
                f"no layout of {spec.name} fits {profile.nodes} x {profile.gpus_per_node} GPUs of {profile.name} "
                f"(`dsorch plan {spec_path} --cluster {profile.name} --nodes {profile.nodes}` says why)")
         raise DsorchError(f"cannot re-plan {run_dir} for {profile.nodes} node(s): {why}.")
-    if out is None:
-        suffix = (f"-{nodes}n" if nodes else "") + (f"-{gpn}g" if gpus_per_node else "")
-        out = old.path.parent / f"{old.path.name}{suffix or '-replanned'}"
     the_plan, files = plan_files(spec, spec_path_in(spec_path, out), loaded_spec.sha256, lp, "deepspeed",
                                  pins_of(target), nodes=nodes, gpus_per_node=gpn,
                                  memory_margin_gib=old.doc.inputs.memory_margin_gib, keep=8, shown_path=str(spec_path))
