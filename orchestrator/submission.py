@@ -130,11 +130,12 @@ def record_array(reg: Registry, subs: list[Submission], folder: Path, time_min: 
     with reg.reserve([sub.plan_display for sub in subs], force=False) as (insert, update):
         keys, jobs = [], []
         for sub in subs:
+            run_dir = str(sub.run_dir.resolve())
             key = insert(job_id="pending", executor=spec.kind, cluster=sub.cluster, plan_dir=sub.plan_display,
                          plan_sha256=sub.plan_sha256, submitted_at=now_utc(), state="SUBMITTED",
-                         run_dir=str(sub.run_dir), log_dir=str(folder))
+                         run_dir=run_dir, log_dir=str(folder))
             keys.append(key)
-            jobs.append(dataclasses.replace(sub.job, run_dir=str(sub.run_dir), save=False))
+            jobs.append(dataclasses.replace(sub.job, run_dir=run_dir, save=False))
         with _no_leftovers(folder):
             ids = slurm.submit_array(spec, folder, jobs, timeout_s)
         for key, job_id in zip(keys, ids):
