@@ -306,13 +306,9 @@ def make_executor(spec: JobSpec, folder: Path, script_only: bool = False):
         return ex
     ex = (_script_only_executor(folder) if script_only else
           submitit.SlurmExecutor(folder=str(folder), max_num_timeout=3))
-    # --kill-on-bad-exit (srun(1)): a task that exits non-zero ends the step. Without it, the peers
-    # of a rank that died (at start-up, say, its rendezvous port taken) wait in their first
-    # collective until the process group's timeout, and the job shows RUNNING meanwhile.
     params = dict(job_name=spec.name, nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node,
                   cpus_per_task=spec.cpus_per_task, time=spec.time_min, signal_delay_s=spec.signal_delay_s,
-                  setup=_setup_lines(spec), additional_parameters=dict(spec.extra),
-                  srun_args=["--kill-on-bad-exit=1"])
+                  setup=_setup_lines(spec), additional_parameters=dict(spec.extra))
     if spec.use_gpus:
         params["gpus_per_node"] = spec.tasks_per_node
     for key in SBATCH_KEYS:
