@@ -127,6 +127,8 @@ def _load_cluster(project, cluster, profiles_dir: str | None):
               help="Plan directory to write (ds_config.json, megatron_args.txt, launch.sh, job.sbatch, plan.yaml); "
                    "default PLANS_DIR/<spec>-<cluster>/ (plans_dir in dsorch.yaml, else plans/).")
 @click.option("--no-write", is_flag=True, help="Print the plan only; write no files.")
+@click.option("--plot", is_flag=True,
+              help="Also draw the plan's pictures into PLAN_DIR/plots/ (as `dsorch plot` does).")
 @click.option("--check", is_flag=True,
               help="Regenerate in memory and compare with the files in the plan directory; exit 1 with a diff if "
                    "they differ.")
@@ -157,7 +159,7 @@ def _load_cluster(project, cluster, profiles_dir: str | None):
               help="Headroom to keep free on every GPU, in GiB.")
 @click.option("--top", type=click.IntRange(1, 10_000), default=8, show_default=True, help="Rows in the table.")
 @_profiles_dir_option
-def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, gpus_per_node, tp, pp, dp, cp, vpp,
+def plan(spec, cluster, out, no_write, plot, check, as_json, explain, runtime, nodes, gpus_per_node, tp, pp, dp, cp, vpp,
          zero, mbs, recompute, sp, memory_margin, top, profiles_dir):
     """Search every legal layout for SPEC on a cluster, show the best, write the plan directory.
 
@@ -178,6 +180,9 @@ def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, 
         raise UserError("--check compares with the plan directory and --no-write writes none; pass one of them.")
     if no_write and out is not None:
         raise UserError("--no-write writes no plan directory and --out names one; pass one of them.")
+    if plot and (no_write or check):
+        raise UserError("--plot draws into the plan directory it writes; drop --no-write/--check, or run "
+                        "`dsorch plot PLAN_DIR` on a written plan.")
     project = _project()
     spec_file, loaded = load_spec(spec)
     setting = project.cluster(cluster)
@@ -204,6 +209,8 @@ def plan(spec, cluster, out, no_write, check, as_json, explain, runtime, nodes, 
         return
     if out is not None:
         write_plan_dir(out, files)
+        if plot:
+            _draw(out, out / "plots", [])
 
     if as_json:
         from .render.report import render_json
@@ -235,6 +242,50 @@ def _shown(p: Path) -> str:
         return Path(os.path.relpath(os.path.abspath(p))).as_posix()
     except ValueError:
         return str(p)
+
+
+# --------------------------------------------------------------------------------------------
+# plot
+# --------------------------------------------------------------------------------------------
+
+
+def _draw(plan_dir: Path, out: Path, runs: list[Path]) -> None:
+    from .plandir import load_plan_dir
+    from .render.plots import draw_all
+
+    pd = load_plan_dir(plan_dir)
+    for path in draw_all(pd, out, runs):
+        click.echo(f"wrote {_shown(path)}")
+
+
+@main.command(epilog="""\b
+Examples:
+  dsorch plot plans/llama3-70b-dgx16                 # plots/ in the plan directory
+  dsorch plot plans/tiny-local --run runs/tiny-local-1   # with a run's measured steps
+""")
+@click.argument("plan_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory for the SVG files; default PLAN_DIR/plots/.")
+@click.option("--run", "runs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+              help="A run directory (with metrics.jsonl) to draw against the prediction; repeatable. Default: "
+                   "the runs of this plan in the job registry.")
+def plot(plan_dir, out, runs):
+    """Draw a plan: memory per GPU and time per step of the chosen layout and the alternatives, the
+    chosen layout's pipeline schedule, and, when runs exist, measured step time and loss per step
+    against the prediction. SVG, byte-identical for the same plan and runs."""
+    if out is not None:
+        _check_path(out, "--out")
+    runs = list(runs)
+    missing = [r for r in runs if not (r / "metrics.jsonl").is_file()]
+    if missing:
+        raise UserError(f"--run {missing[0]}: no metrics.jsonl there; give a run directory the training "
+                        f"entrypoint wrote (`dsorch status` shows each job's run directory).")
+    if not runs:
+        here = plan_dir.resolve()
+        for job in _registry().all() if (_project().root / ".dsorch").is_dir() else []:
+            if Path(job.plan_dir).resolve() == here and Path(job.run_dir) not in runs:
+                runs.append(Path(job.run_dir))
+    _draw(plan_dir, out if out is not None else plan_dir / "plots", sorted(runs))
 
 
 # --------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ _TIME_NAMES = {"compute": "compute", "tp_comm": "tp_comm_exposed", "bubble": "bu
                "dp_comm": "dp_comm_exposed", "cp_comm": "cp_comm_exposed", "optimizer": "optimizer"}
 
 
-def _stacks(s: Scored) -> tuple[dict, dict]:
+def stacks(s: Scored) -> tuple[dict, dict]:
     """The stacks the search computed, rounded: nothing is evaluated again here."""
     return ({k: _r(s.memory_gib[k]) for k in MEMORY_KEYS},
             {_TIME_NAMES[k]: _r(v, 4) for k, v in s.time_s.items()})
@@ -61,7 +61,7 @@ def explain_doc(plan: Plan) -> dict:
     best = plan.chosen.step_time_s
     layouts = []
     for s in res.ranked:
-        mem, t = _stacks(s)
+        mem, t = stacks(s)
         layouts.append({"layout": s.layout.short(), "chosen": s.layout == plan.chosen.layout,
                         "step_time_s": _r(s.step_time_s, 4), "vs_chosen": _r(s.step_time_s / best - 1.0, 4),
                         "memory_gib_per_gpu": mem, "time_s": t})

@@ -27,7 +27,7 @@ from .specs import SpecFile
 
 PLAN_FILE = "plan.yaml"
 # Every file `dsorch plan` may write, plan.yaml last (it records the others' hashes).
-GENERATED = ("ds_config.json", "job.sbatch", "launch.sh", "megatron_args.txt", PLAN_FILE)
+GENERATED = ("ds_config.json", "job.sbatch", "launch.sh", "megatron_args.txt", "plan.md", PLAN_FILE)
 # Generated files are small (a 405B plan.yaml is ~40 KB); a larger one is not ours.
 MAX_FILE_BYTES = 16 << 20
 

@@ -15,7 +15,7 @@ from .costmodel import RECOMPUTE_CODES, Candidates, Evaluation, evaluate
 from .costmodel.calibration import engine_of, per_layout
 from .costmodel.evaluate import invariant_violations, runtime_engine
 from .costmodel.memory import GIB
-from .layout import RECOMPUTE_LEVELS, Layout, divisors
+from .layout import FAMILIES, RECOMPUTE_LEVELS, Layout, divisors, family_codes
 from .rules import (check_layout, cp_degrees, interleaving_fits, sp_options, stage_split, tp_degrees, uses_tp_overlap,
                     vpp_degrees, zero_stages)
 from .specs import ClusterProfile, ModelSpec, TrainingSpec
@@ -80,10 +80,43 @@ class SearchResult:
     closest: list[Scored]  # infeasible layouts with the smallest memory, for explanations
     capacity_gib: float
     rejected_rules: dict[str, int] = field(default_factory=dict)
+    # The best layout of each family the search evaluated (plan.md's decision, dsorch plot).
+    families: tuple["FamilyBest", ...] = ()
 
     @property
     def best(self) -> Scored | None:
         return self.ranked[0] if self.ranked else None
+
+
+@dataclass(frozen=True)
+class FamilyBest:
+    family: str
+    scored: Scored  # the fastest layout of the family that fits; when none fits, the one needing least memory
+    rank: int | None  # its rank among all layouts that fit (1 = chosen); None when none of the family fits
+    evaluated: int  # legal layouts of the family
+
+
+def _family_bests(cand: Candidates, ev: Evaluation, order: np.ndarray, fits: np.ndarray, capacity: float,
+                  confidence) -> tuple[FamilyBest, ...]:
+    codes = family_codes(cand.tp, cand.pp, cand.zero, cand.cp)
+    rank = np.empty(len(order), dtype=np.int64)
+    feasible_order = order[fits[order]]
+    rank[feasible_order] = np.arange(1, len(feasible_order) + 1)
+    out = []
+    for code, name in enumerate(FAMILIES):
+        members = codes == code
+        if not members.any():
+            continue
+        ok = feasible_order[members[feasible_order]]
+        if len(ok):
+            i = int(ok[0])
+            out.append(FamilyBest(name, _scored(cand, ev, i, capacity, confidence, fits), int(rank[i]),
+                                  int(members.sum())))
+        else:
+            idx = np.flatnonzero(members)
+            i = int(idx[np.lexsort((ev.step_time[idx], ev.total[idx]))][0])
+            out.append(FamilyBest(name, _scored(cand, ev, i, capacity, confidence, fits), None, int(members.sum())))
+    return tuple(out)
 
 
 def _options(pins: Pins, name: str, values):
@@ -247,7 +280,8 @@ def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, ru
     infeasible = np.flatnonzero(~fits)
     closest_idx = infeasible[np.lexsort((ev.step_time[infeasible], ev.total[infeasible]))][:keep]
     closest = [_scored(cand, ev, int(i), capacity, confidence, fits) for i in closest_idx]
-    return SearchResult(ranked, n, int(fits.sum()), int((~fits).sum()), closest, capacity, rejected)
+    families = _family_bests(cand, ev, order, fits, capacity, confidence)
+    return SearchResult(ranked, n, int(fits.sum()), int((~fits).sum()), closest, capacity, rejected, families)
 
 
 def explain_pins(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,

@@ -36,21 +36,6 @@ from .layout import Layout
 from .solver import Pins, Scored
 from .train.stop import OOM_MARK
 
-# Families, in the order a tie between them is reported.
-FAMILIES = ("context-parallel", "pipeline", "zero3", "tp-heavy", "data-parallel")
-
-
-def family(layout: Layout) -> str:
-    """The family of a layout: what dominates its communication."""
-    if layout.cp > 1:
-        return "context-parallel"
-    if layout.pp > 1:
-        return "pipeline"
-    if layout.zero_stage == 3:
-        return "zero3"
-    if layout.tp > 1:
-        return "tp-heavy"
-    return "data-parallel"
 
 
 @dataclass(frozen=True)
@@ -67,11 +52,11 @@ def select_trials(ranked: list[Scored], top: int) -> list[TrialPick]:
     picks: list[TrialPick] = []
     seen: set[Layout] = set()
     for i, s in enumerate(ranked[:top]):
-        picks.append(TrialPick(s, family(s.layout), f"rank {i + 1} by prediction"))
+        picks.append(TrialPick(s, s.layout.family, f"rank {i + 1} by prediction"))
         seen.add(s.layout)
     covered = {p.family for p in picks}
     for i, s in enumerate(ranked):
-        fam = family(s.layout)
+        fam = s.layout.family
         if fam not in covered and s.layout not in seen:
             picks.append(TrialPick(s, fam, f"best {fam} layout (rank {i + 1})"))
             covered.add(fam)

@@ -48,7 +48,7 @@ def test_every_shipped_pair_plans_and_validates(runner, in_tmp, spec, profile, r
         r = plan(runner, f"examples/{spec.name}", "--cluster", profile, "--runtime", runtime, "--out", out,
                  "--nodes", m.group(1))
     assert r.exit_code == 0, r.output
-    expected = {"job.sbatch", "launch.sh", "megatron_args.txt", "plan.yaml"} | (
+    expected = {"job.sbatch", "launch.sh", "megatron_args.txt", "plan.md", "plan.yaml"} | (
         {"ds_config.json"} if runtime == "deepspeed" else set())
     assert {p.name for p in out.iterdir()} == expected
     assert validate_path(out) == []

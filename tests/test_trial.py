@@ -7,7 +7,8 @@ import pytest
 
 from orchestrator.solver import enumerate_layouts, search
 from orchestrator.specs import load_profile, load_spec
-from orchestrator.trial import FAMILIES, family, pins_of, select_trials, trial_cost
+from orchestrator.layout import FAMILIES
+from orchestrator.trial import pins_of, select_trials, trial_cost
 
 from .conftest import EXAMPLES
 
@@ -23,12 +24,12 @@ def test_top_k_then_the_best_of_every_other_family(ranked):
     picks = select_trials(layouts, 3)
     assert [p.scored for p in picks[:3]] == layouts[:3]
     families = [p.family for p in picks]
-    present = {family(s.layout) for s in layouts}
+    present = {s.layout.family for s in layouts}
     assert set(families) == present  # every family the search found is measured once at least
     extra = picks[3:]
     assert len({p.family for p in extra}) == len(extra)  # one per family beyond the top K
     for p in extra:
-        first = next(i for i, s in enumerate(layouts) if family(s.layout) == p.family)
+        first = next(i for i, s in enumerate(layouts) if s.layout.family == p.family)
         assert p.scored is layouts[first] and p.family not in families[:3]
         assert p.why == f"best {p.family} layout (rank {first + 1})"
     assert len({p.scored.layout for p in picks}) == len(picks)
@@ -78,7 +79,7 @@ def test_a_trial_is_measured_from_its_run_directory(tmp_path, runner, monkeypatc
     (tmp_path / "examples").symlink_to(EXAMPLES)
     spec, _ = load_spec(EXAMPLES / "tiny.yaml")
     best = search(spec.model, spec.training, load_profile("local").profile, "deepspeed").best
-    pick = TrialPick(best, family(best.layout), "rank 1 by prediction")
+    pick = TrialPick(best, best.layout.family, "rank 1 by prediction")
     entry = entry_of(0, pick, "123_0")
     plan_dir = tmp_path / trial_dir_name(0, pick)
     r = runner.invoke(main, ["plan", "examples/tiny.yaml", "--cluster", "local", "--out", str(plan_dir)])

@@ -37,18 +37,24 @@ def _steady(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def read_steps(metrics: Path) -> list[dict]:
+    """The records of a metrics.jsonl, one per step in step order (a resumed run repeats steps:
+    the last record of a step wins)."""
+    steps: dict[int, dict] = {}
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            steps[int(rec["step"])] = rec
+    return [steps[k] for k in sorted(steps)]
+
+
 def run_record(metrics: Path, plan_dir: Path) -> CalibrationRecord:
     """One record from a training run's metrics.jsonl and the plan directory it trained."""
     from ..plandir import load_plan_dir
 
     pd = load_plan_dir(plan_dir)
     model, training = pd.spec.model, pd.spec.training
-    steps: dict[int, dict] = {}
-    for line in metrics.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            steps[int(rec["step"])] = rec  # a resumed run repeats steps: keep the last record
-    recs = [steps[k] for k in sorted(steps)]
+    recs = read_steps(metrics)
     if not recs:
         raise SpecError(f"{metrics}: no step records.")
     times = [r["step_time_s"] if r.get("step_time_s") else

@@ -6,13 +6,15 @@ from ..plan import Plan
 from ..plandir import sha256_text
 from .ds_config import render_ds_config
 from .megatron import render_megatron_args
-from .report import render_plan_yaml
+from .plan_md import render_plan_md
+from .report import regenerate_command, render_plan_yaml
 from .scripts import render_launch, render_sbatch
 
 
 def render_all(plan: Plan) -> dict[str, str]:
     """File name -> content for a plan directory. The Megatron runtime reads no ds_config.json.
-    plan.yaml comes last: it records the sha256 of every other file."""
+    plan.md lists the sha256 of the files before it; plan.yaml comes last and records the sha256
+    of every other file."""
     files = {
         "megatron_args.txt": render_megatron_args(plan),
         "launch.sh": render_launch(plan),
@@ -20,5 +22,7 @@ def render_all(plan: Plan) -> dict[str, str]:
     }
     if plan.runtime == "deepspeed":
         files["ds_config.json"] = render_ds_config(plan)
+    files["plan.md"] = render_plan_md(plan, {name: sha256_text(text) for name, text in sorted(files.items())},
+                                      regenerate_command(plan))
     files["plan.yaml"] = render_plan_yaml(plan, {name: sha256_text(text) for name, text in sorted(files.items())})
     return dict(sorted(files.items()))

@@ -1,0 +1,201 @@
+"""What a reviewer reads: plan.md (the decision in prose, the stacks, the inputs) and the pictures
+(`dsorch plot`, `plan --plot`), checked for content: the bars and rows exist and encode the plan's
+numbers, the pipeline schedule obeys the 1F1B rules and its bubble is the paper's."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.cli import main
+from orchestrator.explain import MEMORY_KEYS, TIME_KEYS
+from orchestrator.render.plots import schedule
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def run(runner, *args):
+    return runner.invoke(main, [*map(str, args)], catch_exceptions=False)
+
+
+def _doc(plan_dir: Path) -> dict:
+    return yaml.safe_load((plan_dir / "plan.yaml").read_text())
+
+
+# ---- plan.md ---------------------------------------------------------------------------------
+
+
+def test_plan_md_states_the_decision_with_the_plans_numbers(runner, in_tmp):
+    out = in_tmp / "p"
+    assert run(runner, "plan", "examples/llama3-70b.yaml", "--cluster", "dgx16", "--out", out).exit_code == 0
+    md = (out / "plan.md").read_text()
+    doc = _doc(out)
+    chosen = doc["explain"]["layouts"][0]
+    runner_up = doc["explain"]["layouts"][1]
+    assert chosen["chosen"] and md.startswith(f"# llama3-70b on dgx16: `{chosen['layout']}`")
+    assert f"{doc['predicted']['step_time_s']:.4g} s per step" in md
+    assert f"{doc['memory_gib_per_gpu']['total']:.1f} GiB of 80.0 GiB per GPU" in md
+    assert f"**Runner-up:** `{runner_up['layout']}`" in md
+    assert f"({100 * runner_up['vs_chosen']:+.1f} %)" in md
+    # Every family the search found has its line; plain data parallelism cannot hold 70B's states on
+    # 80 GB, and the line says by how much.
+    for words in ("Data parallelism", "ZeRO-3 / FSDP", "Tensor parallelism", "Pipeline parallelism"):
+        assert f"- **{words}" in md
+    dp_line = next(line for line in md.splitlines() if line.startswith("- **Data parallelism"))
+    need = float(re.search(r"needs ([\d.]+) GiB of 80.0 GiB", dp_line).group(1))
+    assert need > 80 and f"{need - 80:.1f} GiB over" in dp_line
+    # The stacks: one table row per ranked layout, with the plan.yaml numbers.
+    for L in doc["explain"]["layouts"]:
+        name = f"**{L['layout']}**" if L["chosen"] else L["layout"]
+        mem_row = "| " + " | ".join([name, *[f"{L['memory_gib_per_gpu'][k]:.1f}" for k in MEMORY_KEYS]]) + " |"
+        assert mem_row in md
+        assert f"| {name} | " + " | ".join(f"{L['time_s'][k]:.3f}" for k in TIME_KEYS) in md
+    # The inputs and the other files, with the hashes plan.yaml records.
+    assert doc["inputs"]["model_spec"]["sha256"] in md and doc["inputs"]["cluster_profile"]["sha256"] in md
+    for name, digest in doc["files"].items():
+        if name != "plan.md":
+            assert f"- `{name}` `{digest}`" in md
+    assert "plan.md" in doc["files"]
+
+
+def test_plan_md_is_deterministic_and_checked(runner, in_tmp):
+    a, b = in_tmp / "a", in_tmp / "b"
+    for out in (a, b):
+        assert run(runner, "plan", "examples/tiny.yaml", "--cluster", "local", "--out", out).exit_code == 0
+    assert (a / "plan.md").read_bytes() == (b / "plan.md").read_bytes()
+    (a / "plan.md").write_text((a / "plan.md").read_text().replace("Runner-up", "Second"))
+    r = run(runner, "plan", "examples/tiny.yaml", "--cluster", "local", "--out", a, "--check")
+    assert r.exit_code == 1 and "plan.md" in r.output
+    r = run(runner, "validate", a)
+    assert r.exit_code == 2 and "plan.md" in r.output
+
+
+# ---- the pipeline schedule -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pp, v, k", [(p, v, k) for p, v, k in itertools.product([2, 3, 4, 8], [1, 2, 4], [1, 2, 3])])
+def test_schedule_bubble_is_the_papers(pp, v, k):
+    """Without send time, the simulated 1F1B / interleaved schedule takes (m v + pp - 1) chunk
+    passes: the bubble fraction (pp - 1) / (m v) of Narayanan et al. 2021, eq. (1) and sec. 2.2.2."""
+    m = pp * k
+    blocks = schedule(pp, m, v, 1.0, 2.0, 0.0)
+    end = max(b.end for b in blocks)
+    assert end == pytest.approx((m * v + pp - 1) * 3.0)
+    # Each stage runs the forward and the backward of every (micro-batch, chunk) exactly once.
+    for s in range(pp):
+        mine = sorted((b.kind, b.micro_batch, b.chunk) for b in blocks if b.stage == s)
+        assert mine == sorted(itertools.product("BF", range(m), range(v)))
+
+
+def test_schedule_respects_every_dependency_and_the_send_time():
+    pp, m, v, send = 4, 8, 2, 0.25
+    blocks = schedule(pp, m, v, 1.0, 2.0, send)
+    at = {(b.kind, b.stage, b.micro_batch, b.chunk): b for b in blocks}
+    for b in blocks:
+        if b.kind == "F" and (b.stage > 0 or b.chunk > 0):
+            dep = at[("F", b.stage - 1, b.micro_batch, b.chunk)] if b.stage else at[("F", pp - 1, b.micro_batch, b.chunk - 1)]
+            assert b.start >= dep.end + send - 1e-12
+        if b.kind == "B":
+            assert b.start >= at[("F", b.stage, b.micro_batch, b.chunk)].end
+            if b.stage < pp - 1:
+                assert b.start >= at[("B", b.stage + 1, b.micro_batch, b.chunk)].end + send - 1e-12
+    for s in range(pp):  # one pass at a time per stage
+        mine = sorted((b.start, b.end) for b in blocks if b.stage == s)
+        assert all(x[1] <= y[0] + 1e-12 for x, y in zip(mine, mine[1:]))
+
+
+# ---- the pictures ----------------------------------------------------------------------------
+
+
+def _bars(svg: Path, prefix: str) -> dict[str, float]:
+    """Width of every bar whose id starts with ``prefix`` (matplotlib writes a bar as a closed path)."""
+    out = {}
+    for g in ET.parse(svg).getroot().iter(f"{SVG}g"):
+        gid = g.get("id", "")
+        if gid.startswith(prefix):
+            path = g.find(f"{SVG}path")
+            if path is not None:
+                xs = [float(x) for x in re.findall(r"[ML] ([-\d.]+) [-\d.]+", path.get("d"))]
+                out[gid] = max(xs) - min(xs)
+    return out
+
+
+def _texts(svg: Path) -> dict[str, str]:
+    root = ET.parse(svg).getroot()
+    return {g.get("id"): "".join(g.find(f"{SVG}text").itertext()).strip() for g in root.iter(f"{SVG}g")
+            if g.find(f"{SVG}text") is not None}
+
+
+def test_plot_draws_the_plans_stacks_and_schedule(runner, in_tmp):
+    out = in_tmp / "p"
+    r = run(runner, "plan", "examples/gpt3-175b.yaml", "--cluster", "dgx-a100-80gb-hdr", "--nodes", "16",
+            "--runtime", "megatron", "--pp", "8", "--vpp", "2", "--out", out, "--plot")
+    assert r.exit_code == 0, r.output
+    doc = _doc(out)
+    layouts = doc["explain"]["layouts"]
+    for name in ("memory.svg", "time.svg", "schedule.svg"):
+        assert (out / "plots" / name).is_file()
+    # Memory: one bar per part per ranked layout; the widths encode the numbers (proportional
+    # within and across rows), the totals are written at the bar ends, the capacity line is drawn.
+    bars = _bars(out / "plots" / "memory.svg", "memory-")
+    texts = _texts(out / "plots" / "memory.svg")
+    parts = [k for k in MEMORY_KEYS if k != "total"]
+    scale = None
+    for i, L in enumerate(layouts):
+        mem = L["memory_gib_per_gpu"]
+        for k in parts:
+            w = bars[f"memory-{i}-{k}"]
+            scale = scale or w / mem[k] if mem[k] else scale
+            if mem[k] > 0.5:
+                assert w / mem[k] == pytest.approx(scale, rel=2e-3), (i, k)
+        assert texts[f"memory-{i}-total"] == f"{mem['total']:.1f}"
+    assert "memory-capacity" in {g.get("id") for g in ET.parse(out / "plots" / "memory.svg").getroot().iter(f"{SVG}g")}
+    # Time: the same for the step's stack.
+    bars = _bars(out / "plots" / "time.svg", "time-")
+    texts = _texts(out / "plots" / "time.svg")
+    scale = None
+    for i, L in enumerate(layouts):
+        for k in TIME_KEYS:
+            if L["time_s"][k] > 0.01 * L["step_time_s"]:
+                w = bars[f"time-{i}-{k}"]
+                scale = scale or w / L["time_s"][k]
+                assert w / L["time_s"][k] == pytest.approx(scale, rel=2e-3), (i, k)
+        assert texts[f"time-{i}-total"] == format(L["step_time_s"], ".4g")
+    # The schedule: a row of forward and backward bars for every stage of the chosen layout.
+    ids = {g.get("id") for g in ET.parse(out / "plots" / "schedule.svg").getroot().iter(f"{SVG}g")}
+    pp = doc["layout"]["pp"]
+    assert pp == 8 and doc["layout"]["vpp"] == 2
+    for s in range(pp):
+        assert {f"schedule-stage{s}-F0", f"schedule-stage{s}-F1", f"schedule-stage{s}-B0",
+                f"schedule-stage{s}-B1"} <= ids
+    assert "interleaved 1F1B: pp 8, 2 chunks per stage" in (out / "plots" / "schedule.svg").read_text()
+
+
+def test_plot_is_deterministic_and_draws_measured_runs(runner, in_tmp):
+    out = in_tmp / "p"
+    assert run(runner, "plan", "examples/tiny.yaml", "--cluster", "local", "--out", out).exit_code == 0
+    run_dir = in_tmp / "run"
+    run_dir.mkdir()
+    # A run's metrics.jsonl as the entrypoint writes it (the fields dsorch plot reads).
+    lines = [{"step": i, "loss": 5.0 - 0.1 * i, "step_time_s": 0.2 if i > 1 else 1.5, "tokens_per_s": 5000.0,
+              "peak_mem_gib": 0.4} for i in range(1, 11)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    r = run(runner, "plot", out, "--run", run_dir, "--out", in_tmp / "a")
+    assert r.exit_code == 0, r.output
+    assert "wrote" in r.output and (in_tmp / "a" / "steps.svg").is_file()
+    assert run(runner, "plot", out, "--run", run_dir, "--out", in_tmp / "b").exit_code == 0
+    for name in ("memory.svg", "time.svg", "schedule.svg", "steps.svg"):
+        assert (in_tmp / "a" / name).read_bytes() == (in_tmp / "b" / name).read_bytes(), name
+    ids = {g.get("id") for g in ET.parse(in_tmp / "a" / "steps.svg").getroot().iter(f"{SVG}g")}
+    assert {"steps-loss-0", "steps-time-0", "steps-predicted"} <= ids
+    # The measured line passes through the measured points: 10 steps, 10 vertices.
+    g = next(g for g in ET.parse(in_tmp / "a" / "steps.svg").getroot().iter(f"{SVG}g") if g.get("id") == "steps-time-0")
+    assert len(re.findall(r"[ML] ", g.find(f"{SVG}path").get("d"))) == 10
+    r = run(runner, "plot", out, "--run", in_tmp / "nowhere")
+    assert r.exit_code == 2 and "no metrics.jsonl" in r.output and "Traceback" not in r.output
