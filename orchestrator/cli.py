@@ -201,7 +201,11 @@ def plan(spec, cluster, out, no_write, plot, check, as_json, explain, runtime, n
             raise UserError(f"--check: {shown} is not a plan directory; write it first without --check.")
         diff = diff_plan_dir(out, files)
         if diff:
+            from .plandiff import stale_inputs
+
             click.echo(diff, nl=False)
+            for line in stale_inputs(out, the_plan):
+                click.echo(f"dsorch plan --check: {line}", err=True)
             click.echo(f"dsorch plan --check: {shown} differs from what dsorch {__version__} generates for these "
                        f"inputs; rerun without --check to update it.", err=True)
             sys.exit(1)
@@ -286,6 +290,91 @@ def plot(plan_dir, out, runs):
             if Path(job.plan_dir).resolve() == here and Path(job.run_dir) not in runs:
                 runs.append(Path(job.run_dir))
     _draw(plan_dir, out if out is not None else plan_dir / "plots", sorted(runs))
+
+
+# --------------------------------------------------------------------------------------------
+# diff
+# --------------------------------------------------------------------------------------------
+
+
+@main.command(epilog="""\b
+Examples:
+  dsorch diff plans/llama3-70b-dgx16 plans/llama3-70b-dgx16-32n
+  git worktree add /tmp/base main && dsorch diff /tmp/base/plans/x plans/x   # what a pull request changes
+""")
+@click.argument("plan_a", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("plan_b", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def diff(plan_a, plan_b, as_json):
+    """What changed from plan directory PLAN_A to PLAN_B: inputs, layout, memory per GPU, predicted
+    step time and MFU, the Megatron-LM flags and ds_config.json keys, and the other files that differ."""
+    from .plandiff import diff_plans, diff_text
+    from .plandir import load_plan_dir
+
+    d = diff_plans(load_plan_dir(plan_a), load_plan_dir(plan_b))
+    if as_json:
+        click.echo(json.dumps(d.as_dict(), indent=2))
+        return
+    click.echo(diff_text(d, _shown(plan_a), _shown(plan_b)), nl=False)
+
+
+# --------------------------------------------------------------------------------------------
+# import-hf
+# --------------------------------------------------------------------------------------------
+
+
+@main.command("import-hf", epilog="""\b
+Examples:
+  dsorch import-hf Meta-Llama-3-8B/config.json --out specs/llama3-8b.yaml
+  dsorch import-hf config.json --seq-length 4096 --global-batch-size 1024 --name qwen2-7b
+""")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Spec file to write; default: print it.")
+@click.option("--name", default=None, help="The spec's name; default the config's _name_or_path, else its folder.")
+@click.option("--seq-length", type=click.IntRange(1, 100_000_000), default=None,
+              help="training.seq_length; default max_position_embeddings, at most 8192.")
+@click.option("--global-batch-size", type=click.IntRange(1, 100_000_000), default=None,
+              help="training.global_batch_size in sequences; default about 4M tokens per step.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
+def import_hf(config, out, name, seq_length, global_batch_size, force):
+    """Make a model spec from a Hugging Face config.json (Llama, Mistral, Qwen2, Gemma, GPT-NeoX,
+    GPT-2, Falcon), offline. What the spec cannot express (mixture of experts, sliding-window
+    attention, ...) is refused with the key; what changes only the numerics (RoPE scaling, ...) is
+    said and noted in the spec's source."""
+    import yaml
+
+    from pydantic import ValidationError
+
+    from .hf_import import import_config, spec_document
+    from .specs import SpecFile
+    from .writer import write_text_atomic
+
+    if out is not None:
+        _check_path(out, "--out")
+        if out.exists() and not force:
+            raise UserError(f"--out {out} exists; pass --force to overwrite it, or choose another path.")
+    imp = import_config(config, name)
+    doc = spec_document(imp, f"Hugging Face config.json ({imp.family}), imported by dsorch import-hf",
+                        seq_length, global_batch_size)
+    try:
+        SpecFile.model_validate(doc)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()[:5])
+        raise UserError(f"{config}: the imported spec is not valid: {problems}. Fix it with --seq-length / "
+                        f"--global-batch-size, or write the spec by hand.")
+    text = ("# Imported from a Hugging Face config.json by `dsorch import-hf`. The model section is the\n"
+            "# config's; the training section is a starting point: set the sequence, batch and length you train.\n"
+            + yaml.safe_dump(doc, sort_keys=False, width=100))
+    for note in imp.notes:
+        click.echo(f"note: not carried: {note}.", err=True)
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out, text)
+    click.echo(f"wrote {_shown(out)}: {imp.family}, {doc['model']['num_layers']} layers, hidden "
+               f"{doc['model']['hidden_size']}; next: dsorch plan {_shown(out)}", err=False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -98,6 +98,7 @@ class PlanDoc(BaseModel):
     runtime: Literal[RUNTIMES]  # type: ignore[valid-type]
     inputs: PlanInputs
     spec: SpecFile
+    profile: dict[str, Any] | None = None  # the cluster profile as planned (older plans lack it)
     files: dict[str, str]
     model: PlanModel
     cluster: PlanCluster

@@ -199,3 +199,52 @@ def test_plot_is_deterministic_and_draws_measured_runs(runner, in_tmp):
     assert len(re.findall(r"[ML] ", g.find(f"{SVG}path").get("d"))) == 10
     r = run(runner, "plot", out, "--run", in_tmp / "nowhere")
     assert r.exit_code == 2 and "no metrics.jsonl" in r.output and "Traceback" not in r.output
+
+
+# ---- dsorch diff, plan --check on changed inputs -----------------------------------------------
+
+
+def test_diff_says_what_changed_in_the_users_terms(runner, in_tmp):
+    a, b = in_tmp / "a", in_tmp / "b"
+    assert run(runner, "plan", "examples/llama3-70b.yaml", "--cluster", "dgx16", "--runtime", "megatron",
+               "--out", a).exit_code == 0
+    assert run(runner, "plan", "examples/llama3-70b.yaml", "--cluster", "dgx16", "--runtime", "megatron",
+               "--tp", "8", "--out", b).exit_code == 0
+    da, db = _doc(a), _doc(b)
+    r = run(runner, "diff", a, b)
+    assert r.exit_code == 0, r.output
+    assert f"  tp: {da['layout']['tp']} -> 8" in r.output
+    assert "  pinned: nothing -> tp=8" in r.output
+    sa, sb = da["predicted"]["step_time_s"], db["predicted"]["step_time_s"]
+    assert f"  step_time_s: {sa:g} -> {sb:g} ({100 * (sb / sa - 1):+.1f} %)" in r.output
+    assert f"  --tensor-model-parallel-size: {da['layout']['tp']} -> 8" in r.output
+    j = json.loads(run(runner, "diff", a, b, "--json").output)
+    assert {"flag": "--tensor-model-parallel-size", "before": str(da["layout"]["tp"]), "after": "8"} in j["megatron_flags"]
+    assert run(runner, "diff", a, a).output.endswith("no differences.\n")
+    # A deepspeed plan against a megatron one: ds_config.json keys appear as added.
+    c = in_tmp / "c"
+    assert run(runner, "plan", "examples/llama3-70b.yaml", "--cluster", "dgx16", "--out", c).exit_code == 0
+    out = run(runner, "diff", a, c).output
+    assert "  runtime: megatron -> deepspeed" in out and "  train_batch_size: (absent) -> 512" in out
+
+
+def test_check_names_the_profile_fields_that_changed_and_the_new_best(runner, in_tmp):
+    prof = in_tmp / "prof"
+    prof.mkdir()
+    shipped = (Path(__file__).parents[1] / "cluster_profiles" / "dgx16.yaml").read_text()
+    (prof / "dgx16.yaml").write_text(shipped)
+    args = ["plan", "examples/llama3-70b.yaml", "--cluster", "dgx16", "--profiles-dir", prof, "--out", in_tmp / "p"]
+    assert run(runner, *args).exit_code == 0
+    before = _doc(in_tmp / "p")["layout"]
+    (prof / "dgx16.yaml").write_text(shipped.replace("memory_gib: 80", "memory_gib: 96"))
+    r = run(runner, *args, "--check")
+    assert r.exit_code == 1
+    assert "the cluster profile dgx16 changed since this plan was made: gpu.memory_gib 80 -> 96." in r.output
+    assert run(runner, *args).exit_code == 0
+    after = _doc(in_tmp / "p")["layout"]
+    if after != before:
+        from orchestrator.layout import Layout
+
+        assert f"the best layout now: {Layout(**after).short()}" in r.output
+    else:
+        assert "the best layout is unchanged" in r.output

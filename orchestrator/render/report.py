@@ -62,6 +62,9 @@ def plan_doc(plan: Plan, file_hashes: dict[str, str] | None = None) -> dict:
         },
         # The model spec as planned, whole: what the entrypoint and calibrate read back.
         "spec": plan.spec.model_dump(mode="json"),
+        # The cluster profile as planned (extends resolved, --nodes applied): `plan --check` names
+        # the fields that changed since.
+        "profile": p.model_dump(mode="json"),
         # sha256 of the other generated files; every reader checks them (orchestrator.plandir).
         **({"files": file_hashes} if file_hashes is not None else {}),
         "model": {

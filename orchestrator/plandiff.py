@@ -1,0 +1,181 @@
+"""What changed between two plan directories, in the user's terms: the inputs, the layout, memory
+per GPU, the prediction, the Megatron-LM flags and the ds_config.json keys, then which other
+files differ. For pull requests that change a plan (`dsorch diff A B`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from .plandir import PlanDir
+
+LAYOUT_NAMES = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "vpp": "vpp", "zero_stage": "ZeRO stage",
+                "micro_batch_size": "micro-batch", "grad_accum_steps": "grad accumulation",
+                "recompute": "recompute", "sequence_parallel": "sequence parallel"}
+
+
+@dataclass
+class PlanDiff:
+    inputs: list[tuple[str, object, object]] = field(default_factory=list)
+    layout: list[tuple[str, object, object]] = field(default_factory=list)
+    memory: list[tuple[str, float, float]] = field(default_factory=list)
+    predicted: list[tuple[str, float, float]] = field(default_factory=list)
+    flags: list[tuple[str, str | None, str | None]] = field(default_factory=list)  # None: absent, "": a switch
+    ds_config: list[tuple[str, object, object]] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # other generated files that differ
+
+    @property
+    def empty(self) -> bool:
+        return not any((self.inputs, self.layout, self.memory, self.predicted, self.flags, self.ds_config, self.files))
+
+    def as_dict(self) -> dict:
+        def rows(items, keys=("name", "before", "after")):
+            return [dict(zip(keys, x)) for x in items]
+
+        return {"inputs": rows(self.inputs), "layout": rows(self.layout), "memory_gib_per_gpu": rows(self.memory),
+                "predicted": rows(self.predicted), "megatron_flags": rows(self.flags, ("flag", "before", "after")),
+                "ds_config": rows(self.ds_config, ("key", "before", "after")), "files": self.files}
+
+
+def parse_flags(text: str) -> dict[str, str]:
+    """megatron_args.txt (one flag and its values per line) as {flag: values}, "" for a switch."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.strip().split(None, 1)
+        if parts and parts[0].startswith("--"):
+            out[parts[0]] = parts[1] if len(parts) > 1 else ""
+    return out
+
+
+def _flatten(obj, prefix: str = "") -> dict[str, object]:
+    if isinstance(obj, dict):
+        out: dict[str, object] = {}
+        for k, v in obj.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: obj}
+
+
+def _changed(a: dict, b: dict, ordered: bool = False) -> list[tuple[str, object, object]]:
+    """Keys whose values differ: in a's order then b's new keys (``ordered``), else sorted."""
+    keys = list(dict.fromkeys([*a, *b])) if ordered else sorted(set(a) | set(b))
+    return [(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)]
+
+
+def diff_plans(a: PlanDir, b: PlanDir) -> PlanDiff:
+    d = PlanDiff()
+    da, db = a.doc, b.doc
+    ins_a = {"model spec": f"{da.spec.name} ({da.inputs.model_spec.sha256[:12]})",
+             "cluster": f"{da.cluster.name}, {da.cluster.nodes} x {da.cluster.gpus_per_node} {da.cluster.gpu} "
+                        f"({da.inputs.cluster_profile.sha256[:12]})",
+             "runtime": da.runtime, "dsorch": da.dsorch_version, "pinned": da.inputs.pinned,
+             "memory margin GiB": da.inputs.memory_margin_gib}
+    ins_b = {"model spec": f"{db.spec.name} ({db.inputs.model_spec.sha256[:12]})",
+             "cluster": f"{db.cluster.name}, {db.cluster.nodes} x {db.cluster.gpus_per_node} {db.cluster.gpu} "
+                        f"({db.inputs.cluster_profile.sha256[:12]})",
+             "runtime": db.runtime, "dsorch": db.dsorch_version, "pinned": db.inputs.pinned,
+             "memory margin GiB": db.inputs.memory_margin_gib}
+    d.inputs = _changed(ins_a, ins_b, ordered=True)
+    la, lb = da.layout.model_dump(), db.layout.model_dump()
+    d.layout = [(LAYOUT_NAMES.get(k, k), x, y) for k, x, y in _changed(la, lb, ordered=True)]
+    d.memory = _changed(da.memory_gib_per_gpu, db.memory_gib_per_gpu, ordered=True)
+    keys = ("step_time_s", "tokens_per_s", "mfu", "model_tflops_per_gpu", "time_to_train_days")
+    d.predicted = _changed({k: da.predicted.get(k) for k in keys}, {k: db.predicted.get(k) for k in keys},
+                           ordered=True)
+    fa, fb = parse_flags(a.texts.get("megatron_args.txt", "")), parse_flags(b.texts.get("megatron_args.txt", ""))
+    d.flags = _changed(fa, fb)
+    ca = _flatten(json.loads(a.texts["ds_config.json"])) if "ds_config.json" in a.texts else {}
+    cb = _flatten(json.loads(b.texts["ds_config.json"])) if "ds_config.json" in b.texts else {}
+    d.ds_config = _changed(ca, cb)
+    shown = {"megatron_args.txt", "ds_config.json", "plan.yaml", "plan.md"}
+    d.files = sorted(n for n in set(a.texts) | set(b.texts) if n not in shown and a.texts.get(n) != b.texts.get(n))
+    return d
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "(absent)"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={x}" for k, x in v.items()) or "nothing"
+    return str(v)
+
+
+def _change(x, y, relative: bool) -> str:
+    if relative and isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool) and x:
+        return f"{_fmt(x)} -> {_fmt(y)} ({100 * (y / x - 1):+.1f} %)"
+    return f"{_fmt(x)} -> {_fmt(y)}"
+
+
+def diff_text(d: PlanDiff, name_a: str, name_b: str) -> str:
+    if d.empty:
+        return f"{name_a} and {name_b}: no differences.\n"
+    out = [f"{name_a} -> {name_b}"]
+    sections = (("inputs", d.inputs, False), ("layout", d.layout, False), ("memory per GPU (GiB)", d.memory, True),
+                ("prediction", d.predicted, True))
+    for title, rows, relative in sections:
+        if rows:
+            out.append(f"{title}:")
+            out += [f"  {k}: {_change(x, y, relative)}" for k, x, y in rows]
+    if d.flags:
+        out.append("Megatron-LM flags:")
+        for flag, x, y in d.flags:
+            if x is None:
+                out.append(f"  + {flag} {y}".rstrip())
+            elif y is None:
+                out.append(f"  - {flag} {x}".rstrip())
+            else:
+                out.append(f"  {flag}: {x} -> {y}")
+    if d.ds_config:
+        out.append("ds_config.json:")
+        out += [f"  {k}: {_fmt(x)} -> {_fmt(y)}" for k, x, y in d.ds_config]
+    if d.files:
+        out.append(f"also differ: {', '.join(d.files)}")
+    return "\n".join(out) + "\n"
+
+
+
+def stale_inputs(plan_dir, the_plan) -> list[str]:
+    """Why a committed plan differs from what its inputs give now (`plan --check`): the cluster
+    profile's and the spec's fields that changed since it was planned, and the layout it would get
+    now. Empty when the committed plan.yaml cannot be read or its inputs are unchanged."""
+    import yaml
+
+    try:
+        old = yaml.safe_load((plan_dir / "plan.yaml").read_text(encoding="utf-8"))
+        inputs = old["inputs"]
+        old_layout = old["layout"]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
+        return []
+    lines = []
+    for what, key, sha, now, name in (
+            ("cluster profile", "cluster_profile", the_plan.profile_sha256, the_plan.profile.model_dump(mode="json"),
+             the_plan.profile.name),
+            ("model spec", "model_spec", the_plan.spec_sha256, the_plan.spec.model_dump(mode="json"),
+             the_plan.spec_path)):
+        was = (inputs.get(key) or {}).get("sha256") if isinstance(inputs, dict) else None
+        if was is None or was == sha:
+            continue
+        before = old.get("profile" if key == "cluster_profile" else "spec")
+        if not isinstance(before, dict):
+            lines.append(f"the {what} {name} changed since this plan was made (its sha256 {was[:12]} -> {sha[:12]}).")
+            continue
+        changes = _changed(_flatten(before), _flatten(now), ordered=True)
+        shown = "; ".join(f"{k} {_fmt(x)} -> {_fmt(y)}" for k, x, y in changes[:12])
+        more = f"; and {len(changes) - 12} more" if len(changes) > 12 else ""
+        lines.append(f"the {what} {name} changed since this plan was made: {shown or 'formatting only'}{more}.")
+    if lines:
+        now_layout = the_plan.layout.as_dict()
+        if isinstance(old_layout, dict) and any(old_layout.get(k) != v for k, v in now_layout.items()):
+            from .layout import Layout
+
+            try:
+                was = Layout(**old_layout).short()
+            except (TypeError, ValueError):
+                was = "the committed layout"
+            lines.append(f"the best layout now: {the_plan.layout.short()} ({the_plan.chosen.step_time_s:.4g} s per "
+                         f"step), was {was}.")
+        else:
+            lines.append(f"the best layout is unchanged: {the_plan.layout.short()}.")
+    return lines
