@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from . import __version__
 from .errors import LayoutError, NoFeasibleLayout
 from .layout import Layout
-from .rules import check_training
+from .rules import check_model, check_training
 from .solver import Pins, Scored, SearchResult, explain_pins, minimum_nodes, search
 from .specs import ClusterProfile, LoadedProfile, SpecFile
 
@@ -72,7 +72,7 @@ def make_plan(spec: SpecFile, spec_path: str, spec_sha256: str, loaded: LoadedPr
         raise LayoutError(f"--memory-margin {memory_margin_gib:g} GiB leaves nothing of the {loaded.profile.gpu.memory_gib:g} "
                           f"GiB per GPU; use a margin below the GPU memory.")
     profile = loaded.profile.resized(nodes, gpus_per_node)
-    problems = check_training(spec.training, profile, runtime)
+    problems = check_model(spec.model, runtime) + check_training(spec.training, profile, runtime)
     if problems:
         raise LayoutError(f"{shown_path or spec_path}: " + "; ".join(problems) + ".")
     result = search(spec.model, spec.training, profile, runtime, pins, memory_margin_gib=memory_margin_gib,

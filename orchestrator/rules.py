@@ -194,6 +194,21 @@ def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, profi
     return r
 
 
+def check_model(model: ModelSpec, runtime: str) -> list[str]:
+    """What the runtime cannot build of the architecture."""
+    problems = []
+    if runtime == "megatron":
+        # megatron/training/arguments.py offers --swiglu and --quick-geglu (a different GeGLU), and
+        # its GPT layer is sequential (attention, then MLP).
+        if model.activation == "geglu":
+            problems.append("model.activation geglu (Gemma's tanh GeGLU) has no Megatron-LM flag; use the deepspeed "
+                            "runtime")
+        if model.parallel_residual:
+            problems.append("model.parallel_residual: Megatron-LM's GPT layer is sequential; use the deepspeed "
+                            "runtime")
+    return problems
+
+
 def check_training(training: TrainingSpec, profile: ClusterProfile, runtime: str) -> list[str]:
     """What the runtime refuses about the training settings, whatever the layout."""
     problems = []

@@ -42,12 +42,19 @@ class ModelSpec(BaseModel):
     # GQA (Ainslie et al. 2023): equal to num_attention_heads (plain MHA) when omitted.
     num_kv_heads: int | None = Field(default=None, gt=0, le=1_000_000)
     vocab_size: int = Field(gt=0, le=100_000_000)
-    activation: Literal["swiglu", "gelu"] = "swiglu"
+    # swiglu (Shazeer 2020; Llama) and geglu (Gemma) are gated: three MLP matrices; gelu two.
+    activation: Literal["swiglu", "geglu", "gelu"] = "swiglu"
     tied_embeddings: bool = False
     normalization: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     position_embedding: Literal["rope", "learned"] = "rope"
     # Biases on the linear layers (GPT-2/3 style); Llama has none.
     bias: bool = False
+    # Biases on the query, key and value projections only (Qwen2; Megatron-LM --add-qkv-bias).
+    qkv_bias: bool = False
+    # Attention and MLP read the same input, each through its own norm, and both add to the
+    # residual (GPT-J, GPT-NeoX/Pythia, Falcon 40B/180B). Same parameters and FLOPs as the
+    # sequential block; the megatron runtime has no such block and refuses it.
+    parallel_residual: bool = False
     max_position_embeddings: int | None = Field(default=None, gt=0, le=100_000_000)
     rope_theta: float = Field(default=10000.0, gt=0)
     init_method_std: float = Field(default=0.02, gt=0)
@@ -60,6 +67,8 @@ class ModelSpec(BaseModel):
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {a}; "
                 f"choose heads that divide the hidden size (head_dim = hidden_size / heads)"
             )
+        if self.bias and self.qkv_bias:
+            raise ValueError("bias: true already puts biases on the query, key and value projections; drop qkv_bias")
         if a % kv:
             raise ValueError(
                 f"num_attention_heads {a} is not divisible by num_kv_heads {kv}; "
@@ -76,6 +85,11 @@ class ModelSpec(BaseModel):
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def gated(self) -> bool:
+        """A gated MLP (gate, up and down matrices)."""
+        return self.activation in ("swiglu", "geglu")
+
+    @property
     def gqa(self) -> bool:
         return self.kv_heads != self.num_attention_heads
 
@@ -86,9 +100,10 @@ class ModelSpec(BaseModel):
         h, f = self.hidden_size, self.ffn_hidden_size
         kv_dim = self.kv_heads * self.head_dim
         attn = h * h + 2 * h * kv_dim + h * h  # Q, K, V, output projection
-        mlp = (3 if self.activation == "swiglu" else 2) * h * f  # gate+up+down / up+down
+        mlp = (3 if self.gated else 2) * h * f  # gate+up+down / up+down
         norms = (2 if self.normalization == "layernorm" else 1) * 2 * h  # two norms per layer
-        bias = (h + 2 * kv_dim + h + (2 * f if self.activation == "swiglu" else f) + h) if self.bias else 0
+        qkv_bias = h + 2 * kv_dim
+        bias = (qkv_bias + h + (2 * f if self.gated else f) + h) if self.bias else qkv_bias if self.qkv_bias else 0
         return attn + mlp + norms + bias
 
     @property

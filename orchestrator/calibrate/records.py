@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import SpecError
 from ..layout import RECOMPUTE_LEVELS, RUNTIMES
-from ..rules import check_training, stage_split
+from ..rules import check_model, check_training, stage_split
 from ..solver import Pins
 from ..specs import ClusterProfile, ModelSpec, TrainingSpec, load_spec
 from .rows import Row
@@ -153,7 +153,7 @@ def _record_row(rec: CalibrationRecord, base: Path, profile: ClusterProfile, ind
                 recompute=L.recompute, sequence_parallel=L.sequence_parallel, cp=L.cp)
     if stage_split(model.num_layers, L.pp) is None:
         raise SpecError(f"record {index}: pp={L.pp} cannot split {model.num_layers} layers.")
-    problems = check_training(training, prof, rec.runtime)
+    problems = check_model(model, rec.runtime) + check_training(training, prof, rec.runtime)
     if problems:
         raise SpecError(f"record {index}: " + "; ".join(problems) + ".")
     return Row(rec.id or f"record {index}", model, training, prof, rec.runtime, pins, rec.step_time_s,

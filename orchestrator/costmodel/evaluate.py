@@ -293,14 +293,14 @@ def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
     act_bytes = x.act_bytes
     fp8 = training.fp8 is not None
     act_layer = activation_bytes_per_layer(
-        s, mbs, h, f, a, kv, tp, sp, rc, swiglu=model.activation == "swiglu", flash=training.flash_attention,
+        s, mbs, h, f, a, kv, tp, sp, rc, swiglu=model.gated, flash=training.flash_attention,
         hidden_dropout=training.hidden_dropout > 0, attention_dropout=training.attention_dropout > 0,
         act_bytes=act_bytes, fp8=fp8)
     # Backward working set: the layer being back-propagated holds gradient buffers about the size
     # of its full activations (and, under recomputation, its rematerialized activations). Counted
     # once per stage, the same for every recompute level, so recompute never looks worse than none.
     working_layer = activation_bytes_per_layer(
-        s, mbs, h, f, a, kv, tp, sp, np.zeros_like(rc), swiglu=model.activation == "swiglu",
+        s, mbs, h, f, a, kv, tp, sp, np.zeros_like(rc), swiglu=model.gated,
         flash=training.flash_attention, hidden_dropout=training.hidden_dropout > 0,
         attention_dropout=training.attention_dropout > 0, act_bytes=act_bytes, fp8=fp8)
     # Loss working set per logit element on the last stage. Megatron-LM's vocab-parallel
@@ -367,7 +367,7 @@ def _compute(x: _Inputs) -> tuple[np.ndarray, ...]:
     h, f, a, kv, V = (float(model.hidden_size), float(model.ffn_hidden_size), float(model.num_attention_heads),
                       float(model.kv_heads), float(model.vocab_size))
     d_head = float(model.head_dim)
-    swiglu = model.activation == "swiglu"
+    swiglu = model.gated
     peak = _peak_flops(x.profile, training.precision)
     flop_rate = peak * eff.gemm
     fp8 = training.fp8 is not None

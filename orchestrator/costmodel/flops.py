@@ -16,7 +16,7 @@ def layer_forward_flops_per_token(model: ModelSpec, seq_length: int) -> tuple[fl
     """(GEMM FLOPs with weights, attention-score FLOPs) of one layer's forward pass, per token."""
     h, f = model.hidden_size, model.ffn_hidden_size
     kv_dim = model.kv_heads * model.head_dim
-    weights = 2 * (h * h + 2 * h * kv_dim + h * h + (3 if model.activation == "swiglu" else 2) * h * f)
+    weights = 2 * (h * h + 2 * h * kv_dim + h * h + (3 if model.gated else 2) * h * f)
     # QK^T and attention-times-V: 2 GEMMs of s x h per token, 2 FLOPs per multiply-add.
     scores = 2 * 2 * seq_length * h
     return float(weights), float(scores)

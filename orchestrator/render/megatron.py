@@ -116,6 +116,8 @@ def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
         add("--untie-embeddings-and-output-weights")
     if not m.bias:
         add("--disable-bias-linear")
+    if m.qkv_bias:
+        add("--add-qkv-bias")
     add("--init-method-std", m.init_method_std)
     add("--attention-dropout", t.attention_dropout)
     add("--hidden-dropout", t.hidden_dropout)

@@ -101,11 +101,11 @@ class DecoderLayer(nn.Module):
 
         self.input_norm = Norm(model, tp)
         self.qkv = ColumnParallelLinear(
-            tp, [w(heads * d, h, "q"), w(kv_heads * d, h, "k"), w(kv_heads * d, h, "v")], model.bias)
+            tp, [w(heads * d, h, "q"), w(kv_heads * d, h, "k"), w(kv_heads * d, h, "v")], model.bias or model.qkv_bias)
         self.out = RowParallelLinear(tp, w(h, heads * d, "o", out_std), model.bias)
         self.post_norm = Norm(model, tp)
-        self.swiglu = model.activation == "swiglu"
-        ups = [w(f, h, "gate"), w(f, h, "up")] if self.swiglu else [w(f, h, "up")]
+        self.activation, self.parallel = model.activation, model.parallel_residual
+        ups = [w(f, h, "gate"), w(f, h, "up")] if model.gated else [w(f, h, "up")]
         self.up = ColumnParallelLinear(tp, ups, model.bias)
         self.down = RowParallelLinear(tp, w(h, f, "down", out_std), model.bias)
         cos, sin = rope_tables(model, seq_length)
@@ -138,12 +138,17 @@ class DecoderLayer(nn.Module):
 
     def mlp(self, x):
         u = self.up(self.post_norm(x))
-        if self.swiglu:  # Shazeer 2020
+        if self.activation == "swiglu":  # Shazeer 2020
             g, u = u.chunk(2, dim=-1)
             return self.down(F.silu(g) * u)
+        if self.activation == "geglu":  # Shazeer 2020; Gemma's tanh approximation
+            g, u = u.chunk(2, dim=-1)
+            return self.down(F.gelu(g, approximate="tanh") * u)
         return self.down(F.gelu(u))
 
     def forward(self, x):
+        if self.parallel:  # GPT-J / GPT-NeoX: both branches read the block's input
+            return x + self.attention(x) + self.mlp(x)
         x = x + self.attention(x)
         return x + self.mlp(x)
 

@@ -52,8 +52,10 @@ def universal_info(model) -> dict:
     d = model.head_dim
     q, kv = model.num_attention_heads * d, model.kv_heads * d
     replicated = [r".*norm\.weight$", r"^(layers\.)?\d+\.weight$"]  # decoder norms; the final Norm layer
+    if model.normalization == "layernorm":  # LayerNorm has a bias whatever model.bias says
+        replicated += [r".*norm\.bias$", r"^(layers\.)?\d+\.bias$"]
     if model.bias:
-        replicated += [r".*\.(out|down)\.bias$", r".*norm\.bias$", r"^(layers\.)?\d+\.bias$"]
+        replicated.append(r".*\.(out|down)\.bias$")
     if model.position_embedding == "learned":
         replicated.append(r".*\.pos$")
     info = {
@@ -64,9 +66,9 @@ def universal_info(model) -> dict:
         # block of [q; k; v] (tensor_parallel.py), so the converter must know the parts' sizes.
         "parameter_with_sub_params": [{"patterns": [r".*\.qkv\.weight$"], "shape": ((q, kv, kv), model.hidden_size),
                                        "partition_dim": 0}]
-        + ([{"patterns": [r".*\.qkv\.bias$"], "shape": ((q, kv, kv),), "partition_dim": 0}] if model.bias else []),
+        + ([{"patterns": [r".*\.qkv\.bias$"], "shape": ((q, kv, kv),), "partition_dim": 0}] if model.bias or model.qkv_bias else []),
     }
-    if model.activation == "swiglu":  # [gate_r; up_r] per TP rank
+    if model.gated:  # [gate_r; up_r] per TP rank
         info["parameter_with_2_sub_params_cat_dim_0"] = [r".*\.up\.weight$"] + ([r".*\.up\.bias$"] if model.bias else [])
     if model.tied_embeddings:
         # The tied embedding lives on the first and the last stage; take it from one.
