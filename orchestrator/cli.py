@@ -89,6 +89,18 @@ _profiles_dir_option = click.option(
          "in dsorch.yaml. A profile there wins over a shipped one of the same name.")
 
 
+def _complete_cluster(ctx, param, incomplete: str) -> list[str]:
+    """Shell completion of --cluster: the profiles this experiment directory sees."""
+    try:
+        from .specs import discover_profiles
+
+        project = _project()
+        names = discover_profiles(_profiles_dir(project, ctx.params.get("profiles_dir")))
+    except Exception:  # completion must never print a traceback into the shell
+        return []
+    return [n for n in sorted(names) if n.startswith(incomplete)]
+
+
 def _project():
     from .project import load_project
 
@@ -121,7 +133,7 @@ def _load_cluster(project, cluster, profiles_dir: str | None):
 
 @main.command(epilog=EPILOG)
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--cluster", "-c", default=None, metavar="NAME",
+@click.option("--cluster", "-c", default=None, metavar="NAME", shell_complete=_complete_cluster,
               help="Cluster profile name (see `dsorch profiles`); default $DSORCH_CLUSTER, then cluster in dsorch.yaml.")
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
               help="Plan directory to write (ds_config.json, megatron_args.txt, launch.sh, job.sbatch, plan.yaml); "
@@ -319,6 +331,27 @@ def diff(plan_a, plan_b, as_json):
 
 
 # --------------------------------------------------------------------------------------------
+# completion
+# --------------------------------------------------------------------------------------------
+
+
+@main.command(epilog="""\b
+Examples:
+  dsorch completion bash > ~/.dsorch-complete.bash && echo '. ~/.dsorch-complete.bash' >> ~/.bashrc
+  dsorch completion zsh > ~/.dsorch-complete.zsh   # then source it from ~/.zshrc
+  dsorch completion fish > ~/.config/fish/completions/dsorch.fish
+""")
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell):
+    """Print the shell completion script for dsorch (click's shell completion: commands, options,
+    choices and paths)."""
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    click.echo(cls(main, {}, "dsorch", "_DSORCH_COMPLETE").source())
+
+
+# --------------------------------------------------------------------------------------------
 # import-hf
 # --------------------------------------------------------------------------------------------
 
@@ -433,7 +466,7 @@ Examples:
   dsorch init --cluster mycluster --profiles-dir profiles   # your own profile in profiles/mycluster.yaml
 """)
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path), default=".")
-@click.option("--cluster", "-c", default=None, metavar="NAME", help="Default cluster profile of this repository.")
+@click.option("--cluster", "-c", default=None, metavar="NAME", shell_complete=_complete_cluster, help="Default cluster profile of this repository.")
 @click.option("--profiles-dir", default=None, metavar="DIR",
               help="Directory of your own cluster profiles, relative to DIRECTORY.")
 @click.option("--plans-dir", default="plans", show_default=True, metavar="DIR",
@@ -526,7 +559,7 @@ Examples:
   dsorch submit plans/tiny-local --wait         # a plan for `local` runs on this machine
 """)
 @click.argument("plan_dir", type=click.Path(path_type=Path), required=False)
-@click.option("--cluster", "-c", default=None, metavar="NAME",
+@click.option("--cluster", "-c", default=None, metavar="NAME", shell_complete=_complete_cluster,
               help="Cluster to run on; default: the one the plan was made for. Without PLAN_DIR it picks the plan: "
                    "this directory if it is one, else the one plan for the cluster (--cluster, $DSORCH_CLUSTER or "
                    "dsorch.yaml) in the plans directory. `local` runs on this machine.")
@@ -598,20 +631,37 @@ def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume
                f"run dir {record.run_dir}")
     click.echo(f"  logs: dsorch logs {record.job_id} [--rank N] [--follow]    status: dsorch status")
     if wait:
-        _wait_for(record.key)
+        from .plandir import load_plan_dir
+
+        # The entrypoint trains to --steps, else the plan's length, else 20 (orchestrator/train/entry.py).
+        _wait_for(record.key, steps or load_plan_dir(sub.plan_dir).spec.training.train_steps or 20)
 
 
-def _wait_for(key: int) -> None:
+def _wait_for(key: int, total_steps: int | None = None) -> None:
+    """Poll the job until it ends. On a terminal: a progress bar of steps (the entrypoint's
+    metrics.jsonl) against ``total_steps``; elsewhere a line per change of state."""
     import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .submission import refresh
 
     reg = _registry()
-    while True:
-        rec = refresh(reg, reg.get(str(key)))
-        if not rec.active:
-            break
-        time.sleep(2)
+    con = _console(stderr=True)
+    last = None
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=con, disable=not con.is_terminal, transient=True) as bar:
+        task = bar.add_task("queued", total=total_steps)
+        while True:
+            rec = refresh(reg, reg.get(str(key)))
+            loss = f", loss {rec.last_loss:.4f}" if rec.last_loss is not None else ""
+            bar.update(task, completed=rec.last_step or 0, description=f"job {rec.job_id}: {rec.state}{loss}")
+            if not con.is_terminal and rec.state != last:
+                click.echo(f"job {rec.job_id}: {rec.state}", err=True)
+            last = rec.state
+            if not rec.active:
+                break
+            time.sleep(2)
     click.echo(f"job {rec.job_id}: {rec.state}" + (f" at step {rec.last_step}, loss {rec.last_loss:.4f}"
                                                     if rec.last_step is not None else ""))
     if rec.state != "COMPLETED":
@@ -790,7 +840,7 @@ Examples:
   dsorch trial --collect trials/llama3-8b-dgx16-2n [--wait]
 """)
 @click.argument("target", metavar="SPEC_OR_TRIAL_DIR", type=click.Path(path_type=Path))
-@click.option("--cluster", "-c", default=None, metavar="NAME",
+@click.option("--cluster", "-c", default=None, metavar="NAME", shell_complete=_complete_cluster,
               help="Cluster profile to measure on; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.")
 @click.option("--top", type=click.IntRange(1, 100), default=3, show_default=True,
               help="Layouts measured by rank; the best layout of every other family is measured besides.")
@@ -919,6 +969,100 @@ def _wait_trials(reg, manifest):
 
 
 # --------------------------------------------------------------------------------------------
+# doctor
+# --------------------------------------------------------------------------------------------
+
+
+@main.command(epilog="""\b
+Examples:
+  dsorch doctor --cluster dgx16 --nodes 2          # two nodes are enough to see the fabric
+  dsorch doctor --cluster dgx16 --nodes 2 --write  # store the figures in profiles/dgx16-doctor.yaml
+""")
+@click.option("--cluster", "-c", default=None, metavar="NAME", shell_complete=_complete_cluster,
+              help="Cluster profile; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.")
+@click.option("--nodes", type=click.IntRange(1, 1_000_000), default=None,
+              help="Nodes to check (default the profile's); two show the inter-node fabric.")
+@click.option("--max-size", type=click.IntRange(1, 16384), default=None, metavar="MIB",
+              help="Largest message in MiB (default 256 on GPUs, 16 on CPU ranks).")
+@click.option("--iters", type=click.IntRange(1, 10_000), default=None,
+              help="Timed repetitions per size (default 20 on GPUs, 5 on CPU ranks).")
+@click.option("--timeout", type=click.IntRange(1, 100_000), default=20, show_default=True, metavar="MIN",
+              help="Time limit of the job, queueing included; the job is cancelled past it.")
+@click.option("--write", is_flag=True,
+              help="Store the measured bandwidths and latencies in PROFILES/<cluster>-doctor.yaml (extends the "
+                   "profile).")
+@click.option("--name", default=None, help="Name of the written profile (default <cluster>-doctor).")
+@_profiles_dir_option
+def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
+    """Check that every rank reaches every other and measure all-reduce / all-gather bus bandwidth
+    inside and across nodes (nccl-tests style), against the profile's figures. Submits one short
+    job (SLURM, or this machine with a local profile) and waits for it."""
+    import time
+
+    from . import doctor as doc_mod
+    from . import slurm
+    from .render.console import doctor_report
+    from .submission import job_spec
+
+    project = _project()
+    pdir = _profiles_dir(project, profiles_dir)
+    lp = _load_cluster(project, project.cluster(cluster), pdir)
+    profile = lp.profile.resized(nodes, None)
+    slurm.check_scheduler(profile.executor)
+    gpu = profile.backend == "nccl"
+    max_bytes = (max_size or (256 if gpu else 16)) * 1024 * 1024
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    folder = (project.root / ".dsorch" / "doctor" / f"{profile.name}-{stamp}").resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = job_spec(profile, slurm.job_name(f"doctor-{profile.name}"), time_min=timeout)
+    job = doc_mod.DoctorJob(str(folder), max_bytes, iters or (20 if gpu else 5), gpu)
+    job_id = slurm.submit(spec, folder, job)
+    click.echo(f"submitted doctor job {job_id} ({profile.world_size} ranks on {profile.nodes} node(s) of "
+               f"{profile.name}); files in {_shown(folder)}", err=True)
+    con = _console(stderr=True)
+    state, error, last = "PENDING", None, None
+    deadline = time.monotonic() + 60 * timeout + 60
+    with con.status(f"doctor job {job_id}: {state}") as spinner:
+        while True:
+            state, error = slurm.job_state(spec.kind, folder, job_id, state)
+            text = f"doctor job {job_id}: {state}"
+            if con.is_terminal:
+                spinner.update(text)
+            elif text != last:
+                click.echo(text, err=True)
+            last = text
+            if state not in ("SUBMITTED", "PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING"):
+                break
+            if time.monotonic() > deadline:
+                slurm.cancel(spec.kind, job_id)
+                raise UserError(f"the doctor job {job_id} did not finish within --timeout {timeout} min; it was "
+                                f"cancelled. Is the partition busy? Try again with a larger --timeout.")
+            time.sleep(1)
+    result = folder / doc_mod.RESULT
+    if state != "COMPLETED" or not result.is_file():
+        raise UserError(f"the doctor job {job_id} ended {state}" + (f":\n{error}" if error else "") +
+                        f"\nIts logs: {_shown(folder)}. A rank that cannot reach another fails at rendezvous or at "
+                        f"the first collective; the log of the rank that failed first names it.")
+    data = json.loads(result.read_text())
+    _console().print(doctor_report(data, profile, doc_mod.expected(profile)))
+    if write:
+        import yaml
+
+        from .trial import PROFILE_HEADER, check_profile_name, write_profile
+
+        name = name or f"{lp.profile.name}-doctor"
+        check_profile_name(name)
+        text = (f"{PROFILE_HEADER} doctor` from job {job_id}: {data['world_size']} ranks on {data['nodes']} node(s), "
+                f"{data['backend']}.\n# Bandwidths are the measured bus bandwidth at large messages in the profile's "
+                f"units; latencies from the smallest all-reduce.\n"
+                + yaml.safe_dump(doc_mod.measured_profile_doc(lp.profile, data, name), sort_keys=False))
+        path = write_profile(project, pdir, name, text)
+        click.echo(f"wrote {_shown(path)}: plan with --cluster {name}")
+    if not data["allreduce_ok"] or data["unreachable"]:
+        sys.exit(1)
+
+
+# --------------------------------------------------------------------------------------------
 # calibrate
 # --------------------------------------------------------------------------------------------
 
@@ -929,7 +1073,7 @@ Examples:
   dsorch calibrate measured.jsonl --cluster dgx16 --name dgx16-calibrated --out profiles/dgx16-calibrated.yaml
 """)
 @click.argument("metrics", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--cluster", "-c", default=None, metavar="NAME",
+@click.option("--cluster", "-c", default=None, metavar="NAME", shell_complete=_complete_cluster,
               help="Profile whose efficiencies to fit; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.")
 @click.option("--plan", "plan_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Plan directory the runs used (default: found next to each metrics.jsonl).")

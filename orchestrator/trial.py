@@ -364,6 +364,19 @@ def results_of(trial_dir: Path, manifest: Manifest, records) -> list[TrialResult
 
 
 PROFILE_HEADER = "# Calibrated by `dsorch"
+
+
+def write_profile(project, profiles_dir: str | None, name: str, text: str) -> Path:
+    """Write a profile dsorch made (``text`` starts with PROFILE_HEADER) into the profiles directory
+    in use, else ``profiles/`` of the experiment; never over a profile a person wrote."""
+    pdir = Path(profiles_dir) if profiles_dir else project.root / "profiles"
+    pdir.mkdir(parents=True, exist_ok=True)
+    path = pdir / f"{name}.yaml"
+    if path.exists() and not path.read_text(encoding="utf-8").startswith(PROFILE_HEADER):
+        raise DsorchError(f"{path} exists and was not written by dsorch; pass --name NEW_NAME for the measured "
+                          f"profile.")
+    _write_atomic(path, text)
+    return path
 # plan.yaml's cluster.name pattern (orchestrator/plandir.py PlanCluster).
 PROFILE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -394,16 +407,11 @@ def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Mani
     calibrated, report = calibrate([trial_dir / r.entry.dir / "run" for r in ok], original.profile, memory_only=ooms)
     name = name or f"{manifest.cluster}-measured"
     check_profile_name(name)
-    pdir = Path(profiles_dir) if profiles_dir else project.root / "profiles"
-    pdir.mkdir(parents=True, exist_ok=True)
-    profile_path = pdir / f"{name}.yaml"
-    if profile_path.exists() and not profile_path.read_text(encoding="utf-8").startswith(PROFILE_HEADER):
-        raise DsorchError(f"{profile_path} exists and was not written by dsorch; pass --name NEW_NAME for the "
-                          f"calibrated profile.")
     text = calibrated_profile_yaml(calibrated, report, name=name)
     shown_dir = _rel(trial_dir, project.root)
     text = text.replace("\n", f"\n# From the trials in {shown_dir} (`dsorch trial --collect {shown_dir}`).\n", 1)
-    _write_atomic(profile_path, text)
+    profile_path = write_profile(project, profiles_dir, name, text)
+    pdir = profile_path.parent
 
     loaded = load_profile(name, pdir)
     out = project.default_plan_dir(spec.name, name, "deepspeed", manifest.nodes, manifest.gpus_per_node)

@@ -472,3 +472,32 @@ def test_a_run_that_lost_a_node_is_replanned_onto_the_rest_and_completes(slurm_e
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert records[0]["layout"]["pp"] == 2 and records[-1]["layout"]["tp"] * records[-1]["layout"]["pp"] * \
         records[-1]["layout"]["dp"] == 2  # the last steps ran on the one node's 2 ranks
+
+
+def test_doctor_checks_reachability_and_measures_the_fabric_on_the_loopback_cluster(slurm_env, tmp_path):
+    """dsorch doctor on the 2-node cluster: one sbatch job of 4 gloo ranks, every pair reached,
+    all-reduce and all-gather swept within and across the nodes, set against the profile, and
+    --write stores the measured figures in a profile that extends the original and plans."""
+    import yaml
+
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "loopback.yaml").write_text((PROFILES / "loopback.yaml").read_text())
+    env = dict(slurm_env, DSORCH_PROFILES_DIR=str(profiles))
+    r = dsorch(env, tmp_path, "doctor", "--cluster", "loopback", "--max-size", "1", "--iters", "3", "--write",
+               timeout=900)
+    assert "every rank reached every other (all-reduce exact; pairwise sends checked)" in r.stdout, r.stdout
+    assert "4 ranks on 2 node(s) (node1, node2), gloo" in r.stdout
+    result = json.loads(next((tmp_path / ".dsorch" / "doctor").glob("loopback-*/doctor.json")).read_text())
+    groups = {(x["group"], x["op"], x["ranks"]) for x in result["results"]}
+    assert {("world", "all_reduce", 4), ("intra-node", "all_gather", 2), ("inter-node", "all_reduce", 2)} <= groups
+    intra = max(x["busbw_gbs"] for x in result["results"] if x["group"] == "intra-node")
+    assert f"intra-node: peak bus bandwidth {intra:.3g} GB/s" in r.stdout
+    written = yaml.safe_load((profiles / "loopback-doctor.yaml").read_text())
+    assert written["extends"] == "loopback"
+    assert written["intra_node"]["bandwidth_gbps"] == pytest.approx(2 * intra, rel=1e-3)
+    assert written["inter_node"]["bandwidth_gbps"] > 0 and written["inter_node"]["latency_us"] > 0
+    # The written profile plans, and its figures are the ones used.
+    p = dsorch(env, tmp_path, "profiles", "loopback-doctor", "--json")
+    assert json.loads(p.stdout)["intra_node"]["bandwidth_gbps"] == written["intra_node"]["bandwidth_gbps"]
+    dsorch(env, tmp_path, "plan", EXAMPLES / "tiny.yaml", "--cluster", "loopback-doctor", "--no-write")

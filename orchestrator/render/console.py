@@ -3,6 +3,7 @@ console it is given; the CLI decides where output goes."""
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 
 
@@ -203,3 +204,48 @@ def trial_summary(c, shown) -> str:
                  f"({measured})")
     lines.append(f"wrote {shown(c.plan_dir)}/ (evidence in plan.yaml); run it: dsorch submit {shown(c.plan_dir)}")
     return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n / k:g} {unit}"
+    return f"{n} B"
+
+
+def doctor_report(data: dict, profile, expected) -> Group:
+    """`dsorch doctor`: reachability, the bandwidth sweep, and the measured figures next to the
+    profile's (as the cost model reads them)."""
+    from ..doctor import latency_us, peak_busbw
+
+    parts: list = []
+    n = data["world_size"]
+    reach = ("every rank reached every other (all-reduce exact; pairwise sends "
+             + ("checked" if data["pairwise"] == "checked" else data["pairwise"]) + ")")
+    if not data["allreduce_ok"]:
+        reach = "[red]the all-reduce over every rank gave a wrong sum[/red]"
+    if data["unreachable"]:
+        pairs = ", ".join(f"{a}->{b}" for a, b in data["unreachable"][:20])
+        reach = f"[red]{len(data['unreachable'])} rank pairs could not exchange a message: {pairs}[/red]"
+    parts.append(f"{n} ranks on {data['nodes']} node(s) ({', '.join(data['hosts'][:8])}), {data['backend']}: {reach}")
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("group", "ranks", "op", "size", "time (us)", "algbw GB/s", "busbw GB/s"):
+        t.add_column(col, justify="left" if col in ("group", "op") else "right")
+    for r in data["results"]:
+        t.add_row(r["group"], str(r["ranks"]), r["op"], _size(r["bytes"]), f"{r['time_us']:.1f}",
+                  f"{r['algbw_gbs']:.3g}", f"{r['busbw_gbs']:.3g}")
+    parts.append(t)
+    lines = []
+    for group, want, lat_want, what in (
+            ("intra-node", expected.intra_gbs, expected.intra_latency_us, "intra_node.bandwidth_gbps / 2"),
+            ("inter-node", expected.inter_gbs, expected.inter_latency_us,
+             "inter_node.bandwidth_gbps / 8 x nics_per_node / gpus_per_node")):
+        got = peak_busbw(data, group)
+        if got is None:
+            lines.append(f"{group}: not measured (needs {'2 ranks per node' if group == 'intra-node' else '2 nodes'})")
+            continue
+        lines.append(f"{group}: peak bus bandwidth {got:.3g} GB/s; the profile says {want:.3g} GB/s ({what}): "
+                     f"measured / profile {got / want:.2f}. Latency {latency_us(data, group):.1f} us per hop; the "
+                     f"profile says {lat_want:g} us.")
+    parts.append("\n".join(lines))
+    return Group(*parts)

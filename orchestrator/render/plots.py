@@ -28,9 +28,6 @@ TIME_LABELS = {"compute": "compute", "tp_comm_exposed": "TP comm", "bubble": "bu
 _COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#999999")
 _RC = {"svg.fonttype": "none", "svg.hashsalt": "dsorch", "font.family": "DejaVu Sans", "font.size": 9,
        "axes.spines.top": False, "axes.spines.right": False}
-# More blocks than this make an unreadable picture and a multi-megabyte file: the schedule is then
-# drawn for fewer micro-batches (the steady state repeats), and says so.
-MAX_BLOCKS = 10_000
 
 
 @dataclass(frozen=True)
@@ -141,11 +138,12 @@ def schedule_of(pd: PlanDir) -> tuple[list[Block], str]:
     # Backward is about twice the forward (Narayanan et al. 2021, sec. 3.5); full recomputation
     # adds one more forward to it (Korthikanti et al. 2022, sec. 4).
     back = 3.0 if L.recompute == "full" else 2.0
-    # At least 2 x pp micro-batches stay, so the steady state (and not Megatron-LM's all-forwards-first
-    # special case of exactly pp) is drawn.
-    shown = m
-    while 2 * pp * shown * v > MAX_BLOCKS and shown // 2 >= 2 * pp:
-        shown = shown // 2 // pp * pp
+    # Drawn as the papers draw it: a few micro-batches, enough for the warm-up, the steady state and
+    # the drain (2 x pp, at least 8; a multiple of pp, as interleaving needs). All of the step is
+    # the steady state repeated; the caption says how many are drawn.
+    shown = min(m, max(2 * pp, 8))
+    if v > 1:
+        shown = min(m, -(-shown // pp) * pp)
     t_f = compute / (m * v) / (1.0 + back)
     sends = 2 * m * v
     t_send = send_total / sends if pp > 1 else 0.0
