@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
-"""Throughput of dsorch's entrypoint against a minimal plain-DeepSpeed PipelineModule loop.
+"""Throughput of dsorch's entrypoint against a plain DeepSpeed PipelineModule loop, in alternating
+rounds.
 
-    python scripts/bench_train.py                      # pp2 x dp2 ZeRO-1 on 4 local CPU ranks
-    python scripts/bench_train.py --steps 40 --pins --tp 1 --pp 4 --dp 1
+    python scripts/bench_train.py                            # pp2 x dp2 ZeRO-1, 4 CPU ranks, 3 rounds
+    python scripts/bench_train.py --rounds 5 --steps 40 --pins --tp 1 --pp 4 --dp 1
 
-Both sides train the same model (shape from the plan's megatron_args.txt) with the same
-ds_config.json and layout. The baseline is what one would write by hand with DeepSpeed alone:
-plain nn.Linear / nn.Embedding layers in a PipelineModule, F.cross_entropy, and a bare
-``engine.train_batch`` loop over pre-built tensors. It has no tensor parallelism, so only
-layouts with tp = 1 compare like with like. Printed: median tokens/s of each after warm-up and
-their ratio, and the per-step cost of dsorch's own code outside DeepSpeed (batch assembly,
-the peak-memory all-reduce, the metrics line). Figures only, no assertions.
+Both sides train the same model (the plan's spec: RMSNorm, GQA attention with RoPE, SwiGLU,
+untied output) with the same ds_config.json, layout and batches: the baseline assembles its
+micro-batches each step with dsorch's own data code (``train.data.micro_batches``), as the
+entrypoint does. The baseline is what one would write by hand with DeepSpeed alone: nn.Linear /
+nn.Embedding layers in a PipelineModule, F.cross_entropy, a bare ``engine.train_batch`` loop. It
+has no tensor parallelism, so only layouts with tp = 1 compare like with like.
+
+Both sides are timed the same way: wall-clock per step over the steps after warm-up, everything
+in the loop included (the entrypoint's memory all-reduce and metrics line count against it).
+The two sides run one after the other on the same cores, so order and load decide a single
+comparison (two runs on 2 cores measured 0.79 and 0.71 in one order, 0.89 under load): each round
+runs both, the order alternating, and the ratio is reported per round, as the median and the
+spread (min-max) over the rounds. Figures only, no assertions.
 """
 
 from __future__ import annotations
@@ -28,10 +35,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def per_step(walls: list[float], warmup: int) -> float:
+    """Seconds per step from the wall-clock at the end of each step, after ``warmup`` steps."""
+    return (walls[-1] - walls[warmup - 1]) / (len(walls) - warmup)
+
+
 # --------------------------------------------------------------------------- the baseline
 
 def baseline(plan_dir: str, steps: int, out: str) -> None:
-    """Runs under torchrun: plain DeepSpeed PipelineModule training, rank 0 writes timings."""
+    """Runs under torchrun: plain DeepSpeed PipelineModule training; rank 0 writes the walls."""
     import deepspeed
     import torch
     import torch.nn.functional as F
@@ -40,13 +52,21 @@ def baseline(plan_dir: str, steps: int, out: str) -> None:
     from torch import nn
 
     from orchestrator.train.config import load_plan
+    from orchestrator.train.data import micro_batches, open_dataset
     from orchestrator.train.entry import ds_config_for
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
     plan = load_plan(plan_dir)
-    m, lay = plan.model, plan.layout
-    d = m.head_dim
+    m, t, lay = plan.spec.model, plan.spec.training, plan.layout
+    d, heads, kv = m.head_dim, m.num_attention_heads, m.kv_heads
+    inv = 1.0 / (m.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    ang = torch.outer(torch.arange(t.seq_length, dtype=torch.float32), inv)
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+
+    def rope(x):  # [b, heads, s, d], rotate-half (Llama)
+        x1, x2 = x.chunk(2, -1)
+        return x * cos[: x.shape[2]] + torch.cat([-x2, x1], -1) * sin[: x.shape[2]]
 
     class Embed(nn.Module):
         def __init__(self):
@@ -60,18 +80,17 @@ def baseline(plan_dir: str, steps: int, out: str) -> None:
         def __init__(self):
             super().__init__()
             self.n1, self.n2 = nn.RMSNorm(m.hidden_size), nn.RMSNorm(m.hidden_size)
-            self.qkv = nn.Linear(m.hidden_size, (m.num_heads + 2 * m.num_kv_heads) * d, bias=False)
-            self.o = nn.Linear(m.num_heads * d, m.hidden_size, bias=False)
+            self.qkv = nn.Linear(m.hidden_size, (heads + 2 * kv) * d, bias=False)
+            self.o = nn.Linear(heads * d, m.hidden_size, bias=False)
             self.up = nn.Linear(m.hidden_size, 2 * m.ffn_hidden_size, bias=False)
             self.down = nn.Linear(m.ffn_hidden_size, m.hidden_size, bias=False)
 
-        def forward(self, x):  # [b, s, h]; no RoPE, a hand-written loop would often skip it too
+        def forward(self, x):  # [b, s, h]
             b, s, _ = x.shape
-            q, k, v = self.qkv(self.n1(x)).split([m.num_heads * d, m.num_kv_heads * d,
-                                                  m.num_kv_heads * d], -1)
-            q = q.view(b, s, m.num_heads, d).transpose(1, 2)
-            k = k.view(b, s, m.num_kv_heads, d).transpose(1, 2)
-            v = v.view(b, s, m.num_kv_heads, d).transpose(1, 2)
+            q, k, v = self.qkv(self.n1(x)).split([heads * d, kv * d, kv * d], -1)
+            q = rope(q.view(b, s, heads, d).transpose(1, 2))
+            k = rope(k.view(b, s, kv, d).transpose(1, 2))
+            v = v.view(b, s, kv, d).transpose(1, 2)
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             x = x + self.o(a.transpose(1, 2).reshape(b, s, -1))
             g, u = self.up(self.n2(x)).chunk(2, -1)
@@ -93,60 +112,17 @@ def baseline(plan_dir: str, steps: int, out: str) -> None:
     model = PipelineModule(specs, topology=topo, loss_fn=loss_fn, partition_method="type:Block")
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                       config=ds_config_for(plan, torch.device("cpu")))
-    g = torch.Generator().manual_seed(0)
-    data = [(torch.randint(0, m.vocab_size, (lay.micro_batch_size, m.seq_length), generator=g),) * 2
-            for _ in range(lay.grad_accum_steps)]
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        engine.train_batch(data_iter=iter(data))
-        times.append(time.perf_counter() - t0)
+    dataset = open_dataset(None, m.vocab_size, t.seq_length, t.seed)
+    dp_rank = engine.grid.get_data_parallel_rank()
+    walls, t0 = [], time.perf_counter()
+    for step in range(steps):
+        batches = list(micro_batches(dataset, step, lay.global_batch_size, lay.micro_batch_size, lay.dp, dp_rank))
+        engine.train_batch(data_iter=iter(batches))
+        walls.append(time.perf_counter() - t0)
     if torch.distributed.get_rank() == 0:
-        Path(out).write_text(json.dumps({"step_time_s": times}))
+        Path(out).write_text(json.dumps({"wall_s": walls}))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
-
-
-# --------------------------------------------------------------------------- dsorch's own overhead
-
-def own_overhead(plan_dir: str, reps: int = 200) -> dict[str, float]:
-    """Seconds per step that dsorch's loop adds around DeepSpeed, measured in a 1-rank group."""
-    import torch
-    import torch.distributed as dist
-
-    from orchestrator.train.config import load_plan
-    from orchestrator.train.data import micro_batches, open_dataset
-    from orchestrator.train.metrics import MetricsLog, peak_memory_gib
-
-    plan = load_plan(plan_dir)
-    lay, m = plan.layout, plan.model
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        out = {}
-        for name, path in (("synthetic", None), ("token file", str(ROOT / "examples/data/pydoc"))):
-            ds = open_dataset(path, m.vocab_size, m.seq_length, plan.seed)
-            t0 = time.perf_counter()
-            for step in range(reps):
-                list(micro_batches(ds, step, lay.global_batch_size, lay.micro_batch_size, lay.dp, 0))
-            out[f"batches ({name})"] = (time.perf_counter() - t0) / reps
-        with tempfile.TemporaryDirectory() as tmp:
-            log = MetricsLog(Path(tmp), plan, lay.world_size)
-            t0 = time.perf_counter()
-            with open(os.devnull, "w") as devnull:
-                stdout, sys.stdout = sys.stdout, devnull
-                try:
-                    for step in range(reps):
-                        mem, kind = peak_memory_gib(torch.device("cpu"))
-                        t = torch.tensor([mem])
-                        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                        log.record(step, 1.0, 1e-3, None, 0.1, float(t), kind)
-                finally:
-                    sys.stdout = stdout
-            out["memory all-reduce + metrics line"] = (time.perf_counter() - t0) / reps
-        return out
-    finally:
-        dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------- driver
@@ -159,10 +135,25 @@ def torchrun(nproc: int, args: list[str], env: dict) -> None:
         sys.exit(f"failed: {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
 
 
+def run_ours(plan_dir: Path, n: int, steps: int, warmup: int, tmp: Path, env: dict) -> float:
+    run = tmp / f"run-{time.monotonic_ns()}"
+    torchrun(n, ["-m", "orchestrator.train", "--plan", str(plan_dir), "--steps", str(steps), "--no-save",
+                 "--run-dir", str(run)], env)
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return per_step([r["wall_s"] for r in recs], warmup)
+
+
+def run_theirs(plan_dir: Path, n: int, steps: int, warmup: int, tmp: Path, env: dict) -> float:
+    out = tmp / f"baseline-{time.monotonic_ns()}.json"
+    torchrun(n, [str(Path(__file__).resolve()), "--_baseline", str(plan_dir), str(steps), str(out)], env)
+    return per_step(json.loads(out.read_text())["wall_s"], warmup)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=3, help="rounds of both sides, the order alternating")
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5, help="steps left out of the median")
+    p.add_argument("--warmup", type=int, default=5, help="steps left out of the timing")
     p.add_argument("--pins", nargs=argparse.REMAINDER, default=["--tp", "1", "--pp", "2", "--dp", "2", "--zero", "1"],
                    help="dsorch plan pins for examples/tiny.yaml on --cluster local (last option)")
     p.add_argument("--_baseline", nargs=3, help=argparse.SUPPRESS)
@@ -170,6 +161,8 @@ def main() -> None:
     if args._baseline:
         baseline(args._baseline[0], int(args._baseline[1]), args._baseline[2])
         return
+    if not 0 < args.warmup < args.steps:
+        sys.exit("--warmup must be at least 1 and below --steps")
 
     from click.testing import CliRunner
 
@@ -177,8 +170,9 @@ def main() -> None:
     from orchestrator.train.config import load_plan
 
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    with tempfile.TemporaryDirectory() as tmp:
-        plan_dir = Path(tmp) / "plan"
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        plan_dir = tmp / "plan"
         r = CliRunner().invoke(cli, ["plan", str(ROOT / "examples/tiny.yaml"), "--cluster", "local",
                                      "--out", str(plan_dir), *args.pins])
         if r.exit_code:
@@ -187,33 +181,31 @@ def main() -> None:
         lay = plan.layout
         if lay.tp != 1:
             sys.exit("the plain-DeepSpeed baseline has no tensor parallelism: pin --tp 1")
-        tokens = lay.global_batch_size * plan.model.seq_length
+        tokens = lay.global_batch_size * plan.spec.training.seq_length
         n = lay.world_size
+        rows = []
+        for i in range(args.rounds):
+            sides = [("ours", run_ours), ("theirs", run_theirs)]
+            if i % 2:
+                sides.reverse()
+            got = {name: fn(plan_dir, n, args.steps, args.warmup, tmp, env) for name, fn in sides}
+            rows.append((sides[0][0], got["ours"], got["theirs"]))
+            print(f"round {i + 1} ({sides[0][0]} first): entrypoint {got['ours'] * 1e3:.1f} ms/step, plain "
+                  f"DeepSpeed {got['theirs'] * 1e3:.1f} ms/step, ratio {got['theirs'] / got['ours']:.3f}", flush=True)
 
-        torchrun(n, ["-m", "orchestrator.train", "--plan", str(plan_dir), "--steps", str(args.steps),
-                     "--no-save", "--run-dir", str(Path(tmp) / "run")], env)
-        recs = [json.loads(x) for x in (Path(tmp) / "run/metrics.jsonl").read_text().splitlines()]
-        ours = statistics.median(r["step_time_s"] for r in recs[args.warmup:])
+    ratios = [theirs / ours for _, ours, theirs in rows]
+    ours = [r[1] for r in rows]
+    theirs = [r[2] for r in rows]
+    print(f"layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp}, ZeRO-{lay.zero_stage}, mbs {lay.micro_batch_size} x "
+          f"gas {lay.grad_accum_steps}; {tokens} tokens/step; steps {args.warmup + 1}..{args.steps} of each run, "
+          f"{args.rounds} rounds, order alternating")
+    print(f"  dsorch entrypoint   median {tokens / statistics.median(ours):9,.0f} tokens/s "
+          f"({min(ours) * 1e3:.1f}-{max(ours) * 1e3:.1f} ms/step)")
+    print(f"  plain DeepSpeed     median {tokens / statistics.median(theirs):9,.0f} tokens/s "
+          f"({min(theirs) * 1e3:.1f}-{max(theirs) * 1e3:.1f} ms/step)")
+    print(f"  ratio (plain / entrypoint time)  median {statistics.median(ratios):.3f}, spread "
+          f"{min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} rounds (target >= 0.95)")
 
-        out = Path(tmp) / "baseline.json"
-        torchrun(n, [str(Path(__file__).resolve()), "--_baseline", str(plan_dir), str(args.steps),
-                     str(out)], env)
-        theirs = statistics.median(json.loads(out.read_text())["step_time_s"][args.warmup:])
-        overhead = own_overhead(str(plan_dir))
-
-    own = sum(v for k, v in overhead.items() if not k.startswith("batches (token"))
-    wall = ours + own  # the entrypoint's metrics time train_batch only; add its own per-step code
-    print(f"layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp}, ZeRO-{lay.zero_stage}, mbs "
-          f"{lay.micro_batch_size} x gas {lay.grad_accum_steps}; {tokens} tokens/step; median of "
-          f"steps {args.warmup + 1}..{args.steps}")
-    print(f"  dsorch entrypoint      {tokens / wall:10,.0f} tokens/s  ({wall * 1e3:.1f} ms/step "
-          f"incl. {own * 1e3:.2f} ms of its own per-step code)")
-    print(f"  plain DeepSpeed loop   {tokens / theirs:10,.0f} tokens/s  ({theirs * 1e3:.1f} ms/step)")
-    print(f"  ratio                  {theirs / wall:10.3f}  (target >= 0.95)")
-    for k, v in overhead.items():
-        print(f"  dsorch per-step code: {k:34s} {v * 1e3:7.3f} ms")
-    print(f"  dsorch per-step code outside DeepSpeed (synthetic data): {own * 1e3:.3f} ms "
-          f"= {100 * own / wall:.2f}% of a step")
 
 if __name__ == "__main__":
     main()

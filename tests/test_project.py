@@ -290,8 +290,8 @@ def test_submit_without_plan_dir_considers_only_plans_it_can_run(exp, runner):
 @pytest.mark.parametrize("damage, message", [
     (lambda d: (d / "plan.yaml").write_bytes(b"\xff\xfe runtime"), "plan.yaml: not UTF-8 text"),
     (lambda d: ((d / "plan.yaml").unlink(), (d / "plan.yaml").mkdir()), "plan.yaml: not a regular file"),
-    (lambda d: (d / "plan.yaml").write_text((d / "plan.yaml").read_text().replace("  nodes: 2\n  gpus_per_node",
-                                                                                  "  gpus_per_node", 1)),
+    (lambda d: (d / "plan.yaml").write_text((d / "plan.yaml").read_text().replace(
+        "\ncluster:\n  name: dgx16\n  nodes: 2\n", "\ncluster:\n  name: dgx16\n", 1)),
      "cluster.nodes: Field required"),
     (lambda d: (d / "launch.sh").write_text("#!/bin/bash\ntouch PWNED\n"), "launch.sh was changed after dsorch"),
     (lambda d: (d / "job.sbatch").unlink(), "job.sbatch is missing"),

@@ -114,11 +114,9 @@ class DecoderLayer(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
 
     def core_attention(self, q, k, v):
-        # GQA (Ainslie et al. 2023): each kv head serves heads/kv_heads query heads.
-        rep = self.heads // self.kv_heads
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # GQA (Ainslie et al. 2023): each kv head serves heads/kv_heads query heads; SDPA shares
+        # them itself (enable_gqa) instead of copying k and v heads/kv_heads times.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
 
     def attention(self, x):
         qkv = self.qkv(self.input_norm(x))  # [s, b, (heads + 2 kv_heads) * d], full sequence
