@@ -199,10 +199,15 @@ def _falcon(c: _Config, notes: list[str]) -> dict:
     hidden = c.integer("hidden_size")
     heads = c.integer("num_attention_heads", "n_head")
     new_arch = bool(c.get("new_decoder_architecture", default=False))
-    parallel = bool(c.get("parallel_attn", default=True))
-    if parallel and not new_arch and c.get("num_ln_in_parallel_attn", default=1) != 2:
-        raise c.refuse("parallel_attn", "true with one layernorm shared by attention and MLP (Falcon-7B's block); "
-                                        "the spec's parallel residual has a norm for each (Falcon 40B/180B, GPT-NeoX)")
+    # FalconDecoderLayer: the new architecture is a parallel block with ln_attn and ln_mlp unless
+    # num_ln_in_parallel_attn says 1; the old one is parallel (one shared input_layernorm) when
+    # parallel_attn, else sequential.
+    parallel = new_arch or bool(c.get("parallel_attn", default=True))
+    two_norms = new_arch and c.get("num_ln_in_parallel_attn", default=2) != 1
+    if parallel and not two_norms:
+        key = "num_ln_in_parallel_attn" if new_arch else "parallel_attn"
+        raise c.refuse(key, "a parallel block with one layernorm shared by attention and MLP (Falcon-7B's); the "
+                            "spec's parallel residual has a norm for each (Falcon 40B/180B, GPT-NeoX)")
     if new_arch:
         kv = c.integer("num_kv_heads", "n_head_kv", default=heads)
     else:

@@ -12,7 +12,6 @@ import yaml
 from click.testing import CliRunner
 
 from orchestrator.cli import main
-from orchestrator.specs import SpecFile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 
@@ -39,6 +38,8 @@ LLAMA = dict(model_type="llama", hidden_size=256, intermediate_size=688, num_hid
     (dict(hidden_act="gelu"), "hidden_act", "'gelu'"),
     (dict(attention_bias=True), "attention_bias", "biases on one kind of layer only"),
     (dict(model_type="falcon", parallel_attn=True, new_decoder_architecture=False), "parallel_attn",
+     "one layernorm shared"),
+    (dict(model_type="falcon", new_decoder_architecture=True, num_ln_in_parallel_attn=1), "num_ln_in_parallel_attn",
      "one layernorm shared"),
     (dict(model_type="falcon", alibi=True), "alibi", "ALiBi"),
     (dict(model_type="qwen2", use_sliding_window=True, sliding_window=512), "sliding_window", "sliding window"),

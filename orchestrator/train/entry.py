@@ -41,7 +41,7 @@ from ..layout import Layout
 from ..plandir import PlanDir
 from .config import load_plan, stage_layers
 from .data import micro_batches, open_dataset
-from .metrics import MetricsLog, peak_memory_gib
+from .metrics import MetricsLog, peak_memory_gib, peak_reserved_gib
 from .model import DenseModel, LossFn, Pipeline, layer_specs, recompute
 from .stop import EXIT_STOPPED, OOM_MARK, RUN_DIR_ENV, STOP_REQUEST_FILE, StopRequest
 from .tensor_parallel import TPContext
@@ -129,7 +129,7 @@ def train_step(engine, batches, pp: int, device, dp_group) -> float:
         return float(engine.train_batch(data_iter=iter(batches)))
     total, n = torch.zeros((), device=device), 0
     for ids, labels in batches:
-        loss = engine(ids.to(device), labels.to(device))
+        loss = engine(ids.to(device, non_blocking=True), labels.to(device, non_blocking=True))
         engine.backward(loss)
         engine.step()  # steps the optimizer only at the gradient-accumulation boundary
         total += loss.detach().float()
@@ -208,6 +208,8 @@ def train(plan: PlanDir, args, denv: launch.DistEnv, device: torch.device, stop:
     for step in range(start, args.steps):
         batches = list(micro_batches(dataset, step, lay.global_batch_size, lay.micro_batch_size,
                                      lay.dp, dp_rank))
+        if device.type == "cuda":  # page-locked, so the copies to the GPU run asynchronously
+            batches = [(ids.pin_memory(), labels.pin_memory()) for ids, labels in batches]
         lr = engine.get_lr()[0]  # the rate this step's update uses
         t0 = time.perf_counter()
         loss = train_step(engine, batches, lay.pp, device, dp_group)
@@ -217,6 +219,7 @@ def train(plan: PlanDir, args, denv: launch.DistEnv, device: torch.device, stop:
         if dt < args.min_step_seconds:
             time.sleep(args.min_step_seconds - dt)
         mem, kind = peak_memory_gib(device)
+        reserved = peak_reserved_gib(device)
         # One all-reduce (MAX) for two facts: the busiest rank's memory (the one that OOMs) and
         # whether any rank was asked to stop, so that all ranks stop after the same step.
         # Rank 0 alone looks at the stop-request file: one stat per step on a shared filesystem.
@@ -225,7 +228,7 @@ def train(plan: PlanDir, args, denv: launch.DistEnv, device: torch.device, stop:
         dist.all_reduce(mem_t, op=dist.ReduceOp.MAX)
         if rank0:
             log.record(step + 1, loss, lr, engine.get_global_grad_norm(), dt,
-                       float(mem_t[0]), kind)
+                       float(mem_t[0]), kind, reserved)
         done = step + 1
         limit = plan.doc.cluster.gpu_memory_gib
         if device.type == "cpu" and float(mem_t[0]) > limit:

@@ -28,6 +28,12 @@ def step_model_flops(plan: PlanDir) -> float:
     return model_flops_per_step(plan.spec.model, plan.spec.training.seq_length, plan.layout.global_batch_size)
 
 
+def peak_reserved_gib(device: torch.device) -> float | None:
+    """What the caching allocator held at its peak (GPU only): allocated plus its free blocks, the
+    figure that decides an out-of-memory error; None on CPU."""
+    return torch.cuda.max_memory_reserved(device) / GIB if device.type == "cuda" else None
+
+
 def peak_memory_gib(device: torch.device) -> tuple[float, str]:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / GIB, "cuda_max_allocated"
@@ -74,13 +80,15 @@ class MetricsLog:
         return dropped
 
     def record(self, step: int, loss: float, lr: float, grad_norm, step_time: float,
-               mem_gib: float, mem_kind: str) -> dict:
+               mem_gib: float, mem_kind: str, reserved_gib: float | None = None) -> dict:
         tflops = self.flops / step_time / self.world_size / 1e12
         rec = {"step": step, "loss": loss, "lr": lr, "wall_s": time.perf_counter() - self.t0,
                "grad_norm": None if grad_norm is None else float(grad_norm),
                "step_time_s": step_time, "tokens_per_s": self.tokens / step_time,
                "tflops_per_gpu": tflops, "mfu": tflops / self.peak if self.peak else None,
                "peak_mem_gib": mem_gib, "mem_kind": mem_kind, "layout": self.layout}
+        if reserved_gib is not None:
+            rec["peak_reserved_gib"] = reserved_gib
         if self.path is not None:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(rec, sort_keys=True) + "\n")

@@ -40,6 +40,8 @@ class Norm(nn.Module):
     def forward(self, x):
         w = self.tp.replicated(self.weight)
         if self.rms:  # Zhang & Sennrich 2019; statistics in fp32 as in Llama's reference code
+            if x.is_cuda:  # torch's fused kernel on GPUs; the CPU path below is the formula spelt out
+                return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * w
             xf = x.float()
             y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
             return y.to(x.dtype) * w
