@@ -25,9 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.calibrate import error_summary, error_table, fit, row_errors  # noqa: E402
-from orchestrator.calibrate.rows import _prepare, _resolved  # noqa: E402
-from orchestrator.costmodel import evaluate  # noqa: E402
-from orchestrator.costmodel.memory import GIB  # noqa: E402
+from orchestrator.calibrate.rows import _resolved, predicted_peak_gib  # noqa: E402
 from orchestrator.calibrate.published import HARDWARE, all_published_rows, published_errors  # noqa: E402
 from orchestrator.costmodel.calibration import FIELDS  # noqa: E402
 from orchestrator.costmodel.evaluate import runtime_engine  # noqa: E402
@@ -156,8 +154,7 @@ def main() -> None:
     peaks = []
     for r in rows:
         if r.measured_peak_gib is not None:
-            p = _prepare(r)
-            predicted = float(evaluate(r.model, r.training, r.profile, r.runtime, p.cand).total[0]) / GIB
+            predicted = predicted_peak_gib(r)
             peaks.append(predicted / r.measured_peak_gib - 1.0)
     memory = {"rows": len(peaks), "largest_under": round(max(0.0, -min(peaks)), 4),
               "largest_over": round(max(0.0, max(peaks)), 4),

@@ -113,11 +113,11 @@ def fsdp_rows(profile_loader=load_profile) -> list[Row]:
     for r in doc["runs"]:
         L = r["layout"]
         torchtitan_op = L["recompute"] == "selective" and "torchtitan" in L["framework"]
-        out.append(_run_row(r, profiles[r["profile"]], "op" if torchtitan_op else L["recompute"]))
+        out.append(_run_row(r, profiles[r["profile"]], "op" if torchtitan_op else L["recompute"], note="fsdp"))
     return out
 
 
-def _run_row(r: dict, base: ClusterProfile, recompute: str) -> Row:
+def _run_row(r: dict, base: ClusterProfile, recompute: str, note: str = "") -> Row:
     """A published run record (id, model, training, n_gpus, layout, measured, optional
     measured_memory_gib) as a row of its engine's entry, on ``base`` resized to its GPU count."""
     profile = base.resized(nodes=max(1, r["n_gpus"] // base.gpus_per_node))
@@ -128,7 +128,7 @@ def _run_row(r: dict, base: ClusterProfile, recompute: str) -> Row:
     engine = str(engine_of(runtime, L["zero"]).item())
     return Row(r["id"], ModelSpec(**r["model"]), TrainingSpec(**r["training"]), profile, runtime, pins,
                float(r["measured"]["step_time_s"]), measured_peak_gib=r.get("measured_memory_gib"),
-               hardware=f"{engine}/{_hardware_of(profile.gpu.name)}")
+               hardware=f"{engine}/{_hardware_of(profile.gpu.name)}", note=note)
 
 
 def deepspeed_rows(profile_loader=load_profile) -> list[Row]:

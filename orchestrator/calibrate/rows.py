@@ -43,6 +43,19 @@ class Row:
     note: str = ""
 
 
+def predicted_peak_gib(row: Row) -> float:
+    """The model's per-GPU memory for a row's layout, as the engine that ran it allocates: a
+    PyTorch FSDP run (``note == "fsdp"``) has no DeepSpeed ZeRO-3 reduce bucket, which the
+    prediction for DeepSpeed holds whole (costmodel/evaluate.py)."""
+    from ..costmodel.evaluate import ZERO_BUCKET_ELEMENTS
+    from ..costmodel.memory import state_bytes
+
+    total = float(evaluate(row.model, row.training, row.profile, row.runtime, _prepare(row).cand).total[0])
+    if row.note == "fsdp":
+        total -= ZERO_BUCKET_ELEMENTS * state_bytes(row.runtime, row.training.precision, 3)[0]
+    return float(total / GIB)
+
+
 def row_engine(row: Row) -> str:
     """The calibration engine of a row (its layout is pinned to one ZeRO stage or runtime)."""
     return str(engine_of(row.runtime, row.pins.zero_stage or 0).item())

@@ -265,8 +265,13 @@ def _inputs(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, r
     comm_grad_b = np.minimum(grad_b, weight_b) if runtime == "deepspeed" else grad_b
     norms = (2 if model.normalization == "layernorm" else 1) * 2 * h
     layer_params_local = (model.params_per_layer - norms) / tp + norms
-    emb_local = model.embedding_params / tp
-    out_local = model.output_params / tp
+    # The word embedding and the output projection are split over tp (vocab-parallel); learned
+    # position embeddings and the final norm are replicated on every tp rank (Megatron-LM's
+    # LanguageModelEmbedding and final layernorm; train/model.py). Measured: train/census.py.
+    final_norm = (2 if model.normalization == "layernorm" else 1) * h
+    positions = model.embedding_params - model.vocab_size * h
+    emb_local = model.vocab_size * h / tp + positions
+    out_local = (model.output_params - final_norm) / tp + final_norm
     # With tied embeddings and pp > 1 the last stage keeps its own copy of the embedding matrix
     # for the output layer, synchronized by an extra all-reduce (Megatron-LM, Shoeybi 2019).
     tied_copy = np.where((pp > 1) & model.tied_embeddings, model.vocab_size * h / tp, 0.0)
@@ -342,9 +347,13 @@ def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
         # BF16_Optimizer, which reduces its flat buffer in place and keeps none.
         has_buckets = (zero == 2) | ((zero == 1) & (training.precision != "bf16"))
         buffers = np.where(has_buckets, 2 * bucket, 0.0)
-        # ZeRO-3 gathers one layer ahead (prefetch) besides the one in use.
+        # ZeRO-3 gathers one layer ahead (prefetch) besides the one in use, and with
+        # contiguous_gradients allocates its reduce bucket whole at start, whatever the model's size
+        # (stage3.py: ipg bucket.buffer = torch.empty(reduce_bucket_size, dtype=grad dtype);
+        # measured by train/census.py: 2e8 fp32 elements, 800 MB, on the tiny model).
         gathered = np.minimum(ZERO3_MAX_LIVE_PARAMETERS, 2 * x.layer_params_local) * x.weight_b
-        buffers = buffers + np.where(zero == 3, gathered, 0.0)
+        zero3_bucket = ZERO_BUCKET_ELEMENTS * x.weight_b
+        buffers = buffers + np.where(zero == 3, gathered + zero3_bucket, 0.0)
     else:
         buffers = np.zeros_like(tp)
     framework = np.full_like(tp, x.profile.memory_overhead_gib * GIB)

@@ -54,9 +54,18 @@ STATE_BYTES = {
 DS_BF16_FP32_ACCUM = (2, 4, 12)
 
 
+# DeepSpeed's ZeRO optimizers keep an fp32 master partition of their own even when the model is
+# fp32 (stage_1_and_2.py single_partition_of_fp32_groups is a clone of the flat partition;
+# stage3.py fp32_partitioned_groups_flat): 4 + 8 bytes of optimizer state per parameter, sharded.
+# Measured by train/census.py (tests/test_census.py): 12 bytes per parameter over dp at ZeRO-1/2.
+DS_FP32_ZERO_OPTIMIZER = 12
+
+
 def state_bytes(runtime: str, precision: str, zero_stage):
     """(weights, gradients, optimizer) bytes per parameter before sharding; arrays over layouts."""
     w, g, o = STATE_BYTES[(runtime, precision)]
+    if runtime == "deepspeed" and precision == "fp32":
+        return w, g, np.where(np.asarray(zero_stage) >= 1, DS_FP32_ZERO_OPTIMIZER, o)
     if runtime == "deepspeed" and precision == "bf16":
         z = np.asarray(zero_stage)
         fw, fg, fo = DS_BF16_FP32_ACCUM

@@ -60,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="checkpoint every N steps (0: only at the end)")
     p.add_argument("--keep", type=int, default=3, help="checkpoints kept (the newest K)")
     p.add_argument("--no-save", action="store_true", help="write no checkpoint at all")
+    p.add_argument("--memory-census", default=None, metavar="DIR",
+                   help="after the first step, write each rank's bytes of weights, gradients and optimizer "
+                        "state, counted tensor by tensor, to DIR/census-rankN.json (train/census.py)")
     # Fault injection for the resume test: SIGKILL rank 0 right after this step is logged.
     p.add_argument("--fail-after-step", type=int, default=None, help=argparse.SUPPRESS)
     # Test pacing for the time-limit test: a floor on the seconds per step, so that how many steps
@@ -204,6 +207,10 @@ def train(plan: PlanDir, args, denv: launch.DistEnv, device: torch.device, stop:
               f"  steps {start} -> {args.steps}" + (f" (resumed from {ckpt_dir / tag})" if tag else "")
               + f"; run dir {run_dir}", flush=True)
     log = MetricsLog(run_dir if rank0 else None, plan, denv.world_size)
+    if args.memory_census:
+        from .census import census_before_second_step
+
+        census_before_second_step(engine, Path(args.memory_census), denv.rank, grid.get_stage_id())
 
     for step in range(start, args.steps):
         batches = list(micro_batches(dataset, step, lay.global_batch_size, lay.micro_batch_size,
