@@ -163,7 +163,8 @@ def _load_cluster(project, cluster, profiles_dir: str | None):
 @click.option("--vpp", type=click.IntRange(1, 1_000_000), default=None,
               help="Pin virtual pipeline stages per rank (interleaved schedule; megatron runtime only).")
 @click.option("--zero", type=click.IntRange(0, 3), default=None,
-              help="Pin the ZeRO stage (megatron runtime: 1 = distributed optimizer).")
+              help="Pin the ZeRO stage (megatron runtime: 1 = distributed optimizer, 2 = Megatron-FSDP "
+                   "optim_grads, gradients sharded too; 2 is searched only when pinned).")
 @click.option("--mbs", type=click.IntRange(1, 100_000_000), default=None, help="Pin the micro-batch size (sequences).")
 @click.option("--recompute", type=click.Choice(RECOMPUTE_LEVELS), default=None, help="Pin activation recomputation.")
 @click.option("--sp/--no-sp", "sp", default=None, help="Pin sequence parallelism on or off.")

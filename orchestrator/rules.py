@@ -46,10 +46,28 @@ def stage_split(num_layers: int, pp: int) -> StageSplit | None:
     return None
 
 
-def zero_stages(runtime: str, pp: int, precision: str, grad_accum_steps: int) -> list[int]:
-    """The ZeRO stages a runtime can run a layout with (the solver enumerates exactly these)."""
+# Megatron-LM's ZeRO-2: Megatron-FSDP with --data-parallel-sharding-strategy optim_grads, which
+# shards the fp32 main gradients as well as the optimizer states over the dp x cp group and keeps
+# the bf16 weights whole (megatron/core/distributed/fsdp/src/docs/mfsdp_design.md, "ZeRO-2 /
+# optim_grads"). This is how Llama 3 405B trained beside TP8 PP16 (Llama 3 paper, Sec. 3.3.2: FSDP
+# shards optimizer states and gradients, the weights are not resharded after the forward pass).
+# Searched only when pinned (--zero 2): Megatron-LM's validate_args accepts it with pipeline and
+# tensor parallelism but warns against TP with it, and its functional tests run it only at pp=1.
+MEGATRON_FSDP_ZERO = 2
+
+
+def uses_megatron_fsdp(runtime: str, zero_stage: int) -> bool:
+    """Whether a layout runs on Megatron-FSDP (optim_grads) rather than the distributed optimizer."""
+    return runtime == "megatron" and zero_stage == MEGATRON_FSDP_ZERO
+
+
+def zero_stages(runtime: str, pp: int, precision: str, grad_accum_steps: int,
+                pinned: int | None = None) -> list[int]:
+    """The ZeRO stages a runtime can run a layout with (the solver enumerates exactly these);
+    ``pinned`` is the stage the user asked for, if any."""
     if runtime == "megatron":
-        return [0, 1]  # no ZeRO stages; 1 is its distributed optimizer
+        # 0: plain DDP; 1: the distributed optimizer; 2: Megatron-FSDP optim_grads, only when asked.
+        return [0, 1, MEGATRON_FSDP_ZERO] if pinned == MEGATRON_FSDP_ZERO else [0, 1]
     # DeepSpeed's pipeline engine asserts stage < 2 (pipe/engine.py). With bf16, dsorch accumulates
     # gradients in fp32 (ds_config data_types.grad_accum_dtype), which DeepSpeed refuses at ZeRO-0
     # ("unsupported mix of model_dtype=torch.bfloat16 and grad_accum_dtype=torch.float32",
@@ -99,7 +117,10 @@ def _splits_for_cp(seq_length: int, cp: int) -> bool:
 def uses_tp_overlap(runtime: str, training: TrainingSpec, layout: Layout) -> bool:
     """Whether --tp-comm-overlap applies to a layout: asked for by the spec, on the megatron runtime,
     with tp > 1 and sequence parallelism (validate_args refuses it otherwise)."""
-    return runtime == "megatron" and training.tp_comm_overlap and layout.tp > 1 and layout.sequence_parallel
+    # Not with Megatron-FSDP: TE's overlap wants CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron-FSDP
+    # refuses (validate_args: "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset").
+    return (runtime == "megatron" and training.tp_comm_overlap and layout.tp > 1 and layout.sequence_parallel
+            and not uses_megatron_fsdp(runtime, layout.zero_stage))
 
 
 def sp_options(tp: int, cp: int, seq_length: int) -> list[bool]:
@@ -174,10 +195,11 @@ def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, profi
         r.append(f"micro_batch_size*grad_accum_steps*dp = {L.micro_batch_size}*{L.grad_accum_steps}*{L.dp} = "
                  f"{L.global_batch_size} but global_batch_size is {training.global_batch_size}; choose a micro-batch "
                  f"size that divides global_batch_size/dp")
-    if L.zero_stage not in zero_stages(runtime, L.pp, training.precision, L.grad_accum_steps):
+    if L.zero_stage not in zero_stages(runtime, L.pp, training.precision, L.grad_accum_steps, L.zero_stage):
         if runtime == "megatron":
-            r.append(f"zero_stage={L.zero_stage}: Megatron-LM has no ZeRO stages, only its distributed optimizer "
-                     f"(ZeRO-1-like, zero_stage=1); use zero_stage 0 or 1")
+            r.append(f"zero_stage={L.zero_stage}: on Megatron-LM dsorch plans zero_stage 1 (the distributed "
+                     f"optimizer) and 2 (Megatron-FSDP optim_grads: gradients sharded too); Megatron-FSDP's "
+                     f"optim_grads_params (ZeRO-3) is not modelled: use zero_stage 0, 1 or 2, or the deepspeed runtime")
         elif L.pp > 1 and L.zero_stage > 1:
             r.append(f"zero_stage={L.zero_stage} cannot be combined with pp={L.pp} in DeepSpeed's pipeline engine "
                      f"(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1")

@@ -16,8 +16,8 @@ from .costmodel.calibration import engine_of, per_layout
 from .costmodel.evaluate import invariant_violations, runtime_engine
 from .costmodel.memory import GIB
 from .layout import FAMILIES, RECOMPUTE_LEVELS, Layout, divisors, family_codes
-from .rules import (check_layout, cp_degrees, interleaving_fits, sp_options, stage_split, tp_degrees, uses_tp_overlap,
-                    vpp_degrees, zero_stages)
+from .rules import (check_layout, cp_degrees, interleaving_fits, sp_options, stage_split, tp_degrees,
+                    uses_megatron_fsdp, uses_tp_overlap, vpp_degrees, zero_stages)
 from .specs import ClusterProfile, ModelSpec, TrainingSpec
 
 _RC_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
@@ -169,13 +169,13 @@ def _layouts_at(tp, cp, pp, dp, split, model, training, runtime, pins, reject) -
     """Every (vpp, micro-batch, ZeRO stage, recompute, SP) at one (tp, cp, pp, dp), as rows."""
     gbs = training.global_batch_size
     rows = []
-    all_zero = zero_stages(runtime, 1, "fp32", 1)
+    all_zero = zero_stages(runtime, 1, "fp32", 1, pins.zero_stage)
     vpps = vpp_degrees(runtime, model.num_layers, pp, training.overlap_p2p_comm)
     sps = sp_options(tp, cp, training.seq_length)
     inner = len(_options(pins, "recompute", RECOMPUTE_LEVELS)) * len(_options(pins, "sequence_parallel", sps))
     for mbs in _options(pins, "micro_batch_size", divisors(gbs // dp)):
         gas = gbs // (dp * mbs)
-        zeros = zero_stages(runtime, pp, training.precision, gas)
+        zeros = zero_stages(runtime, pp, training.precision, gas, pins.zero_stage)
         wanted = _options(pins, "zero_stage", all_zero)
         for vpp in _options(pins, "vpp", vpps):
             if not interleaving_fits(vpp, pp, gas):
@@ -220,7 +220,8 @@ def _confidence(profile: ClusterProfile, runtime: str, training: TrainingSpec, z
         r = resolved[str(engine_of(runtime, L.zero_stage).item())]
         beyond = r.beyond(L.tp, L.pp, L.cp, training.fp8 is not None,
                           tp_overlap=uses_tp_overlap(runtime, training, L),
-                          dp_overlap=eng.dp_overlap and L.dp * L.cp > 1 and (L.pp == 1 or eng.dp_overlap_with_pp))
+                          dp_overlap=eng.dp_overlap and L.dp * L.cp > 1 and (L.pp == 1 or eng.dp_overlap_with_pp),
+                          megatron_fsdp=uses_megatron_fsdp(runtime, L.zero_stage))
         if beyond:
             return None, f"outside the fitted domain of {r.entry}: {beyond}"
         return r.interval, r.describe()

@@ -97,7 +97,13 @@ def check_plan(plan_dir: Path, megatron_lm: Path, world_size: int | None = None,
     env["WORLD_SIZE"] = str(world_size if world_size is not None else world_size_of(plan_dir))
     env["RANK"] = "0"
     env["LOCAL_RANK"] = "0"
-    env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # validate_args asserts it for some overlap settings
+    # As launch.sh leaves it: exported as 1 by profiles for TP overlap (validate_args asserts it under
+    # TP), unset by plans on Megatron-FSDP (which asserts it is not 1).
+    launch = plan_dir / "launch.sh"
+    if launch.is_file() and "unset CUDA_DEVICE_MAX_CONNECTIONS" in launch.read_text():
+        env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    else:
+        env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
         proc = subprocess.run(

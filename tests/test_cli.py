@@ -203,7 +203,7 @@ def test_nothing_fits_suggests_node_count(runner, in_tmp):
     (["--gpus-per-node", "8"], "--gpus-per-node 8: profile 'local' has 4 GPUs per node"),
     (["--memory-margin", "4"], "--memory-margin 4 GiB leaves nothing of the 4 GiB per GPU"),
     (["--tp", "4"], "tp=4 does not divide num_kv_heads=2"),
-    (["--runtime", "megatron", "--zero", "2"], "Megatron-LM has no ZeRO stages"),
+    (["--runtime", "megatron", "--zero", "3"], "optim_grads_params (ZeRO-3) is not modelled"),
 ])
 def test_illegal_pins_name_the_rule(runner, in_tmp, args, message):
     r = plan(runner, "examples/tiny.yaml", "--cluster", "local", *args, "--out", in_tmp / "p")

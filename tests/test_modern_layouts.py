@@ -156,22 +156,81 @@ def test_llama3_405b_uneven_interleaved_layout_is_expressible(runner, in_tmp):
     assert set(np.unique(c.vpp)) == {1, 2, 4, 8}  # the divisors of (126 + 2) / 16
 
 
-def test_llama3_405b_published_layout_memory():
-    """Meta's layout (TP8 PP16 DP128, 8K, mbs 1, no recomputation): the model's figure for it under
-    Megatron-LM's 1F1B, kept in view. Meta trained it under its own schedule with FSDP-sharded
-    gradients (Llama 3 paper, Sec. 3.3.2); Megatron's distributed optimizer keeps the whole fp32
-    gradient buffer, and the second stage (8 layers, 15 micro-batches in flight) binds."""
+def test_llama3_405b_as_meta_trained_it_fits():
+    """Meta's layout (TP8 PP16 DP128, interleaved, 8K, mbs 1, no recomputation, 80 GB H100s) with
+    its gradients sharded as Meta's FSDP sharded them (Llama 3 paper, Sec. 3.3.2): Megatron-FSDP
+    optim_grads, zero_stage 2, fits. On Megatron's distributed optimizer (zero_stage 1), which keeps
+    the whole fp32 gradient buffer, the same layout does not, by about that buffer."""
     spec, _ = load_spec(EXAMPLES / "llama3-405b.yaml")
     profile = load_profile("dgx16").profile.resized(nodes=2048)
-    res = search(spec.model, spec.training, profile, "megatron",
-                 Pins(tp=8, pp=16, dp=128, cp=1, vpp=1, micro_batch_size=1, recompute="none", sequence_parallel=True,
-                      zero_stage=1))
-    s = (res.ranked or res.closest)[0]
-    assert s.memory_gib["grads"] == pytest.approx(2 * s.memory_gib["params"], rel=1e-6)  # fp32 main grads
-    assert 78 < s.memory_gib["total"] < 84
-    # With the sequence split in two (cp 2), it fits with room to spare.
+    base = dict(tp=8, pp=16, dp=128, cp=1, vpp=2, micro_batch_size=1, recompute="none", sequence_parallel=True)
+    fsdp = search(spec.model, spec.training, profile, "megatron", Pins(zero_stage=2, **base)).best
+    assert fsdp is not None and fsdp.fits and fsdp.memory_gib["total"] < 80
+    dist = search(spec.model, spec.training, profile, "megatron", Pins(zero_stage=1, **base))
+    assert dist.best is None
+    d = dist.closest[0].memory_gib
+    assert d["grads"] == pytest.approx(2 * d["params"], rel=1e-6)  # fp32 main gradients, whole
+    assert fsdp.memory_gib["grads"] == pytest.approx(d["grads"] / 128, rel=1e-6)  # sharded over dp
+    assert d["total"] - fsdp.memory_gib["total"] > d["grads"] * 0.8
+    assert fsdp.memory_gib["activations"] == d["activations"]
+    # Beyond anything the Megatron entry was fitted on: it says so instead of giving an interval.
+    assert fsdp.interval is None and "Megatron-FSDP" in fsdp.basis
+    # With the sequence split in two (cp 2) the distributed optimizer fits too.
     res2 = search(spec.model, spec.training, profile, "megatron", Pins(tp=8, pp=16, cp=2, recompute="none"))
     assert res2.best is not None and res2.best.memory_gib["total"] < 70
+
+
+def test_megatron_fsdp_plan_flags_and_launch(runner, in_tmp):
+    """zero_stage 2 on Megatron-LM is Megatron-FSDP: its flags, the checkpoint format it needs, no
+    CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-FSDP asserts it unset) and so no TP overlap; searched
+    only when pinned."""
+    out = in_tmp / "p"
+    r = plan(runner, "examples/llama3-405b.yaml", "--cluster", "dgx16", "--nodes", "2048", "--runtime", "megatron",
+             "--tp", "8", "--pp", "16", "--vpp", "2", "--recompute", "none", "--zero", "2", "--out", out)
+    assert r.exit_code == 0, r.output
+    doc = _doc(out)
+    assert doc["layout"]["zero_stage"] == 2
+    flags = _flags(out)
+    d = dict(flags)
+    assert "--use-megatron-fsdp" in d and "--use-distributed-optimizer" in d
+    assert d["--data-parallel-sharding-strategy"] == "optim_grads" and d["--ckpt-format"] == "fsdp_dtensor"
+    assert check_megatron_args(flags, doc["cluster"]["world_size"]) == []
+    assert validate_path(out) == []
+    launch = (out / "launch.sh").read_text()
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS" not in launch and "unset CUDA_DEVICE_MAX_CONNECTIONS" in launch
+    # Without the pin the search keeps to the distributed optimizer.
+    free = in_tmp / "q"
+    assert plan(runner, "examples/llama3-405b.yaml", "--cluster", "dgx16", "--nodes", "2048", "--runtime",
+                "megatron", "--tp", "8", "--pp", "16", "--out", free).exit_code == 0
+    assert _doc(free)["layout"]["zero_stage"] in (0, 1)
+    # dsorch's validation knows Megatron's rules for it.
+    bad = [(f, v) for f, v in flags if f != "--ckpt-format"]
+    assert any("fsdp_dtensor" in e for e in check_megatron_args(bad, doc["cluster"]["world_size"]))
+    # TP overlap asked for by the spec is not applied on Megatron-FSDP.
+    fp8 = in_tmp / "fp8"
+    r = plan(runner, "examples/llama3-70b-fp8.yaml", "--cluster", "dgx16", "--runtime", "megatron", "--zero", "2",
+             "--pp", "1", "--out", fp8)
+    assert r.exit_code == 0, r.output
+    names = [f for f, _ in _flags(fp8)]
+    assert "--use-megatron-fsdp" in names and "--tp-comm-overlap" not in names
+
+
+@pytest.mark.parametrize("pp,v", [(2, 1), (4, 1), (8, 1), (4, 2), (4, 4), (8, 2), (3, 3)])
+def test_in_flight_micro_batches_are_the_schedules(pp, v):
+    """The memory model's micro-batches in flight per stage against the schedule dsorch draws (1F1B and
+    Megatron's interleaved order, render/plots.py): the largest number of chunks whose forward has
+    run and backward has not, in whole-stage units, for few and many micro-batches."""
+    from orchestrator.costmodel.memory import in_flight_micro_batches
+    from orchestrator.render.plots import schedule
+
+    for m in (pp, 2 * pp, 4 * pp):
+        blocks = schedule(pp, m, v, 1.0, 2.0, 0.0)
+        for stage in range(pp):
+            live = peak = 0
+            for b in sorted((b for b in blocks if b.stage == stage), key=lambda b: b.start):
+                live += 1 if b.kind == "F" else -1
+                peak = max(peak, live)
+            assert float(in_flight_micro_batches(pp, v, m, stage)) == pytest.approx(peak / v), (m, stage)
 
 
 # ---- TP communication overlap and overlapped sends

@@ -100,7 +100,7 @@ class Resolved:
         return self.held_out_max if self.held_out_max is not None else self.max_rel_error
 
     def beyond(self, tp: int, pp: int, cp: int, fp8: bool, tp_overlap: bool = False,
-               dp_overlap: bool = False) -> str | None:
+               dp_overlap: bool = False, megatron_fsdp: bool = False) -> str | None:
         """What of a layout lies beyond the runs the entry was fitted on, in words; None if nothing."""
         if self.domain != "fitted" or not self.covers:
             return None
@@ -108,7 +108,8 @@ class Resolved:
         out = [f"{name} {v} (its runs: up to {c[name]})" for name, v in (("tp", tp), ("pp", pp), ("cp", cp))
                if v > c.get(name, 1)]
         for used, key, what in ((fp8, "fp8", "FP8 GEMMs"), (tp_overlap, "tp_overlap", "TP communication overlap"),
-                                (dp_overlap, "dp_overlap", "overlapped DP reduction")):
+                                (dp_overlap, "dp_overlap", "overlapped DP reduction"),
+                                (megatron_fsdp, "megatron_fsdp", "Megatron-FSDP's sharded gradients")):
             if used and not c.get(key):
                 out.append(f"{what} (none of its runs)")
         return ", ".join(out) or None

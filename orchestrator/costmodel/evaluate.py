@@ -340,7 +340,8 @@ def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
     middle = stage_memory(x.lm, x.middle_params, np.minimum(1.0, pp - 1), 0.0)
     last = stage_memory(x.ll, x.last_params, pp - 1, logits, outputs=False)
 
-    # Communication buffers (DeepSpeed only; Megatron's DDP reduces in place in its grad buffer).
+    # Communication buffers. Megatron's DDP and distributed optimizer reduce in place in their
+    # grad buffer; DeepSpeed and Megatron-FSDP have buffers of their own.
     if x.runtime == "deepspeed":
         bucket = np.minimum(ZERO_BUCKET_ELEMENTS, x.params_stage) * x.comm_grad_b
         # ZeRO-1/2 keep two reduce buckets (overlap_comm's double buffering); bf16 ZeRO-1 runs in
@@ -355,7 +356,11 @@ def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
         zero3_bucket = ZERO_BUCKET_ELEMENTS * x.weight_b
         buffers = buffers + np.where(zero == 3, gathered + zero3_bucket, 0.0)
     else:
-        buffers = np.zeros_like(tp)
+        # Megatron-FSDP optim_grads (zero 2): autograd writes each layer's gradient full size in the
+        # weights' dtype, which is reduce-scattered into the sharded fp32 main gradient and released
+        # after that layer's backward (mfsdp_design.md, "During backward" / "Post-backward"); with
+        # the next layer's gradient computed while one is reduced, two layers' worth are live.
+        buffers = np.where(zero == 2, 2 * x.layer_params_local * x.weight_b, 0.0)
     framework = np.full_like(tp, x.profile.memory_overhead_gib * GIB)
 
     totals = [st[0] + st[1] + st[2] + st[3] for st in (first, middle, last)]

@@ -138,16 +138,20 @@ def activation_bytes_per_layer(s, b, h, f, a, kv, t, sp, recompute, *, swiglu=Tr
 
 
 def in_flight_micro_batches(pp, vpp, m, stage):
-    """Micro-batches whose activations a pipeline stage holds at peak.
+    """Micro-batches (in whole-stage units) whose activations a pipeline stage holds at peak.
 
-    1F1B (PipeDream-Flush) stashes at most pp micro-batches on the first stage and pp - i on
-    stage i (Narayanan et al. 2021, Sec. 2.2.1); never more than the m that exist. The interleaved
-    schedule holds (1 + (pp-1)/(pp*vpp)) times more on the first stage (Korthikanti et al. 2022,
-    Sec. 4.2.3).
+    1F1B (PipeDream-Flush) runs pp - i - 1 warm-up forwards on stage i and then one more before
+    its first backward: pp - i micro-batches (Narayanan et al. 2021, Sec. 2.2.1). The interleaved
+    schedule runs 2(pp - i - 1) + (vpp - 1) pp warm-up forwards of model chunks, each 1/vpp of
+    the stage's layers, and never more than the m vpp chunks that exist (Megatron-LM
+    core/pipeline_parallel/schedules.py get_pp_rank_microbatches: num_warmup_microbatches, capped
+    at total_num_microbatches): min(pp + (pp - 2i - 1)/vpp, m) stages' worth. On the first stage
+    that is Korthikanti et al. 2022's (1 + (pp-1)/(pp vpp)) x pp (Sec. 4.2.3); with as few
+    micro-batches as stages every chunk of every micro-batch is in flight at once, no more than m.
     """
     pp = np.asarray(pp, dtype=np.float64)
     vpp = np.asarray(vpp, dtype=np.float64)
     m = np.asarray(m, dtype=np.float64)
-    base = np.minimum(pp - stage, m)
-    interleave = np.where(vpp > 1, 1 + (pp - 1) / (pp * vpp), 1.0)
-    return np.maximum(base * interleave, 1.0)
+    one_f_one_b = np.minimum(pp - stage, m)
+    interleaved = np.minimum(pp + (pp - 2 * stage - 1) / vpp, m)
+    return np.maximum(np.where(vpp > 1, interleaved, one_f_one_b), 1.0)

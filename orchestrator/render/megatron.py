@@ -9,7 +9,7 @@ is in plan.yaml.
 from __future__ import annotations
 
 from ..plan import Plan
-from ..rules import stage_split, uses_tp_overlap
+from ..rules import stage_split, uses_megatron_fsdp, uses_tp_overlap
 
 
 def _fmt(v) -> str:
@@ -80,9 +80,15 @@ def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
         # The cost model assumes Megatron overlaps the data-parallel reduction with the backward
         # pass (and the distributed optimizer's parameter all-gather with the next forward).
         add("--overlap-grad-reduce")
-        if L.zero_stage == 1:
+        if L.zero_stage >= 1:
             add("--use-distributed-optimizer")
             add("--overlap-param-gather")
+        if uses_megatron_fsdp(plan.runtime, L.zero_stage):
+            # Gradients sharded as well (rules.MEGATRON_FSDP_ZERO). Megatron-FSDP v1 runs on the
+            # distributed optimizer and saves only in the fsdp_dtensor format (validate_args).
+            add("--use-megatron-fsdp")
+            add("--data-parallel-sharding-strategy", "optim_grads")
+            add("--ckpt-format", "fsdp_dtensor")
     add("--micro-batch-size", L.micro_batch_size)
     add("--global-batch-size", t.global_batch_size)
     if L.recompute == "selective":

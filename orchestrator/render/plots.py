@@ -79,8 +79,10 @@ def _order(stage: int, pp: int, m: int, v: int) -> list[tuple[str, int, int]]:
         return "B", group * pp + within % pp, v - 1 - within // pp
 
     if v > 1:
-        # Megatron-LM runs every forward first when there are exactly pp micro-batches.
-        warm = total if m == pp else min(total, (pp - stage - 1) * 2 + (v - 1) * pp)
+        # Megatron-LM's get_pp_rank_microbatches (core/pipeline_parallel/schedules.py), capped at the
+        # chunks there are. (Older Megatron-LM ran every forward first when m == pp; since the
+        # tunable schedule it no longer does.)
+        warm = min(total, (pp - stage - 1) * 2 + (v - 1) * pp)
     else:
         warm = min(total, pp - stage - 1)
     out = [forward(k) for k in range(warm)]

@@ -13,6 +13,7 @@ import jinja2
 
 from ..plan import Plan
 from ..resources import templates_dir
+from ..rules import uses_megatron_fsdp
 from ..slurm import SBATCH_KEYS, job_name, rank_env
 
 MASTER_PORT = 29500
@@ -43,8 +44,17 @@ def _common(plan: Plan) -> dict:
 
 
 def launch_env(plan: Plan) -> list[tuple[str, str]]:
-    """Every rank's environment (orchestrator.slurm.rank_env), shell-quoted for launch.sh."""
-    return [(k, shlex.quote(str(v))) for k, v in rank_env(plan.profile).items()]
+    """Every rank's environment (orchestrator.slurm.rank_env), shell-quoted for launch.sh, less what
+    the plan must not have (``launch_unset``)."""
+    drop = set(launch_unset(plan))
+    return [(k, shlex.quote(str(v))) for k, v in rank_env(plan.profile).items() if k not in drop]
+
+
+def launch_unset(plan: Plan) -> list[str]:
+    """Variables launch.sh unsets: Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1
+    (validate_args: "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"), which profiles for
+    Megatron's TP overlap set, and a login shell may have exported."""
+    return ["CUDA_DEVICE_MAX_CONNECTIONS"] if uses_megatron_fsdp(plan.runtime, plan.layout.zero_stage) else []
 
 
 # Who catches SIGUSR2 in the ranks, per runtime (for the comment in launch.sh).
@@ -56,7 +66,8 @@ STOP_HANDLERS = {
 
 def render_launch(plan: Plan) -> str:
     return _env().get_template("launch.sh.j2").render(
-        **_common(plan), master_port=MASTER_PORT, env=launch_env(plan), stop_handler=STOP_HANDLERS[plan.runtime])
+        **_common(plan), master_port=MASTER_PORT, env=launch_env(plan), unset=launch_unset(plan),
+        stop_handler=STOP_HANDLERS[plan.runtime])
 
 
 def _sbatch_value(v: str) -> str:

@@ -245,6 +245,27 @@ def _cross_checks(a: _Args, world_size: int) -> list[str]:
     errors += _pipeline_checks(a, pp)
     errors += _attention_checks(a, tp)
     errors += _precision_and_recompute_checks(a, tp)
+    errors += _megatron_fsdp_checks(a)
+    return errors
+
+
+def _megatron_fsdp_checks(a: _Args) -> list[str]:
+    """validate_args on Megatron-FSDP (--use-megatron-fsdp) and its checkpoint format."""
+    errors, F = [], a.flag
+    fsdp, fmt = a.get("use_megatron_fsdp"), a.get("ckpt_format", "torch_dist")
+    if fsdp and fmt != "fsdp_dtensor":
+        # "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format."
+        errors.append(f"{F('use_megatron_fsdp')} saves only in the fsdp_dtensor format: add '--ckpt-format fsdp_dtensor'")
+    if fmt == "fsdp_dtensor" and not fsdp:
+        # "--ckpt-format fsdp_dtensor is only tested with Megatron FSDP."
+        errors.append("--ckpt-format fsdp_dtensor is only for Megatron-FSDP: add --use-megatron-fsdp or use torch_dist")
+    if fsdp and a.get("optimizer", "adam") not in ("sgd", "adam"):
+        # "Megatron-FSDP does not support the {optimizer} optimizer yet."
+        errors.append(f"{F('use_megatron_fsdp')} supports only the adam and sgd optimizers: use --optimizer adam")
+    if fsdp and a.get("megatron_fsdp_version", 1) == 2 and a.get("use_distributed_optimizer"):
+        # "--megatron-fsdp-version 2 is not compatible with --use-distributed-optimizer"
+        errors.append("--megatron-fsdp-version 2 does not run on the distributed optimizer: drop "
+                      "--use-distributed-optimizer or use version 1")
     return errors
 
 
