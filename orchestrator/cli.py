@@ -626,7 +626,7 @@ def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume
         else:
             click.echo(slurm.sbatch_script(sub.spec, sub.folder), nl=False)
         return
-    slurm.check_scheduler(sub.spec.kind)
+    slurm.check_scheduler(sub.spec.kind, dry_run="prints the sbatch script")
     record = record_submission(reg, sub, force)
     click.echo(f"submitted job {record.job_id} ({record.executor}, cluster {record.cluster}): plan {record.plan_dir}, "
                f"run dir {record.run_dir}")

@@ -5,8 +5,8 @@ the key names and the defaults of that family's configuration class in transform
 (``configuration_<family>.py``), since a published config.json leaves out what equals the default.
 
 What the spec cannot express is refused with the key that says it, when it changes the shapes or
-the work (a mixture of experts, sliding-window attention, an explicit head_dim that is not
-hidden / heads, a norm shared by attention and MLP, ALiBi). What changes only the numerics of an
+the work (a mixture of experts, an explicit head_dim that is not hidden / heads, a norm shared by
+attention and MLP, ALiBi, a sliding window shorter than the sequence trained). What changes only the numerics of an
 otherwise equal model (RoPE scaling, partial rotary, Gemma's embedding scale) is carried as a
 warning and into the spec's ``source``: memory and step time, what dsorch plans, are the same.
 """
@@ -32,6 +32,10 @@ class Imported:
     model: dict[str, Any]
     family: str
     notes: list[str] = field(default_factory=list)  # numerics the spec does not carry
+    path: Path | None = None  # the config.json, for errors about it
+    # The attention window in tokens (Mistral's sliding_window), None for full attention. Whether the
+    # spec can carry it depends on the sequence trained, which spec_document decides.
+    window: int | None = None
 
 
 class _Config:
@@ -39,6 +43,7 @@ class _Config:
 
     def __init__(self, data: dict, path: Path, family: str):
         self.data, self.path, self.family = data, path, family
+        self.window: int | None = None  # set by _window
 
     def refuse(self, key: str, why: str) -> SpecError:
         return SpecError(f"{self.path}: {key}: {why}. dsorch's model spec cannot express this {self.family} "
@@ -62,12 +67,25 @@ class _Config:
 
 def _head_dim(c: _Config, hidden: int, heads: int) -> None:
     d = c.get("head_dim")
-    if d is not None and d * heads != hidden:
-        raise c.refuse("head_dim", f"{d} x {heads} heads = {d * heads}, not hidden_size {hidden}; the spec derives "
-                                   f"head_dim as hidden_size / num_attention_heads")
+    if d is None or d * heads == hidden:
+        return
+    # Q and O are hidden x heads*head_dim, K and V hidden x kv_heads*head_dim (LlamaAttention,
+    # GemmaAttention). The spec has no head_dim key: ModelSpec.head_dim is hidden / heads, so every
+    # one of these matrices, and the attention's FLOPs and activations, would come out the wrong size.
+    kv = c.integer("num_key_value_heads", default=heads)
+    layers = c.integer("num_hidden_layers")
+    gap = layers * 2 * hidden * (heads + kv) * (d - hidden / heads)
+    raise c.refuse("head_dim", f"{d}, but hidden_size {hidden} / num_attention_heads {heads} = {hidden / heads:g}: "
+                               f"the attention projects to {heads} heads x {d} = {d * heads} wide, not {hidden}. "
+                               f"The spec has no head_dim key; it always takes hidden_size / "
+                               f"num_attention_heads, so it would {'under' if gap > 0 else 'over'}count the "
+                               f"attention projections by {abs(gap) / 1e6:,.1f}M parameters over {layers} layers, "
+                               f"and the attention's FLOPs and activation memory with them")
 
 
 def _moe(c: _Config) -> None:
+    # Checked before the family, so that Mixtral or Qwen2-MoE is refused for being a mixture of
+    # experts, not for its model_type.
     for key in ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size"):
         if c.get(key):
             raise c.refuse(key, f"{c.data[key]}: a mixture of experts; the spec describes dense models")
@@ -83,18 +101,16 @@ def _rope(c: _Config, notes: list[str]) -> float:
 
 
 def _window(c: _Config, use_key: str | None = None) -> None:
-    window = c.get("sliding_window")
+    """The sliding window in effect (Mistral's sliding_window; Qwen2's only with use_sliding_window).
+    Kept on the config, not refused here: whether full attention equals it depends on the sequence
+    length, which spec_document knows."""
     used = c.get(use_key, default=False) if use_key else True
-    if window is not None and used:
-        mpe = c.get("max_position_embeddings")
-        if mpe is None or window < mpe:
-            raise c.refuse("sliding_window", f"{window}: attention over a sliding window; the spec's attention is "
-                                             f"full (causal)")
+    if used and c.get("sliding_window") is not None:
+        c.window = c.integer("sliding_window")
 
 
 def _llama_like(c: _Config, family: str, notes: list[str]) -> dict:
     """Llama, Mistral, Qwen2 and Gemma share LlamaConfig's key names."""
-    _moe(c)
     hidden = c.integer("hidden_size")
     heads = c.integer("num_attention_heads")
     _head_dim(c, hidden, heads)
@@ -140,7 +156,6 @@ def _llama_like(c: _Config, family: str, notes: list[str]) -> dict:
 
 
 def _gpt_neox(c: _Config, notes: list[str]) -> dict:
-    _moe(c)
     hidden = c.integer("hidden_size")
     heads = c.integer("num_attention_heads")
     act = c.get("hidden_act", default="gelu")
@@ -193,7 +208,6 @@ def _gpt2(c: _Config, notes: list[str]) -> dict:
 
 
 def _falcon(c: _Config, notes: list[str]) -> dict:
-    _moe(c)
     if c.get("alibi", default=False):
         raise c.refuse("alibi", "true: ALiBi position biases; the spec's positions are RoPE or learned")
     hidden = c.integer("hidden_size")
@@ -261,23 +275,38 @@ def read_config(path: Path) -> dict:
 def import_config(path: Path, name: str | None = None) -> Imported:
     data = read_config(path)
     kind = data.get("model_type")
+    _moe(_Config(data, path, str(kind)))
     if kind not in FAMILIES:
         known = ", ".join(sorted(k for k in FAMILIES if k.islower()))
         raise SpecError(f"{path}: model_type {kind!r} is not a family dsorch imports ({known}); write the spec by "
                         f"hand (see examples/).")
     family, reader = FAMILIES[kind]
     notes: list[str] = []
-    model = reader(_Config(data, path, family), notes)
+    c = _Config(data, path, family)
+    model = reader(c, notes)
     if name is None:
         ref = data.get("_name_or_path")
         name = (str(ref).rstrip("/").split("/")[-1] if ref else path.resolve().parent.name) or family
-    return Imported(name, model, family, notes)
+    return Imported(name, model, family, notes, path=path, window=c.window)
 
 
 def spec_document(imp: Imported, source: str, seq_length: int | None, global_batch_size: int | None) -> dict:
     """The spec file's content: the imported model and a training section to edit."""
     mpe = imp.model.get("max_position_embeddings")
     seq = seq_length or min(mpe or DEFAULT_MAX_SEQ, DEFAULT_MAX_SEQ)
+    if imp.window is not None and seq > imp.window:
+        # A query at position i attends to the keys at i - window < j <= i (transformers'
+        # sliding_window_causal_mask; Mistral 7B, Jiang et al. 2023, sec. 2). In a sequence of seq
+        # tokens i - j <= seq - 1, so with seq <= window every earlier key is inside the window: the
+        # mask is the causal mask, and the spec's full attention is exact, FLOPs and memory alike.
+        # Longer sequences attend to fewer keys than the spec would count.
+        given = f"--seq-length {seq}" if seq_length else (f"the default, max_position_embeddings {mpe} capped at "
+                                                          f"{DEFAULT_MAX_SEQ}")
+        raise SpecError(f"{imp.path or 'config.json'}: sliding_window: {imp.window}: each token attends only to the {imp.window} "
+                        f"tokens up to it, and the spec would train sequences of {seq} ({given}), longer than the "
+                        f"window. dsorch's attention is full (causal), which equals a sliding window only for "
+                        f"sequences no longer than the window; pass --seq-length {imp.window} (or less) to plan "
+                        f"this {imp.family} model exactly.")
     gbs = global_batch_size or max(1, DEFAULT_TOKENS_PER_STEP // seq)
     text = source + ("; not carried: " + "; ".join(imp.notes) if imp.notes else "")
     return {"name": imp.name, "source": text, "model": imp.model,

@@ -332,15 +332,17 @@ def sbatch_script(spec: JobSpec, folder: Path) -> str:
 SUBMIT_TOOLS = ("sbatch", "srun")
 
 
-def check_scheduler(kind: str) -> None:
+def check_scheduler(kind: str, dry_run: str | None = None) -> None:
+    """Refuse to submit without SLURM's client tools; ``dry_run`` says what the command's --dry-run
+    does instead, where it has one."""
     if kind != "slurm":
         return
     missing = [t for t in SUBMIT_TOOLS if shutil.which(t) is None]
     if missing:
         raise DsorchError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on PATH, so there is "
                           f"no SLURM cluster to submit to from here. Run dsorch on a SLURM login node (or put SLURM's "
-                          f"client tools on PATH); `--dry-run` prints the sbatch script without SLURM, and a "
-                          f"plan made with `--cluster local` runs on this machine.")
+                          f"client tools on PATH)" + (f"; `--dry-run` {dry_run} without SLURM" if dry_run else "")
+                          + ", and `--cluster local` runs on this machine.")
 
 
 @contextlib.contextmanager

@@ -292,7 +292,7 @@ def start(project, spec_path: Path, spec, spec_sha256: str, loaded, proposal: Pr
     if out.exists() and any(out.iterdir()):
         raise DsorchError(f"{out} exists and is not empty; pass --out NEW_DIR (dsorch trial writes a directory of "
                           f"its own).")
-    check_scheduler(loaded.profile.executor)
+    check_scheduler(loaded.profile.executor, dry_run="shows the trials and their cost")
     plans = trial_plans(spec, spec_path, spec_sha256, loaded, "deepspeed", proposal.picks, out, nodes=nodes,
                         gpus_per_node=gpus_per_node)
     try:

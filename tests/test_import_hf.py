@@ -12,8 +12,32 @@ import yaml
 from click.testing import CliRunner
 
 from orchestrator.cli import main
+from orchestrator.specs import load_spec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+
+# Published parameter totals of the checkpoints (tests/fixtures/hf/SOURCES.md). An int is the exact
+# total the hub gives; Falcon-40B's is "about 41.3B". The extra arguments are what it takes to import.
+PUBLISHED = {
+    "Meta-Llama-3-8B": (8_030_261_248, []),
+    "Mistral-7B-v0.1": (7_241_732_096, ["--seq-length", "4096"]),  # its sliding window, see below
+    "Mistral-7B-v0.3": (7_248_023_552, []),
+    "Qwen2-7B": (7_615_616_512, []),
+    "gemma-2b": (2_506_172_416, []),
+    "pythia-1b": (1_011_781_632, []),
+    "gpt2": (124_439_808, []),
+    "falcon-40b": (pytest.approx(41.3e9, rel=1e-3), []),
+}
+# What the spec cannot express, by the key and the words of the refusal.
+REFUSED = {
+    "Mixtral-8x7B-v0.1": ("num_local_experts", ["8: a mixture of experts"]),
+    "falcon-7b": ("parallel_attn", ["one layernorm shared by attention and MLP"]),
+    "gemma-7b": ("head_dim", ["256, but hidden_size 3072 / num_attention_heads 16 = 192",
+                              "16 heads x 256 = 4096 wide", "no head_dim key",
+                              "undercount the attention projections by 352.3M parameters over 28 layers"]),
+    "Mistral-7B-v0.1": ("sliding_window", ["4096: each token attends only to the 4096 tokens up to it",
+                                           "sequences of 8192 (the default", "--seq-length 4096 (or less)"]),
+}
 
 
 def run(*args):
@@ -31,10 +55,11 @@ LLAMA = dict(model_type="llama", hidden_size=256, intermediate_size=688, num_hid
 
 
 @pytest.mark.parametrize("extra, key, words", [
-    (dict(model_type="mixtral", num_local_experts=8), "model_type", "not a family dsorch imports"),
+    (dict(model_type="mamba"), "model_type", "not a family dsorch imports"),
+    (dict(model_type="mixtral", num_local_experts=8), "num_local_experts", "a mixture of experts"),
     (dict(num_local_experts=8), "num_local_experts", "a mixture of experts"),
     (dict(model_type="mistral", sliding_window=1024), "sliding_window", "sliding window"),
-    (dict(head_dim=64), "head_dim", "not hidden_size 256"),
+    (dict(head_dim=64), "head_dim", "64, but hidden_size 256 / num_attention_heads 8 = 32"),
     (dict(hidden_act="gelu"), "hidden_act", "'gelu'"),
     (dict(attention_bias=True), "attention_bias", "biases on one kind of layer only"),
     (dict(model_type="falcon", parallel_attn=True, new_decoder_architecture=False), "parallel_attn",
@@ -82,3 +107,57 @@ def test_the_imported_spec_plans_and_its_notes_are_said(in_tmp):
                                                               "precision": "bf16"}
     assert "rope_scaling llama3" in doc["source"]
     assert run("plan", in_tmp / "spec.yaml", "--cluster", "dgx16", "--no-write").exit_code == 0
+
+
+def test_every_fixture_is_a_case_and_names_its_source():
+    folders = {p.parent.name for p in FIXTURES.glob("*/config.json")}
+    assert folders == set(PUBLISHED) | set(REFUSED)
+    sources = (FIXTURES / "SOURCES.md").read_text()
+    assert all(f"`{f}/`" in sources for f in folders)
+
+
+@pytest.mark.parametrize("model", sorted(PUBLISHED))
+def test_a_published_config_imports_at_its_published_size_plans_and_imports_the_same_twice(in_tmp, model):
+    published, args = PUBLISHED[model]
+    config = FIXTURES / model / "config.json"
+    first, second = in_tmp / "first.yaml", in_tmp / "second.yaml"
+    for out in (first, second):
+        r = run("import-hf", config, "--out", out, *args)
+        assert r.exit_code == 0, r.output
+    assert first.read_bytes() == second.read_bytes()
+    text = first.read_text()
+    assert str(FIXTURES) not in text and str(in_tmp) not in text  # no paths of this machine inside
+    spec, _ = load_spec(first)
+    assert spec.name == model
+    assert spec.model.num_params == published
+    r = run("plan", first, "--cluster", "dgx16", "--no-write")
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith(f"{model}: ") and " parameters, seq " in r.output
+
+
+@pytest.mark.parametrize("model", sorted(REFUSED))
+def test_a_published_config_the_spec_cannot_express_is_refused_with_the_key(in_tmp, model):
+    key, words = REFUSED[model]
+    config = FIXTURES / model / "config.json"
+    r = run("import-hf", config, "--out", in_tmp / "spec.yaml")
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"Error: {config}: {key}: ") and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1  # one paragraph
+    for w in words:
+        assert w in r.output
+    assert not (in_tmp / "spec.yaml").exists()
+
+
+def test_a_sliding_window_no_shorter_than_the_sequence_is_full_attention(in_tmp):
+    """Mistral-7B-v0.1 attends over 4096 tokens: with sequences of 4096 or fewer, that is every
+    earlier token, so the spec's causal attention is exact; one token more and it is not."""
+    config = FIXTURES / "Mistral-7B-v0.1" / "config.json"
+    r = run("import-hf", config, "--seq-length", "4096", "--out", in_tmp / "spec.yaml")
+    assert r.exit_code == 0, r.output
+    assert yaml.safe_load((in_tmp / "spec.yaml").read_text())["training"]["seq_length"] == 4096
+    r = run("import-hf", config, "--seq-length", "4097", "--out", in_tmp / "longer.yaml")
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert (f"{config}: sliding_window: 4096: each token attends only to the 4096 tokens up to it, and the spec "
+            f"would train sequences of 4097 (--seq-length 4097), longer than the window") in r.output
+    assert "pass --seq-length 4096 (or less)" in r.output
+    assert not (in_tmp / "longer.yaml").exists()

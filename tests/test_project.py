@@ -232,6 +232,10 @@ def test_without_slurm_everything_but_submitting_works(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     msg = " ".join(r.stderr.split())
     assert "sbatch and srun are not on PATH" in msg and "--dry-run" in msg and "--cluster local" in msg
+    # doctor has no --dry-run, so its message names none.
+    r = _run([*dsorch, "doctor", "--nodes", "2"], env, exp)
+    msg = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "sbatch and srun are not on PATH" in msg and "--dry-run" not in msg, r.stderr
     # A SLURM job recorded elsewhere (the experiment directory copied from a login node).
     from orchestrator.registry import Registry, now_utc
 

@@ -17,11 +17,16 @@ counted twice. What is counted where:
   gradients and the reduce buckets as communication buffers.
 
 Run after the first optimizer step, when every lazily built state exists.
+
+``saved_activations`` counts the other side of a rank's memory: the tensors one forward of a
+module leaves for its backward, against the cost model's ``activation_bytes_per_layer``
+(tests/test_activation_census.py).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -123,3 +128,84 @@ def census_before_second_step(engine, directory: Path, rank: int, stage: int) ->
         return original(*args, **kwargs)
 
     opt.step = step
+
+
+# --------------------------------------------------------------------------- activations
+
+
+@dataclass(frozen=True)
+class SavedStorage:
+    """One storage autograd keeps from a forward until its backward.
+
+    ``shape`` is that of the first tensor saved from it (a view's own shape); ``base_shape`` that of
+    the tensor owning the storage when the saved one is a view, since a view keeps all of it alive.
+    ``producer`` is the autograd node that made the storage's owner (``ToCopyBackward0`` for a
+    ``.float()`` copy, ``SiluBackward0`` for silu's output); ``leaf`` for an input that requires
+    grad, ``constant`` for a tensor outside the graph (attention's log-sum-exp, a non-differentiable
+    output; a buffer cast to another dtype)."""
+
+    shape: tuple[int, ...]
+    base_shape: tuple[int, ...] | None
+    dtype: torch.dtype
+    nbytes: int
+    producer: str
+
+
+@dataclass(frozen=True)
+class SavedActivations:
+    """What one forward left for its backward, storage by storage, in the order autograd saved them."""
+
+    storages: tuple[SavedStorage, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.storages)
+
+    def table(self) -> str:
+        """One row per storage (bytes, dtype, shape, the tensor it is a view of, producer), then the total."""
+        rows = [f"{s.nbytes:>10,}  {str(s.dtype).removeprefix('torch.'):<9} {str(list(s.shape)):<18} "
+                f"{'view of ' + str(list(s.base_shape)) if s.base_shape else '':<24} {s.producer}"
+                for s in self.storages]
+        return "\n".join([*rows, f"{self.nbytes:>10,}  total"])
+
+
+def _producer(t: torch.Tensor) -> str:
+    owner = t._base if t._base is not None else t
+    if owner.grad_fn is not None:
+        return type(owner.grad_fn).__name__
+    return "leaf" if owner.requires_grad else "constant"
+
+
+def saved_activations(module: torch.nn.Module, *args, **kwargs):
+    """Run ``module(*args, **kwargs)`` once and count the tensors autograd saved for its backward.
+
+    Returns ``(output, SavedActivations)``; the output carries the graph (call backward on it or drop
+    it). Every tensor an op saves passes through the pack hook of the innermost
+    ``torch.autograd.graph.saved_tensors_hooks`` (PyTorch docs, "Hooks for saved tensors"), so:
+
+    * each storage is counted once, by ``untyped_storage().data_ptr()``: an op saving a view keeps
+      the whole storage alive, and two ops saving the same tensor (or two views of it) keep it once;
+    * the module's parameters and buffers are left out: weights are model state (``census`` above),
+      and constant tables (RoPE's cos/sin) do not grow with the micro-batch;
+    * under non-reentrant activation checkpointing (torch.utils.checkpoint, use_reentrant=False) the
+      ops inside a checkpointed region save into checkpoint's own hooks, which keep a placeholder and
+      recompute the tensor in backward; what the region keeps is its inputs, which checkpoint saves
+      as saved tensors before installing its hooks (``_CheckpointFrame.save_inputs``), and so they
+      come through here. The CPU/GPU RNG states checkpoint stashes to replay dropout are plain
+      attributes of its frame, not saved tensors, and are not counted (a few KiB per region,
+      independent of the micro-batch).
+    """
+    skip = {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
+    found: dict[int, SavedStorage] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr and ptr not in skip and ptr not in found:
+            found[ptr] = SavedStorage(tuple(t.shape), tuple(t._base.shape) if t._base is not None else None,
+                                      t.dtype, storage.nbytes(), _producer(t))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = module(*args, **kwargs)
+    return out, SavedActivations(tuple(found.values()))
