@@ -193,9 +193,9 @@ def plan(spec, cluster, out, no_write, plot, check, as_json, explain, runtime, n
         raise UserError("--check compares with the plan directory and --no-write writes none; pass one of them.")
     if no_write and out is not None:
         raise UserError("--no-write writes no plan directory and --out names one; pass one of them.")
-    if plot and (no_write or check):
-        raise UserError("--plot draws into the plan directory it writes; drop --no-write/--check, or run "
-                        "`dsorch plot PLAN_DIR` on a written plan.")
+    if plot and (no_write or check or (as_json and out is None)):
+        raise UserError("--plot draws into the plan directory it writes; drop --no-write/--check, give --json an "
+                        "--out, or run `dsorch plot PLAN_DIR` on a written plan.")
     project = _project()
     spec_file, loaded = load_spec(spec)
     setting = project.cluster(cluster)

@@ -42,9 +42,13 @@ def test_plan_md_states_the_decision_with_the_plans_numbers(runner, in_tmp):
     assert f"{doc['predicted']['step_time_s']:.4g} s per step" in md
     assert f"{doc['memory_gib_per_gpu']['total']:.1f} GiB of 80.0 GiB per GPU" in md
     assert f"**Runner-up:** `{runner_up['layout']}`" in md
-    # plan.yaml rounds the gap to 4 digits, plan.md prints it to 0.1 %: the same number up to rounding.
+    # plan.yaml rounds the gap to 4 digits, plan.md prints it to 0.1 %: the same number up to rounding,
+    # and the same in the prose and in the time table.
     gap = re.search(r"\*\*Runner-up:\*\* `[^`]+`, [^(]+ per step \(([+-][0-9.]+) %\)", md)
     assert gap and abs(float(gap.group(1)) - 100 * runner_up["vs_chosen"]) <= 0.06, md
+    row = next(line for line in md.splitlines() if line.startswith(f"| {runner_up['layout']} |")
+               and line.endswith(" % |"))
+    assert row.endswith(f"| {gap.group(1)} % |"), row
     # Every family the search found has its line; plain data parallelism cannot hold 70B's states on
     # 80 GB, and the line says by how much.
     for words in ("Data parallelism", "ZeRO-3 / FSDP", "Tensor parallelism", "Pipeline parallelism"):
@@ -132,6 +136,12 @@ def _texts(svg: Path) -> dict[str, str]:
     root = ET.parse(svg).getroot()
     return {g.get("id"): "".join(g.find(f"{SVG}text").itertext()).strip() for g in root.iter(f"{SVG}g")
             if g.find(f"{SVG}text") is not None}
+
+
+@pytest.mark.parametrize("args", [["--no-write"], ["--json"]])
+def test_plot_needs_a_plan_directory_to_draw_into(runner, in_tmp, args):
+    r = run(runner, "plan", "examples/tiny.yaml", "--cluster", "local", "--plot", *args)
+    assert r.exit_code == 2 and "--plot draws into the plan directory" in r.output
 
 
 def test_plot_draws_the_plans_stacks_and_schedule(runner, in_tmp):

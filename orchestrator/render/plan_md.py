@@ -142,7 +142,9 @@ def render_plan_md(plan: Plan, file_hashes: dict[str, str], regenerate: str) -> 
                    "vs chosen"],
                   [[("**" + L["layout"] + "**") if L["chosen"] else L["layout"],
                     *[f"{L['time_s'][k]:.3f}" for k in TIME_KEYS], f"{L['step_time_s']:.3f}",
-                    _pct(L["vs_chosen"])] for L in doc["layouts"]])
+                    # from the search's own times, as the prose above: plan.yaml's rounded gap would
+                    # round a second time (2.446 % -> 0.0245 -> "+2.5 %")
+                    _pct(s.step_time_s / c.step_time_s - 1.0)] for L, s in zip(doc["layouts"], plan.result.ranked)])
     out.append("")
     out.append("## Pictures")
     out.append("")
