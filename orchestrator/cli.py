@@ -373,9 +373,9 @@ Examples:
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 def import_hf(config, out, name, seq_length, global_batch_size, force):
     """Make a model spec from a Hugging Face config.json (Llama, Mistral, Qwen2, Gemma, GPT-NeoX,
-    GPT-2, Falcon), offline. What the spec cannot express (mixture of experts, sliding-window
-    attention, ...) is refused with the key; what changes only the numerics (RoPE scaling, ...) is
-    said and noted in the spec's source."""
+    GPT-2, Falcon), offline. What the spec cannot express (mixture of experts, a sliding window
+    shorter than the sequence, ...) is refused with the key; what changes only the numerics (RoPE
+    scaling, ...) is said and noted in the spec's source."""
     import yaml
 
     from pydantic import ValidationError

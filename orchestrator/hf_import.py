@@ -6,9 +6,10 @@ the key names and the defaults of that family's configuration class in transform
 
 What the spec cannot express is refused with the key that says it, when it changes the shapes or
 the work (a mixture of experts, an explicit head_dim that is not hidden / heads, a norm shared by
-attention and MLP, ALiBi, a sliding window shorter than the sequence trained). What changes only the numerics of an
-otherwise equal model (RoPE scaling, partial rotary, Gemma's embedding scale) is carried as a
-warning and into the spec's ``source``: memory and step time, what dsorch plans, are the same.
+attention and MLP, ALiBi, a sliding window shorter than the sequence trained). What changes only
+the numerics of an otherwise equal model (RoPE scaling, partial rotary, Gemma's embedding scale)
+is carried as a warning and into the spec's ``source``: memory and step time, what dsorch plans,
+are the same.
 """
 
 from __future__ import annotations
@@ -275,7 +276,7 @@ def read_config(path: Path) -> dict:
 def import_config(path: Path, name: str | None = None) -> Imported:
     data = read_config(path)
     kind = data.get("model_type")
-    _moe(_Config(data, path, str(kind)))
+    _moe(_Config(data, path, str(kind) if kind else "Hugging Face"))
     if kind not in FAMILIES:
         known = ", ".join(sorted(k for k in FAMILIES if k.islower()))
         raise SpecError(f"{path}: model_type {kind!r} is not a family dsorch imports ({known}); write the spec by "
@@ -295,18 +296,20 @@ def spec_document(imp: Imported, source: str, seq_length: int | None, global_bat
     mpe = imp.model.get("max_position_embeddings")
     seq = seq_length or min(mpe or DEFAULT_MAX_SEQ, DEFAULT_MAX_SEQ)
     if imp.window is not None and seq > imp.window:
-        # A query at position i attends to the keys at i - window < j <= i (transformers'
-        # sliding_window_causal_mask; Mistral 7B, Jiang et al. 2023, sec. 2). In a sequence of seq
-        # tokens i - j <= seq - 1, so with seq <= window every earlier key is inside the window: the
-        # mask is the causal mask, and the spec's full attention is exact, FLOPs and memory alike.
-        # Longer sequences attend to fewer keys than the spec would count.
+        # A query at position i attends to the keys j <= i with j > i - window (transformers'
+        # masking_utils.sliding_window_overlay on the causal mask; the Mistral 7B paper, Jiang et al.
+        # 2023 sec. 2, counts one key more). In a sequence of seq tokens i - j <= seq - 1, so with
+        # seq <= window every earlier key is inside the window: the mask is the causal mask, and the
+        # spec's full attention is exact, FLOPs and memory alike. Longer sequences attend to fewer
+        # keys than the spec would count.
         given = f"--seq-length {seq}" if seq_length else (f"the default, max_position_embeddings {mpe} capped at "
                                                           f"{DEFAULT_MAX_SEQ}")
-        raise SpecError(f"{imp.path or 'config.json'}: sliding_window: {imp.window}: each token attends only to the {imp.window} "
+        w = imp.window
+        raise SpecError(f"{imp.path or 'config.json'}: sliding_window: {w}: each token attends only to the {w} "
                         f"tokens up to it, and the spec would train sequences of {seq} ({given}), longer than the "
                         f"window. dsorch's attention is full (causal), which equals a sliding window only for "
-                        f"sequences no longer than the window; pass --seq-length {imp.window} (or less) to plan "
-                        f"this {imp.family} model exactly.")
+                        f"sequences no longer than the window; pass --seq-length {w} (or less) to plan this "
+                        f"{imp.family} model exactly.")
     gbs = global_batch_size or max(1, DEFAULT_TOKENS_PER_STEP // seq)
     text = source + ("; not carried: " + "; ".join(imp.notes) if imp.notes else "")
     return {"name": imp.name, "source": text, "model": imp.model,
