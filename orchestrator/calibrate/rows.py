@@ -45,14 +45,17 @@ class Row:
 
 def predicted_peak_gib(row: Row) -> float:
     """The model's per-GPU memory for a row's layout, as the engine that ran it allocates: a
-    PyTorch FSDP run (``note == "fsdp"``) has no DeepSpeed ZeRO-3 reduce bucket, which the
-    prediction for DeepSpeed holds whole (costmodel/evaluate.py)."""
+    PyTorch FSDP run (``note == "fsdp"``) has neither DeepSpeed's ZeRO-3 reduce bucket, which the
+    prediction for DeepSpeed holds whole, nor what dsorch's own entrypoint layer keeps beyond
+    Megatron's (costmodel/evaluate.py: Evaluation.entrypoint_activations)."""
     from ..costmodel.evaluate import ZERO_BUCKET_ELEMENTS
     from ..costmodel.memory import state_bytes
 
-    total = float(evaluate(row.model, row.training, row.profile, row.runtime, _prepare(row).cand).total[0])
+    ev = evaluate(row.model, row.training, row.profile, row.runtime, _prepare(row).cand)
+    total = float(ev.total[0])
     if row.note == "fsdp":
         total -= ZERO_BUCKET_ELEMENTS * state_bytes(row.runtime, row.training.precision, 3)[0]
+        total -= float(ev.entrypoint_activations[0])
     return float(total / GIB)
 
 

@@ -55,7 +55,8 @@ import numpy as np
 from ..specs import ClusterProfile, ModelSpec, TrainingSpec
 from .calibration import FIELDS, Resolved, per_layout
 from .flops import model_flops_per_step
-from .memory import GIB, activation_bytes_per_layer, in_flight_micro_batches, model_state_bytes, state_bytes
+from .memory import (GIB, activation_bytes_per_layer, entrypoint_extra_bytes_per_layer, in_flight_micro_batches,
+                     model_state_bytes, state_bytes)
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 # Not a level dsorch plans: torchtitan's per-op selective checkpointing, which published FSDP runs
@@ -172,6 +173,10 @@ class Evaluation:
     framework: np.ndarray  # the profile's memory_overhead_gib (CUDA context, NCCL, fragmentation)
     tp_comm_total: np.ndarray  # before overlap
     dp_comm_total: np.ndarray  # before overlap
+    # Of the activations, what only dsorch's bundled entrypoint keeps (its plain-PyTorch layer;
+    # memory.entrypoint_extra_bytes_per_layer); 0 on Megatron-LM. Published runs of other PyTorch
+    # engines (FSDP) are compared without it (calibrate/rows.py predicted_peak_gib).
+    entrypoint_activations: np.ndarray
 
     def take(self, idx) -> "Evaluation":
         return Evaluation(**{f.name: np.asarray(getattr(self, f.name))[idx] for f in fields(self)})
@@ -290,7 +295,7 @@ def _inputs(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, r
 
 def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
     """Bytes per GPU on the binding pipeline stage: (weights, gradients, optimizer states,
-    activations, communication buffers, framework, total)."""
+    activations, communication buffers, framework, total, the entrypoint's part of the activations)."""
     model, training, tp, pp, vpp, gas, zero = x.model, x.training, x.tp, x.pp, x.vpp, x.gas, x.zero
     s, mbs, sp, rc = x.s_local, x.mbs, x.sp, x.rc  # with cp, each rank holds s/cp of every sequence
     h, f, a, kv, V = (float(model.hidden_size), float(model.ffn_hidden_size), float(model.num_attention_heads),
@@ -308,6 +313,18 @@ def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
         s, mbs, h, f, a, kv, tp, sp, np.zeros_like(rc), swiglu=model.gated,
         flash=training.flash_attention, hidden_dropout=training.hidden_dropout > 0,
         attention_dropout=training.attention_dropout > 0, act_bytes=act_bytes, fp8=fp8)
+    # The deepspeed runtime is dsorch's own entrypoint, whose plain-PyTorch layer keeps more than
+    # Megatron's fused one (memory.entrypoint_extra_bytes_per_layer, measured tensor by tensor).
+    if x.runtime == "deepspeed":
+        def extra(level):
+            return entrypoint_extra_bytes_per_layer(
+                s, mbs, h, a, kv, float(model.head_dim), tp, sp, level, rmsnorm=model.normalization == "rmsnorm",
+                rope=model.position_embedding == "rope", act_bytes=act_bytes)
+        layer_extra, working_extra = extra(rc), extra(np.zeros_like(rc))
+    else:
+        layer_extra = working_extra = np.zeros_like(tp)
+    act_layer = act_layer + layer_extra
+    working_layer = working_layer + working_extra
     # Loss working set per logit element on the last stage. Megatron-LM's vocab-parallel
     # cross-entropy works in place (core/tensor_parallel/cross_entropy.py: the fp32 copy of the
     # logits becomes exp, then softmax, then the gradient), so the 16-bit output plus one fp32
@@ -334,7 +351,7 @@ def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
         w = w + layers * fp8_weights
         inflight = in_flight_micro_batches(pp, vpp, gas, stage_index)
         act = layers * act_layer * inflight + working_layer + extra_act + (out_buf * inflight if outputs else 0.0)
-        return w, g, o, act
+        return w, g, o, act, layers * layer_extra * inflight + working_extra
 
     first = stage_memory(x.lf, x.first_params, 0.0, np.where(pp == 1, logits, 0.0))
     middle = stage_memory(x.lm, x.middle_params, np.minimum(1.0, pp - 1), 0.0)
@@ -368,7 +385,7 @@ def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
     pick = lambda k: np.choose(which, [first[k], middle[k], last[k]])  # noqa: E731
     params_b, grads_b, opt_bytes, act_b = pick(0), pick(1), pick(2), pick(3)
     total = params_b + grads_b + opt_bytes + act_b + (framework + buffers)
-    return params_b, grads_b, opt_bytes, act_b, buffers, framework, total
+    return params_b, grads_b, opt_bytes, act_b, buffers, framework, total, pick(4)
 
 
 def _compute(x: _Inputs) -> tuple[np.ndarray, ...]:
@@ -580,7 +597,7 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     eff = _rates(per_layout(profile, runtime, c.zero)[0] if efficiency is None else efficiency.values())
     eng = runtime_engine(runtime, training) if engine is None else engine
     x = _inputs(model, training, profile, runtime, c, eff, eng)
-    params_b, grads_b, opt_bytes, act_b, buffers, framework, total = _memory(x)
+    params_b, grads_b, opt_bytes, act_b, buffers, framework, total, entrypoint_act = _memory(x)
     compute_mb, compute, flops_step, attention_mb = _compute(x)
     tp_mb, tp_total, pp_comm, dp_comm, dp_total, cp_comm = _communication(x, compute_mb, compute, attention_mb)
     tp_comm = x.gas * tp_mb
@@ -598,7 +615,8 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     best_peak = max(peak, fp8_peak_flops(profile) or 0.0) if training.fp8 else peak
     return Evaluation(params_b, grads_b, opt_bytes, act_b, framework + buffers, total,
                       compute, tp_comm, bubble, pp_comm, dp_comm, cp_comm, optimizer_step, step,
-                      tokens / step, mfu, flops_step / best_peak, buffers, framework, tp_total, dp_total)
+                      tokens / step, mfu, flops_step / best_peak, buffers, framework, tp_total, dp_total,
+                      entrypoint_act)
 
 
 def invariant_violations(c: Candidates, ev: Evaluation) -> list[str]:

@@ -126,8 +126,12 @@ def activation_bytes_per_layer(s, b, h, f, a, kv, t, sp, recompute, *, swiglu=Tr
         scores = 4.0 * a * s * b  # fp32 log-sum-exp per query row and head
     else:
         scores = (2 + (3 if attention_dropout else 0)) * a * s * s * b * scale
-    scores = np.where(rc >= 1, 0.0 if not flash else scores, scores)
-    per_layer = np.where(sp, replicated / t, replicated) + sharded / t + scores / t
+    # Selective recomputation checkpoints the whole core attention (Megatron-LM attention.py
+    # _checkpointed_attention_forward; the entrypoint's model.py likewise), so FlashAttention's
+    # log-sum-exp is recomputed with the scores: nothing of it is kept (measured:
+    # tests/test_activation_census.py, none - selective = 4asb exactly).
+    kept = np.where(rc == 1, 0.0, scores)
+    per_layer = np.where(sp, replicated / t, replicated) + sharded / t + kept / t
     # Full recompute keeps only the layer input: 2sbh, sharded along the sequence with SP.
     full = np.where(sp, 2 * sbh * scale / t, 2 * sbh * scale)
     # torchtitan's op SAC (calibration only, evaluate.RC_TORCHTITAN_OP) keeps the layer input, the
@@ -135,6 +139,40 @@ def activation_bytes_per_layer(s, b, h, f, a, kv, t, sp, recompute, *, swiglu=Tr
     op = (np.where(sp, 2 * sbh * scale / t, 2 * sbh * scale)
           + ((2 + 2 * kv / a + 2 + 2) * sbh * scale + 2 * s * b * f * scale + scores) / t)
     return np.where(rc == 2, full, np.where(rc == 3, op, per_layer))
+
+
+def entrypoint_extra_bytes_per_layer(s, b, h, a, kv, d, t, sp, recompute, *, rmsnorm=True, rope=True,
+                                     act_bytes=2):
+    """What dsorch's bundled entrypoint keeps per layer and micro-batch beyond
+    ``activation_bytes_per_layer``: its layer (train/model.py) is plain PyTorch, without Megatron-LM's
+    fused kernels. Each term is counted, tensor by tensor, by tests/test_activation_census.py
+    (train/census.py saved_activations), to the byte, at tp 1 and 2, with and without SP:
+
+    * RMSNorm spelt out (the CPU path; the GPU path feeds F.rms_norm an fp32 copy too): its
+      statistics save x.float(), (4 - act_bytes) bytes per element beyond the 16-bit input the
+      formula counts; ``y.to(dtype) * weight`` saves the normalized y; rsqrt saves its fp32 output.
+      Two norms per layer. Megatron's fused norms save the input and rstd only.
+    * RoPE out of place: SDPA's q and k are new tensors, while v, a view of the fused QKV output,
+      keeps that whole storage alive: its q and k parts a second time. The bf16 cos/sin tables are
+      cast from the fp32 buffers in every forward (DeepSpeed casts parameters, not buffers).
+    Full recomputation keeps only the layer input, as the formula says. (The gated MLP keeps only
+    its gate/up output and, under SP, the column-parallel GEMMs only their sequence shard, as in
+    Megatron-LM: train/model.py _GatedActivation, train/tensor_parallel.py _SPColumnLinear.)
+    """
+    s = np.asarray(s, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    t = np.asarray(t, dtype=np.float64)
+    sp = np.asarray(sp, dtype=bool)
+    rc = np.asarray(recompute)
+    s_norm = np.where(sp, s / t, s)  # the norms see a sequence shard under SP
+    extra = np.zeros_like(s * b * t)
+    if rmsnorm:
+        extra = extra + 2 * ((4 - act_bytes) + act_bytes) * s_norm * b * h + 2 * 4 * s_norm * b
+    if rope:
+        extra = extra + act_bytes * s * b * h * (1 + kv / a) / t
+        if act_bytes != 4:  # an fp32 model saves the fp32 buffers themselves, which are no activations
+            extra = extra + 2 * s * d * act_bytes
+    return np.where(rc == 2, 0.0, extra)
 
 
 def in_flight_micro_batches(pp, vpp, m, stage):

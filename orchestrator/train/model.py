@@ -30,6 +30,38 @@ recompute = functools.partial(checkpoint, use_reentrant=False)
 NORM_EPS = 1e-5
 
 
+def _gate(g, kind):
+    # SwiGLU: silu (Shazeer 2020); GeGLU: Gemma's tanh approximation of gelu.
+    return F.silu(g) if kind == "swiglu" else F.gelu(g, approximate="tanh")
+
+
+class _GatedActivation(torch.autograd.Function):
+    """act(g) * u from the fused gate/up output [.., 2f], keeping only that output for backward and
+    recomputing act(g) there, as Megatron-LM's fused SwiGLU does (core/fusions/fused_bias_swiglu.py
+    SwiGLUFunction saves its input). Autograd through act(g) * u would also keep act(g)."""
+
+    @staticmethod
+    def forward(ctx, gu, kind):
+        ctx.kind = kind
+        ctx.save_for_backward(gu)
+        g, u = gu.chunk(2, dim=-1)
+        return _gate(g, kind) * u
+
+    @staticmethod
+    def backward(ctx, grad):
+        (gu,) = ctx.saved_tensors
+        g, u = gu.chunk(2, dim=-1)
+        with torch.enable_grad():
+            g = g.detach().requires_grad_()
+            a = _gate(g, ctx.kind)
+            (grad_g,) = torch.autograd.grad(a, g, grad * u)
+        return torch.cat([grad_g, grad * a.detach()], dim=-1), None
+
+
+def gated_activation(gu, kind: str):
+    return _GatedActivation.apply(gu, kind)
+
+
 class Norm(nn.Module):
     def __init__(self, model: ModelSpec, tp: TPContext):
         super().__init__()
@@ -138,12 +170,8 @@ class DecoderLayer(nn.Module):
 
     def mlp(self, x):
         u = self.up(self.post_norm(x))
-        if self.activation == "swiglu":  # Shazeer 2020
-            g, u = u.chunk(2, dim=-1)
-            return self.down(F.silu(g) * u)
-        if self.activation == "geglu":  # Shazeer 2020; Gemma's tanh approximation
-            g, u = u.chunk(2, dim=-1)
-            return self.down(F.gelu(g, approximate="tanh") * u)
+        if self.activation in ("swiglu", "geglu"):
+            return self.down(gated_activation(u, self.activation))
         return self.down(F.gelu(u))
 
     def forward(self, x):

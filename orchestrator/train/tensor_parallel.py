@@ -128,6 +128,36 @@ class _ScatterToSP(torch.autograd.Function):
         return _all_gather_dim0(g, ctx.group), None
 
 
+class _SPColumnLinear(torch.autograd.Function):
+    """All-gather the sequence shard, then y = x A^T (+ b), keeping only the shard for backward and
+    gathering it again there (Megatron-LM core/tensor_parallel/layers.py
+    LinearWithGradAccumulationAndAsyncCommunication with sequence_parallel: save_for_backward(input)
+    before the all-gather; Korthikanti et al. 2022, Sec. 4.2.2). Autograd through gather + F.linear
+    would keep the whole gathered input, t times the shard, for every column-parallel GEMM."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group):
+        ctx.group, ctx.has_bias = group, bias is not None
+        ctx.save_for_backward(x, weight)
+        return F.linear(_all_gather_dim0(x, group), weight, bias)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        full = _all_gather_dim0(x, ctx.group)
+        g2 = g.reshape(-1, g.shape[-1])
+        grad_weight = g2.t().matmul(full.reshape(-1, full.shape[-1]))
+        grad_bias = g2.sum(dim=0) if ctx.has_bias else None
+        # Each rank's input gradient is a partial sum over its output features: reduce-scatter it
+        # back to the sequence shards (gather_from_sp's backward).
+        grad_x = _reduce_scatter_dim0(g.matmul(weight), ctx.group)
+        return grad_x, grad_weight, grad_bias, None
+
+
+def sp_column_linear(x, weight, bias, group):
+    return _SPColumnLinear.apply(x, weight, bias, group)
+
+
 def copy_to_tp(x, group):
     return x if _world(group) == 1 else _CopyToTP.apply(x, group)
 
@@ -218,6 +248,8 @@ class ColumnParallelLinear(nn.Module):
                      if bias else None)
 
     def forward(self, x):
+        if self.tp.sequence_parallel:
+            return sp_column_linear(x, self.weight, self.bias, self.tp.group)
         return F.linear(self.tp.enter(x), self.weight, self.bias)
 
 
