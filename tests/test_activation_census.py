@@ -58,8 +58,7 @@ def formula(rc: str, t: int = 1, sp: bool = False) -> float:
 def extras(rc: str, t: int = 1, sp: bool = False) -> float:
     """What the cost model adds for the entrypoint's plain-PyTorch layer (the terms, with the op that
     saves each and what Megatron-LM keeps instead, are in memory.entrypoint_extra_bytes_per_layer)."""
-    return float(entrypoint_extra_bytes_per_layer(S, B, H, A, KV, D, t, sp, RECOMPUTE[rc], rmsnorm=True,
-                                                  rope=True, act_bytes=2))
+    return float(entrypoint_extra_bytes_per_layer(S, D, RECOMPUTE[rc], rope=True, act_bytes=2))
 
 
 def extras_by_hand(rc: str, t: int = 1, sp: bool = False) -> dict[str, float]:
@@ -67,16 +66,11 @@ def extras_by_hand(rc: str, t: int = 1, sp: bool = False) -> dict[str, float]:
     table printed by ``pytest -s`` shows), so that the model's function is checked term by term."""
     if rc == "full":
         return {}  # the checkpoint keeps the layer input and nothing else, as the formula says
-    s_norm = S / t if sp else S
-    terms = {
-        "norm input kept in fp32 (xf = x.float(), 2 norms)": 2 * 4 * s_norm * B * H - 2 * 2 * s_norm * B * H,
-        "normalized bf16 before the weight (2 norms)": 2 * 2 * s_norm * B * H,
-        "rstd in fp32 (2 norms)": 2 * 4 * s_norm * B,
-        "q and k parts of the fused QKV output (v's storage)": 2 * S * B * H * (1 + KV / A) / t,
-        "RoPE cos/sin cast to bf16": 2 * S * D * 2,
-    }
-    # No term for the gated MLP (its autograd function keeps the gate/up output only) nor for the
-    # column-parallel GEMMs under SP (they keep their sequence shard and gather it again in backward).
+    # RoPE's bf16 cos/sin tables, cast from the fp32 buffers each forward and saved by the two
+    # rotations (DeepSpeed casts parameters, not buffers). No term for the norms (_RMSNorm keeps its
+    # input only), the fused QKV output (v is copied out of it), the gated MLP (its gate/up output
+    # only) nor the column-parallel GEMMs under SP (their sequence shard, gathered again in backward).
+    terms = {"RoPE cos/sin cast to bf16": 2 * S * D * 2}
     return terms
 
 
@@ -182,6 +176,26 @@ def test_recompute_orders_as_the_paper_says():
     assert got["none"] - got["selective"] == 4 * A * S * B
 
 
+def test_rms_norm_gradients_are_autograds():
+    """The memory-lean RMSNorm (it keeps only its input) differentiates as autograd through the
+    fp32 statistics does."""
+    from orchestrator.train.model import NORM_EPS, _RMSNorm
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 3, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(16, generator=g, dtype=torch.float64, requires_grad=True)
+    up = torch.randn(5, 3, 16, generator=g, dtype=torch.float64)
+    (_RMSNorm.apply(x, w, NORM_EPS) * up).sum().backward()
+    ours = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * w
+    (ref * up).sum().backward()
+    assert torch.allclose(ours[0], x.grad, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(ours[1], w.grad, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda a, b: _RMSNorm.apply(a, b, NORM_EPS),
+                                    (x.detach().requires_grad_(), w.detach().requires_grad_()))
+
+
 @pytest.mark.parametrize("kind", ["swiglu", "geglu"])
 def test_gated_activation_gradients_are_autograds(kind):
     """The memory-lean gated activation (it keeps only the gate/up output) differentiates exactly as
@@ -282,12 +296,10 @@ def test_sp_divides_the_replicated_terms_by_t(two_ranks):
     sbh = S * B * H
     # The formula: the replicated terms (norm inputs 4sbh, QKV and MLP inputs 2sbh each) shrink by t.
     assert formula("none", T, False) - formula("none", T, True) == 8 * sbh * (1 - 1 / T)
-    # The entrypoint: what its norms save (the formula's 4sbh and the norm extras) and the QKV and
-    # gate/up GEMMs' inputs (2sbh each, the shard kept under SP) shrink by t too.
-    norms = 4 * sbh + sum(v for k, v in extras_by_hand("none").items() if "norm" in k)
+    # The entrypoint: the same (its norms keep their input, its QKV and gate/up GEMMs the shard).
     for r in two_ranks:
         for rc in ("none", "selective"):
-            assert r[f"{rc}/sp=False"]["nbytes"] - r[f"{rc}/sp=True"]["nbytes"] == (norms + 4 * sbh) * (1 - 1 / T)
+            assert r[f"{rc}/sp=False"]["nbytes"] - r[f"{rc}/sp=True"]["nbytes"] == 8 * sbh * (1 - 1 / T)
 
 
 if __name__ == "__main__":

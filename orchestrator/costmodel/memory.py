@@ -141,38 +141,22 @@ def activation_bytes_per_layer(s, b, h, f, a, kv, t, sp, recompute, *, swiglu=Tr
     return np.where(rc == 2, full, np.where(rc == 3, op, per_layer))
 
 
-def entrypoint_extra_bytes_per_layer(s, b, h, a, kv, d, t, sp, recompute, *, rmsnorm=True, rope=True,
-                                     act_bytes=2):
+def entrypoint_extra_bytes_per_layer(s, d, recompute, *, rope=True, act_bytes=2):
     """What dsorch's bundled entrypoint keeps per layer and micro-batch beyond
-    ``activation_bytes_per_layer``: its layer (train/model.py) is plain PyTorch, without Megatron-LM's
-    fused kernels. Each term is counted, tensor by tensor, by tests/test_activation_census.py
-    (train/census.py saved_activations), to the byte, at tp 1 and 2, with and without SP:
-
-    * RMSNorm spelt out (the CPU path; the GPU path feeds F.rms_norm an fp32 copy too): its
-      statistics save x.float(), (4 - act_bytes) bytes per element beyond the 16-bit input the
-      formula counts; ``y.to(dtype) * weight`` saves the normalized y; rsqrt saves its fp32 output.
-      Two norms per layer. Megatron's fused norms save the input and rstd only.
-    * RoPE out of place: SDPA's q and k are new tensors, while v, a view of the fused QKV output,
-      keeps that whole storage alive: its q and k parts a second time. The bf16 cos/sin tables are
-      cast from the fp32 buffers in every forward (DeepSpeed casts parameters, not buffers).
-    Full recomputation keeps only the layer input, as the formula says. (The gated MLP keeps only
-    its gate/up output and, under SP, the column-parallel GEMMs only their sequence shard, as in
-    Megatron-LM: train/model.py _GatedActivation, train/tensor_parallel.py _SPColumnLinear.)
+    ``activation_bytes_per_layer``, counted tensor by tensor by tests/test_activation_census.py
+    (train/census.py saved_activations), to the byte, at tp 1 and 2, with and without SP: the bf16
+    cos/sin tables of RoPE, cast from the fp32 buffers in every forward (DeepSpeed casts parameters,
+    not buffers) and kept by the rotations, 2 x s x head_dim. Nothing else: its layer keeps what
+    Megatron-LM's fused one keeps (train/model.py: _RMSNorm keeps the norm input only,
+    _GatedActivation the gate/up output, v is copied out of the fused QKV output;
+    train/tensor_parallel.py _SPColumnLinear keeps the sequence shard under SP). Full
+    recomputation keeps only the layer input, as the formula says.
     """
     s = np.asarray(s, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    t = np.asarray(t, dtype=np.float64)
-    sp = np.asarray(sp, dtype=bool)
     rc = np.asarray(recompute)
-    s_norm = np.where(sp, s / t, s)  # the norms see a sequence shard under SP
-    extra = np.zeros_like(s * b * t)
-    if rmsnorm:
-        extra = extra + 2 * ((4 - act_bytes) + act_bytes) * s_norm * b * h + 2 * 4 * s_norm * b
-    if rope:
-        extra = extra + act_bytes * s * b * h * (1 + kv / a) / t
-        if act_bytes != 4:  # an fp32 model saves the fp32 buffers themselves, which are no activations
-            extra = extra + 2 * s * d * act_bytes
-    return np.where(rc == 2, 0.0, extra)
+    # An fp32 model saves the fp32 buffers themselves, which are no activations.
+    tables = 2 * s * d * act_bytes if rope and act_bytes != 4 else np.zeros_like(s)
+    return np.where(rc == 2, 0.0, tables)
 
 
 def in_flight_micro_batches(pp, vpp, m, stage):

@@ -72,12 +72,46 @@ class Norm(nn.Module):
     def forward(self, x):
         w = self.tp.replicated(self.weight)
         if self.rms:  # Zhang & Sennrich 2019; statistics in fp32 as in Llama's reference code
-            if x.is_cuda:  # torch's fused kernel on GPUs; the CPU path below is the formula spelt out
-                return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * w
-            xf = x.float()
-            y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-            return y.to(x.dtype) * w
+            return _RMSNorm.apply(x, w, self.eps)
         return F.layer_norm(x, (x.shape[-1],), w, self.tp.replicated(self.bias), self.eps)
+
+
+def _stats_dtype(x):
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _rms_normalized(x, eps: float):
+    """x / rms(x) with the statistics in fp32 (or better), back in x's dtype; the fused kernel on GPUs."""
+    xf = _stats_dtype(x)
+    if x.is_cuda:
+        return F.rms_norm(xf, (x.shape[-1],), eps=eps).to(x.dtype)
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class _RMSNorm(torch.autograd.Function):
+    """RMSNorm(x) * weight keeping only the 16-bit input for backward, as Megatron's fused norms
+    keep their input (the statistic is recomputed there, one reduction). Autograd through the
+    fp32 statistics would keep x.float(), the normalized tensor and rstd: 3 x the input's bytes."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        ctx.eps = eps
+        ctx.save_for_backward(x, weight)
+        return _rms_normalized(x, eps) * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        xf = _stats_dtype(x)
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ctx.eps)
+        y = (xf * rstd).to(x.dtype)
+        # The weight's gradient as autograd takes it through y * weight (in the weights' dtype);
+        # the input's through the fp32 normalization: rstd (g - x_hat mean(g x_hat)).
+        grad_weight = (grad * y).sum_to_size(weight.shape)
+        g = _stats_dtype(grad * weight)
+        x_hat = xf * rstd
+        grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_weight, None
 
 
 def rope_tables(model: ModelSpec, seq_length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,7 +193,9 @@ class DecoderLayer(nn.Module):
         q, k, v = qkv.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
         q = q.reshape(s, b, self.heads, d).permute(1, 2, 0, 3)  # [b, heads, s, d]
         k = k.reshape(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
-        v = v.reshape(s, b, self.kv_heads, d).permute(1, 2, 0, 3)
+        # A copy, not a view: SDPA keeps v for backward, and a view would keep the whole fused QKV
+        # output alive beside the rotated q and k (measured by tests/test_activation_census.py).
+        v = v.reshape(s, b, self.kv_heads, d).permute(1, 2, 0, 3).contiguous()
         if self.rope:
             cos, sin = self.cos[:s].to(q.dtype), self.sin[:s].to(q.dtype)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
