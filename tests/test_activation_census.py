@@ -58,7 +58,8 @@ def formula(rc: str, t: int = 1, sp: bool = False) -> float:
 def extras(rc: str, t: int = 1, sp: bool = False) -> float:
     """What the cost model adds for the entrypoint's plain-PyTorch layer (the terms, with the op that
     saves each and what Megatron-LM keeps instead, are in memory.entrypoint_extra_bytes_per_layer)."""
-    return float(entrypoint_extra_bytes_per_layer(S, D, RECOMPUTE[rc], rope=True, act_bytes=2))
+    return float(entrypoint_extra_bytes_per_layer(S, B, D, t, sp, RECOMPUTE[rc], rmsnorm=True, rope=True,
+                                                  act_bytes=2))
 
 
 def extras_by_hand(rc: str, t: int = 1, sp: bool = False) -> dict[str, float]:
@@ -67,10 +68,12 @@ def extras_by_hand(rc: str, t: int = 1, sp: bool = False) -> dict[str, float]:
     if rc == "full":
         return {}  # the checkpoint keeps the layer input and nothing else, as the formula says
     # RoPE's bf16 cos/sin tables, cast from the fp32 buffers each forward and saved by the two
-    # rotations (DeepSpeed casts parameters, not buffers). No term for the norms (_RMSNorm keeps its
-    # input only), the fused QKV output (v is copied out of it), the gated MLP (its gate/up output
-    # only) nor the column-parallel GEMMs under SP (their sequence shard, gathered again in backward).
-    terms = {"RoPE cos/sin cast to bf16": 2 * S * D * 2}
+    # rotations (DeepSpeed casts parameters, not buffers); each norm's fp32 1/rms per token. No term
+    # for the norms' inputs (_RMSNorm keeps the 16-bit input the formula counts), the fused QKV
+    # output (v is copied out of it), the gated MLP (its gate/up output only) nor the
+    # column-parallel GEMMs under SP (their sequence shard, gathered again in backward).
+    s_norm = S / t if sp else S
+    terms = {"RoPE cos/sin cast to bf16": 2 * S * D * 2, "1/rms in fp32 (2 norms)": 2 * 4 * s_norm * B}
     return terms
 
 
@@ -296,10 +299,12 @@ def test_sp_divides_the_replicated_terms_by_t(two_ranks):
     sbh = S * B * H
     # The formula: the replicated terms (norm inputs 4sbh, QKV and MLP inputs 2sbh each) shrink by t.
     assert formula("none", T, False) - formula("none", T, True) == 8 * sbh * (1 - 1 / T)
-    # The entrypoint: the same (its norms keep their input, its QKV and gate/up GEMMs the shard).
+    # The entrypoint: the same (its norms keep their input, its QKV and gate/up GEMMs the shard), and
+    # the norms' 1/rms per token with them.
     for r in two_ranks:
         for rc in ("none", "selective"):
-            assert r[f"{rc}/sp=False"]["nbytes"] - r[f"{rc}/sp=True"]["nbytes"] == 8 * sbh * (1 - 1 / T)
+            assert r[f"{rc}/sp=False"]["nbytes"] - r[f"{rc}/sp=True"]["nbytes"] == \
+                (8 * sbh + 2 * 4 * S * B) * (1 - 1 / T)
 
 
 if __name__ == "__main__":

@@ -313,11 +313,12 @@ def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
         s, mbs, h, f, a, kv, tp, sp, np.zeros_like(rc), swiglu=model.gated,
         flash=training.flash_attention, hidden_dropout=training.hidden_dropout > 0,
         attention_dropout=training.attention_dropout > 0, act_bytes=act_bytes, fp8=fp8)
-    # The deepspeed runtime is dsorch's own entrypoint, whose layer keeps RoPE's cast tables beside
-    # what Megatron's keeps (memory.entrypoint_extra_bytes_per_layer, measured tensor by tensor).
+    # The deepspeed runtime is dsorch's own entrypoint, whose layer keeps RoPE's cast tables and the
+    # norms' 1/rms beside what the formula counts (memory.entrypoint_extra_bytes_per_layer, measured).
     if x.runtime == "deepspeed":
         def extra(level):
-            return entrypoint_extra_bytes_per_layer(s, float(model.head_dim), level,
+            return entrypoint_extra_bytes_per_layer(s, mbs, float(model.head_dim), tp, sp, level,
+                                                    rmsnorm=model.normalization == "rmsnorm",
                                                     rope=model.position_embedding == "rope", act_bytes=act_bytes)
         layer_extra, working_extra = extra(rc), extra(np.zeros_like(rc))
     else:

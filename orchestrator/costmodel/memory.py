@@ -141,22 +141,28 @@ def activation_bytes_per_layer(s, b, h, f, a, kv, t, sp, recompute, *, swiglu=Tr
     return np.where(rc == 2, full, np.where(rc == 3, op, per_layer))
 
 
-def entrypoint_extra_bytes_per_layer(s, d, recompute, *, rope=True, act_bytes=2):
+def entrypoint_extra_bytes_per_layer(s, b, d, t, sp, recompute, *, rmsnorm=True, rope=True, act_bytes=2):
     """What dsorch's bundled entrypoint keeps per layer and micro-batch beyond
     ``activation_bytes_per_layer``, counted tensor by tensor by tests/test_activation_census.py
     (train/census.py saved_activations), to the byte, at tp 1 and 2, with and without SP: the bf16
     cos/sin tables of RoPE, cast from the fp32 buffers in every forward (DeepSpeed casts parameters,
-    not buffers) and kept by the rotations, 2 x s x head_dim. Nothing else: its layer keeps what
-    Megatron-LM's fused one keeps (train/model.py: _RMSNorm keeps the norm input only,
+    not buffers) and kept by the rotations, 2 x s x head_dim; each RMSNorm's fp32 1/rms per token
+    (Megatron's fused norms keep it too, as rsigma; the paper counts no s x b terms), on the
+    sequence shard under SP. Nothing else: its layer keeps what Megatron-LM's fused one keeps
+    (train/model.py: _RMSNorm keeps its input and 1/rms,
     _GatedActivation the gate/up output, v is copied out of the fused QKV output;
     train/tensor_parallel.py _SPColumnLinear keeps the sequence shard under SP). Full
     recomputation keeps only the layer input, as the formula says.
     """
     s = np.asarray(s, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    t = np.asarray(t, dtype=np.float64)
     rc = np.asarray(recompute)
     # An fp32 model saves the fp32 buffers themselves, which are no activations.
-    tables = 2 * s * d * act_bytes if rope and act_bytes != 4 else np.zeros_like(s)
-    return np.where(rc == 2, 0.0, tables)
+    extra = 2 * s * d * act_bytes if rope and act_bytes != 4 else np.zeros_like(s)
+    if rmsnorm:
+        extra = extra + 2 * 4 * np.where(np.asarray(sp, dtype=bool), s / t, s) * b
+    return np.where(rc == 2, 0.0, extra)
 
 
 def in_flight_micro_batches(pp, vpp, m, stage):

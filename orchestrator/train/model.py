@@ -51,11 +51,23 @@ class _GatedActivation(torch.autograd.Function):
     def backward(ctx, grad):
         (gu,) = ctx.saved_tensors
         g, u = gu.chunk(2, dim=-1)
-        with torch.enable_grad():
-            g = g.detach().requires_grad_()
-            a = _gate(g, ctx.kind)
-            (grad_g,) = torch.autograd.grad(a, g, grad * u)
-        return torch.cat([grad_g, grad * a.detach()], dim=-1), None
+        out = torch.empty_like(gu)
+        out_g, out_u = out.chunk(2, dim=-1)
+        if ctx.kind == "swiglu":
+            # silu'(g) = sigmoid(g) + silu(g) (1 - sigmoid(g)), written out: a few element-wise ops
+            # instead of a recorded graph (autograd.grad), which costs more than the math here.
+            sig = torch.sigmoid(g)
+            a = g * sig
+            torch.mul(grad * u, sig + a * (1 - sig), out=out_g)
+        else:
+            with torch.enable_grad():
+                g = g.detach().requires_grad_()
+                a = _gate(g, ctx.kind)
+                (grad_g,) = torch.autograd.grad(a, g, grad * u)
+            a = a.detach()
+            out_g.copy_(grad_g)
+        torch.mul(grad, a, out=out_u)
+        return out, None
 
 
 def gated_activation(gu, kind: str):
@@ -77,33 +89,28 @@ class Norm(nn.Module):
 
 
 def _stats_dtype(x):
+    """The norm's statistics in fp32 (or better), as in Llama's reference code."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
-def _rms_normalized(x, eps: float):
-    """x / rms(x) with the statistics in fp32 (or better), back in x's dtype; the fused kernel on GPUs."""
-    xf = _stats_dtype(x)
-    if x.is_cuda:
-        return F.rms_norm(xf, (x.shape[-1],), eps=eps).to(x.dtype)
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
 class _RMSNorm(torch.autograd.Function):
-    """RMSNorm(x) * weight keeping only the 16-bit input for backward, as Megatron's fused norms
-    keep their input (the statistic is recomputed there, one reduction). Autograd through the
-    fp32 statistics would keep x.float(), the normalized tensor and rstd: 3 x the input's bytes."""
+    """RMSNorm(x) * weight keeping only the 16-bit input and the fp32 1/rms per token for backward,
+    as Megatron's fused norms keep their input and rsigma. Autograd through the fp32 statistics
+    would also keep x.float() and the normalized tensor: 3 x the input's bytes."""
 
     @staticmethod
     def forward(ctx, x, weight, eps):
-        ctx.eps = eps
-        ctx.save_for_backward(x, weight)
-        return _rms_normalized(x, eps) * weight
+        xf = _stats_dtype(x)
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        if x.is_cuda:  # torch's fused kernel on GPUs
+            return F.rms_norm(xf, (x.shape[-1],), eps=eps).to(x.dtype) * weight
+        return (xf * rstd).to(x.dtype) * weight
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
+        x, weight, rstd = ctx.saved_tensors
         xf = _stats_dtype(x)
-        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ctx.eps)
         y = (xf * rstd).to(x.dtype)
         # The weight's gradient as autograd takes it through y * weight (in the weights' dtype);
         # the input's through the fp32 normalization: rstd (g - x_hat mean(g x_hat)).
