@@ -1,7 +1,7 @@
 """Per-step training metrics: one log line and one metrics.jsonl record per step (rank 0).
 
 metrics.jsonl is the input of ``dsorch calibrate``: one JSON object per line with
-step, loss, lr, wall_s (seconds since the loop started), grad_norm, step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_mem_gib,
+step, loss, lr, wall_s (seconds since the loop started), cpu_s (this rank's CPU seconds since then), grad_norm, step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_mem_gib,
 mem_kind, plus the layout it ran with. A resumed run appends: steps that ran after the last
 checkpoint of the interrupted run are dropped from the file when the run resumes (``truncate``),
 so the file is one trajectory with no gap and no repeated step.
@@ -47,6 +47,9 @@ class MetricsLog:
         # wall_s of a record: seconds from here (just before the first step) to the step's record,
         # all of the loop included (batch assembly, the step, the memory all-reduce, this log).
         self.t0 = time.perf_counter()
+        # cpu_s: this process's CPU seconds (all its threads) over the same span; on CPU ranks that
+        # share cores it measures the work done, which waiting for a core does not inflate.
+        self.cpu0 = time.process_time()
         self.flops = step_model_flops(plan)
         self.tokens = plan.layout.global_batch_size * plan.spec.training.seq_length
         self.peak, self.world_size = plan.doc.cluster.peak_tflops, world_size
@@ -83,6 +86,7 @@ class MetricsLog:
                mem_gib: float, mem_kind: str, reserved_gib: float | None = None) -> dict:
         tflops = self.flops / step_time / self.world_size / 1e12
         rec = {"step": step, "loss": loss, "lr": lr, "wall_s": time.perf_counter() - self.t0,
+               "cpu_s": time.process_time() - self.cpu0,
                "grad_norm": None if grad_norm is None else float(grad_norm),
                "step_time_s": step_time, "tokens_per_s": self.tokens / step_time,
                "tflops_per_gpu": tflops, "mfu": tflops / self.peak if self.peak else None,
