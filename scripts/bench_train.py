@@ -130,7 +130,21 @@ def baseline(plan_dir: str, steps: int, out: str) -> None:
 
 # --------------------------------------------------------------------------- driver
 
-def torchrun(nproc: int, args: list[str], env: dict) -> None:
+# Each rank on one core (local rank modulo the cores), in both sides alike: left to the scheduler,
+# 4 ranks on 2 cores land differently from run to run, and whole runs came out in a fast or a slow
+# mode (about 48 or 60 ms of rank 0 CPU per step) whichever side ran.
+PINNED = """import os, runpy, sys
+os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % len(os.sched_getaffinity(0))})
+target, sys.argv = sys.argv[1], sys.argv[1:]
+runpy.run_module(target, run_name="__main__", alter_sys=True) if not target.endswith(".py") else \
+    runpy.run_path(target, run_name="__main__")
+"""
+
+
+def torchrun(nproc: int, args: list[str], env: dict, pin: Path | None = None) -> None:
+    """torchrun ARGS (``-m MODULE ...`` or ``SCRIPT ...``), each rank pinned to a core by ``pin``."""
+    if pin is not None:
+        args = [str(pin), *(args[1:] if args[0] == "-m" else args)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            str(nproc), *args]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -138,18 +152,20 @@ def torchrun(nproc: int, args: list[str], env: dict) -> None:
         sys.exit(f"failed: {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
 
 
-def run_ours(plan_dir: Path, n: int, steps: int, warmup: int, tmp: Path, env: dict) -> tuple[float, float]:
+def run_ours(plan_dir: Path, n: int, steps: int, warmup: int, tmp: Path, env: dict,
+             pin: Path | None) -> tuple[float, float]:
     """(wall seconds, rank 0's CPU seconds) per step after the warm-up."""
     run = tmp / f"run-{time.monotonic_ns()}"
     torchrun(n, ["-m", "orchestrator.train", "--plan", str(plan_dir), "--steps", str(steps), "--no-save",
-                 "--run-dir", str(run)], env)
+                 "--run-dir", str(run)], env, pin)
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return per_step([r["wall_s"] for r in recs], warmup), per_step([r["cpu_s"] for r in recs], warmup)
 
 
-def run_theirs(plan_dir: Path, n: int, steps: int, warmup: int, tmp: Path, env: dict) -> tuple[float, float]:
+def run_theirs(plan_dir: Path, n: int, steps: int, warmup: int, tmp: Path, env: dict,
+               pin: Path | None) -> tuple[float, float]:
     out = tmp / f"baseline-{time.monotonic_ns()}.json"
-    torchrun(n, [str(Path(__file__).resolve()), "--_baseline", str(plan_dir), str(steps), str(out)], env)
+    torchrun(n, [str(Path(__file__).resolve()), "--_baseline", str(plan_dir), str(steps), str(out)], env, pin)
     doc = json.loads(out.read_text())
     return per_step(doc["wall_s"], warmup), per_step(doc["cpu_s"], warmup)
 
@@ -161,6 +177,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the timing")
     p.add_argument("--pins", nargs=argparse.REMAINDER, default=["--tp", "1", "--pp", "2", "--dp", "2", "--zero", "1"],
                    help="dsorch plan pins for examples/tiny.yaml on --cluster local (last option)")
+    p.add_argument("--no-pin", action="store_true", help="leave the ranks to the scheduler instead of one core each")
     p.add_argument("--_baseline", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._baseline:
@@ -178,6 +195,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         plan_dir = tmp / "plan"
+        pin = None
+        if not args.no_pin:
+            pin = tmp / "pinned.py"
+            pin.write_text(PINNED)
         r = CliRunner().invoke(cli, ["plan", str(ROOT / "examples/tiny.yaml"), "--cluster", "local",
                                      "--out", str(plan_dir), *args.pins])
         if r.exit_code:
@@ -193,7 +214,7 @@ def main() -> None:
             sides = [("ours", run_ours), ("theirs", run_theirs)]
             if i % 2:
                 sides.reverse()
-            got = {name: fn(plan_dir, n, args.steps, args.warmup, tmp, env) for name, fn in sides}
+            got = {name: fn(plan_dir, n, args.steps, args.warmup, tmp, env, pin) for name, fn in sides}
             (ours_wall, ours_cpu), (theirs_wall, theirs_cpu) = got["ours"], got["theirs"]
             rows.append((sides[0][0], ours_wall, theirs_wall, ours_cpu, theirs_cpu))
             print(f"round {i + 1} ({sides[0][0]} first): entrypoint {ours_wall * 1e3:.1f} ms/step, plain "
@@ -207,7 +228,7 @@ def main() -> None:
     theirs = [r[2] for r in rows]
     print(f"layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp}, ZeRO-{lay.zero_stage}, mbs {lay.micro_batch_size} x "
           f"gas {lay.grad_accum_steps}; {tokens} tokens/step; steps {args.warmup + 1}..{args.steps} of each run, "
-          f"{args.rounds} rounds, order alternating")
+          f"{args.rounds} rounds, order alternating" + (", ranks pinned to cores" if pin else ""))
     print(f"  dsorch entrypoint   median {tokens / statistics.median(ours):9,.0f} tokens/s "
           f"({min(ours) * 1e3:.1f}-{max(ours) * 1e3:.1f} ms/step)")
     print(f"  plain DeepSpeed     median {tokens / statistics.median(theirs):9,.0f} tokens/s "

@@ -350,7 +350,7 @@ TRIAL_SPEC = """\
 name: trialmed
 source: "a 4-layer test model with a large vocabulary, so that its layouts differ in memory"
 model: {num_layers: 4, hidden_size: 384, ffn_hidden_size: 1024, num_attention_heads: 8, num_kv_heads: 4,
-        vocab_size: 32768, activation: swiglu, tied_embeddings: false, max_position_embeddings: 64}
+        vocab_size: 65536, activation: swiglu, tied_embeddings: false, max_position_embeddings: 64}
 training:
   seq_length: 32
   global_batch_size: 8
@@ -358,16 +358,16 @@ training:
   flash_attention: false
   optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 2, weight_decay: 0.0}
 """
-# The loopback cluster with 0.75 GiB "GPUs" (the entrypoint's CPU stand-in for an OOM applies it to
-# the ranks' peak resident set), in the middle of the gap between the tp2 x pp2 layout (0.57-0.63
-# GiB here, up to 0.69 in a fresh clone) and the others (0.80 and more): at 0.8 the tp2 ZeRO-2 layout
-# sat on the limit and, chosen as the winner at 0.80, ran out of memory when submitted (CI on
-# f456376, 0.812 GiB). The overhead is one the model under-states, so that it predicts every layout fits.
+# The loopback cluster with 0.82 GiB "GPUs" (the entrypoint's CPU stand-in for an OOM applies it to
+# the ranks' peak resident set), in the middle of the measured gap between the pipeline trial
+# (tp2 pp2, 0.70 GiB) and the next (tp2 ZeRO-2, 0.94 GiB; ZeRO-3 1.15, data parallel 1.25) with a
+# 64K vocabulary; with 32K the gap had shrunk to 0.77 against 0.82 and the pipeline trial ran out
+# of memory in a fresh clone.
 SMALL_MEMORY_PROFILE = """\
 name: loopback-smallmem
-description: the loopback cluster with 0.75 GiB "GPUs" (tests/test_slurm.py, dsorch trial)
+description: the loopback cluster with 0.82 GiB "GPUs" (tests/test_slurm.py, dsorch trial)
 extends: loopback
-gpu: {memory_gib: 0.75}
+gpu: {memory_gib: 0.82}
 memory_overhead_gib: 0.2
 """
 
@@ -395,7 +395,7 @@ def test_trial_array_on_the_loopback_cluster_with_an_out_of_memory_trial(slurm_e
     manifest = yaml.safe_load((trial_dir / "trial.yaml").read_text())
     ids = [t["job_id"] for t in manifest["trials"]]
     array = ids[0].split("_")[0]
-    assert len(ids) >= 3 and ids == [f"{array}_{i}" for i in range(len(ids))]
+    assert len(ids) >= 2 and ids == [f"{array}_{i}" for i in range(len(ids))]
     script = next((tmp_path / ".dsorch" / "jobs").glob("*/*_submission.sh")).read_text()
     assert re.search(r"#SBATCH --array=0-\d+%1", script), script
     st = dsorch(env, tmp_path, "trial", "--status", str(trial_dir))
