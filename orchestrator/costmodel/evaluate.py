@@ -268,15 +268,15 @@ def _inputs(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, r
     # stay bf16, stage_1_and_2.py _gradient_reduction_buffer_dtype) even where it accumulates in
     # fp32; Megatron-LM reduces its fp32 main grads as they are.
     comm_grad_b = np.minimum(grad_b, weight_b) if runtime == "deepspeed" else grad_b
-    norms = (2 if model.normalization == "layernorm" else 1) * 2 * h
+    norm = (2 if model.normalization == "layernorm" else 1) * h  # one norm's weight (and bias)
+    norms = 2 * norm
     layer_params_local = (model.params_per_layer - norms) / tp + norms
     # The word embedding and the output projection are split over tp (vocab-parallel); learned
     # position embeddings and the final norm are replicated on every tp rank (Megatron-LM's
     # LanguageModelEmbedding and final layernorm; train/model.py). Measured: train/census.py.
-    final_norm = (2 if model.normalization == "layernorm" else 1) * h
     positions = model.embedding_params - model.vocab_size * h
     emb_local = model.vocab_size * h / tp + positions
-    out_local = (model.output_params - final_norm) / tp + final_norm
+    out_local = (model.output_params - norm) / tp + norm
     # With tied embeddings and pp > 1 the last stage keeps its own copy of the embedding matrix
     # for the output layer, synchronized by an extra all-reduce (Megatron-LM, Shoeybi 2019).
     tied_copy = np.where((pp > 1) & model.tied_embeddings, model.vocab_size * h / tp, 0.0)
