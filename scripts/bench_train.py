@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Throughput of dsorch's entrypoint against a plain DeepSpeed PipelineModule loop, in alternating
-rounds.
+"""Throughput of dsorch's entrypoint against a plain DeepSpeed PipelineModule loop, their steps
+interleaved in the same processes.
 
-    python scripts/bench_train.py                            # pp2 x dp2 ZeRO-1, 4 CPU ranks, 3 rounds
-    python scripts/bench_train.py --rounds 5 --steps 40 --pins --tp 1 --pp 4 --dp 1
+    python scripts/bench_train.py                            # pp2 x dp2 ZeRO-1, 4 CPU ranks, 40 rounds
+    python scripts/bench_train.py --rounds 20 --steps 5 --pins --tp 1 --pp 4 --dp 1
 
 Both sides train the same model (the plan's spec: RMSNorm, GQA attention with RoPE, SwiGLU,
 untied output) with the same ds_config.json, layout and batches: the baseline assembles its
@@ -12,14 +12,17 @@ entrypoint does. The baseline is what one would write by hand with DeepSpeed alo
 nn.Embedding layers in a PipelineModule, F.cross_entropy, a bare ``engine.train_batch`` loop. It
 has no tensor parallelism, so only layouts with tp = 1 compare like with like.
 
-Both sides are timed the same way: wall-clock per step over the steps after warm-up, everything
-in the loop included (the entrypoint's memory all-reduce and metrics line count against it), and
-rank 0's CPU seconds per step over the same span (the work done, which waits for a core on 2
-shared cores do not inflate).
-The two sides run one after the other on the same cores, so order and load decide a single
-comparison (two runs on 2 cores measured 0.79 and 0.71 in one order, 0.89 under load): each round
-runs both, the order alternating, and the ratio is reported per round, as the median and the
-spread (min-max) over the rounds. Figures only, no assertions.
+One torchrun job builds both: the entrypoint's own loop (``train.entry.Trainer``, the code
+``python -m orchestrator.train`` runs, its memory all-reduce, metrics.jsonl line and log line
+included) and the baseline engine. After a warm-up of each, a round runs a block of --steps steps
+of one side and then of the other, the order alternating, each block between two barriers; rank 0
+times it by the wall clock and by its own CPU seconds. The ratio (plain / entrypoint time) is
+reported per round, as the median and the spread (min-max) over the rounds.
+
+Why in one job: on this machine's 2 shared cores the same work takes 50 to 70 ms of CPU per step
+from one minute to the next (measured within single runs), so comparing whole runs one after
+the other measured that drift (ratios 0.84-1.20 over 7 rounds); adjacent blocks of a few steps
+see the same machine. Figures only, no assertions.
 """
 
 from __future__ import annotations
@@ -37,15 +40,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def per_step(walls: list[float], warmup: int) -> float:
-    """Seconds per step from the wall-clock at the end of each step, after ``warmup`` steps."""
-    return (walls[-1] - walls[warmup - 1]) / (len(walls) - warmup)
-
-
 # --------------------------------------------------------------------------- the baseline
 
-def baseline(plan_dir: str, steps: int, out: str) -> None:
-    """Runs under torchrun: plain DeepSpeed PipelineModule training; rank 0 writes the walls."""
+def plain_engine(plan):
+    """The baseline: the plan's model written with torch.nn alone in a PipelineModule, under the
+    plan's ds_config.json."""
     import deepspeed
     import torch
     import torch.nn.functional as F
@@ -53,13 +52,8 @@ def baseline(plan_dir: str, steps: int, out: str) -> None:
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
     from torch import nn
 
-    from orchestrator.train.config import load_plan
-    from orchestrator.train.data import micro_batches, open_dataset
     from orchestrator.train.entry import ds_config_for
 
-    torch.set_num_threads(1)
-    deepspeed.init_distributed(dist_backend="gloo")
-    plan = load_plan(plan_dir)
     m, t, lay = plan.spec.model, plan.spec.training, plan.layout
     d, heads, kv = m.head_dim, m.num_attention_heads, m.kv_heads
     inv = 1.0 / (m.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
@@ -114,25 +108,63 @@ def baseline(plan_dir: str, steps: int, out: str) -> None:
     model = PipelineModule(specs, topology=topo, loss_fn=loss_fn, partition_method="type:Block")
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                       config=ds_config_for(plan, torch.device("cpu")))
-    dataset = open_dataset(None, m.vocab_size, t.seq_length, t.seed)
-    dp_rank = engine.grid.get_data_parallel_rank()
-    walls, cpus, t0, c0 = [], [], time.perf_counter(), time.process_time()
-    for step in range(steps):
-        batches = list(micro_batches(dataset, step, lay.global_batch_size, lay.micro_batch_size, lay.dp, dp_rank))
-        engine.train_batch(data_iter=iter(batches))
-        walls.append(time.perf_counter() - t0)
-        cpus.append(time.process_time() - c0)
-    if torch.distributed.get_rank() == 0:
-        Path(out).write_text(json.dumps({"wall_s": walls, "cpu_s": cpus}))
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    return engine
+
+
+def worker(plan_dir: str, rounds: int, steps: int, warmup: int, out: str) -> None:
+    """Runs under torchrun: both sides in this process, their steps in alternating blocks; rank 0
+    writes each block's wall and CPU seconds to ``out``."""
+    import torch.distributed as dist
+
+    from orchestrator.train import launch
+    from orchestrator.train.config import load_plan
+    from orchestrator.train.data import micro_batches, open_dataset
+    from orchestrator.train.entry import Trainer, parse_args
+
+    plan = load_plan(plan_dir)
+    lay, t = plan.layout, plan.spec.training
+    denv = launch.read_env()
+    device = launch.init(denv, plan.doc.cluster.backend)
+    total = warmup + rounds * steps
+    ours = Trainer(plan, parse_args(["--plan", plan_dir, "--steps", str(total), "--no-save",
+                                     "--run-dir", str(Path(out).parent / "run")]), denv, device)
+    theirs = plain_engine(plan)
+    dataset = open_dataset(None, plan.spec.model.vocab_size, t.seq_length, t.seed)
+    dp_rank = theirs.grid.get_data_parallel_rank()
+    done = {"ours": 0, "theirs": 0}
+
+    def run(side: str, n: int) -> tuple[float, float]:
+        dist.barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(n):
+            step = done[side]
+            if side == "ours":
+                ours.step(step)
+            else:  # the bare loop: a step's micro-batches, then DeepSpeed's train_batch
+                batches = list(micro_batches(dataset, step, lay.global_batch_size, lay.micro_batch_size,
+                                             lay.dp, dp_rank))
+                theirs.train_batch(data_iter=iter(batches))
+            done[side] += 1
+        dist.barrier()
+        return (time.perf_counter() - t0) / n, (time.process_time() - c0) / n
+
+    run("ours", warmup)
+    run("theirs", warmup)
+    blocks = []
+    for i in range(rounds):
+        order = ("ours", "theirs") if i % 2 == 0 else ("theirs", "ours")
+        got = {side: run(side, steps) for side in order}
+        blocks.append({"first": order[0], **{f"{side}_{k}": v for side in order
+                                              for k, v in zip(("wall_s", "cpu_s"), got[side])}})
+    if denv.rank == 0:
+        Path(out).write_text(json.dumps(blocks))
+    launch.teardown(True)
 
 
 # --------------------------------------------------------------------------- driver
 
-# Each rank on one core (local rank modulo the cores), in both sides alike: left to the scheduler,
-# 4 ranks on 2 cores land differently from run to run, and whole runs came out in a fast or a slow
-# mode (about 48 or 60 ms of rank 0 CPU per step) whichever side ran.
+# Each rank on one core (local rank modulo the cores), for both sides alike: left to the scheduler,
+# 4 ranks on 2 cores land differently from one run, or one minute, to the next.
 PINNED = """import os, runpy, sys
 os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % len(os.sched_getaffinity(0))})
 target, sys.argv = sys.argv[1], sys.argv[1:]
@@ -152,39 +184,22 @@ def torchrun(nproc: int, args: list[str], env: dict, pin: Path | None = None) ->
         sys.exit(f"failed: {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
 
 
-def run_ours(plan_dir: Path, n: int, steps: int, warmup: int, tmp: Path, env: dict,
-             pin: Path | None) -> tuple[float, float]:
-    """(wall seconds, rank 0's CPU seconds) per step after the warm-up."""
-    run = tmp / f"run-{time.monotonic_ns()}"
-    torchrun(n, ["-m", "orchestrator.train", "--plan", str(plan_dir), "--steps", str(steps), "--no-save",
-                 "--run-dir", str(run)], env, pin)
-    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return per_step([r["wall_s"] for r in recs], warmup), per_step([r["cpu_s"] for r in recs], warmup)
-
-
-def run_theirs(plan_dir: Path, n: int, steps: int, warmup: int, tmp: Path, env: dict,
-               pin: Path | None) -> tuple[float, float]:
-    out = tmp / f"baseline-{time.monotonic_ns()}.json"
-    torchrun(n, [str(Path(__file__).resolve()), "--_baseline", str(plan_dir), str(steps), str(out)], env, pin)
-    doc = json.loads(out.read_text())
-    return per_step(doc["wall_s"], warmup), per_step(doc["cpu_s"], warmup)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rounds", type=int, default=3, help="rounds of both sides, the order alternating")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5, help="steps left out of the timing")
+    p.add_argument("--rounds", type=int, default=40, help="rounds of a block of each side, the order alternating")
+    p.add_argument("--steps", type=int, default=5, help="steps in a block")
+    p.add_argument("--warmup", type=int, default=5, help="steps of each side before the rounds, left out")
     p.add_argument("--pins", nargs=argparse.REMAINDER, default=["--tp", "1", "--pp", "2", "--dp", "2", "--zero", "1"],
                    help="dsorch plan pins for examples/tiny.yaml on --cluster local (last option)")
     p.add_argument("--no-pin", action="store_true", help="leave the ranks to the scheduler instead of one core each")
-    p.add_argument("--_baseline", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--_worker", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args._baseline:
-        baseline(args._baseline[0], int(args._baseline[1]), args._baseline[2])
+    if args._worker:
+        plan_dir, rounds, steps, warmup, out = args._worker
+        worker(plan_dir, int(rounds), int(steps), int(warmup), out)
         return
-    if not 0 < args.warmup < args.steps:
-        sys.exit("--warmup must be at least 1 and below --steps")
+    if args.rounds < 1 or args.steps < 1 or args.warmup < 1:
+        sys.exit("--rounds, --steps and --warmup must be at least 1")
 
     from click.testing import CliRunner
 
@@ -207,37 +222,33 @@ def main() -> None:
         lay = plan.layout
         if lay.tp != 1:
             sys.exit("the plain-DeepSpeed baseline has no tensor parallelism: pin --tp 1")
-        tokens = lay.global_batch_size * plan.spec.training.seq_length
-        n = lay.world_size
-        rows = []
-        for i in range(args.rounds):
-            sides = [("ours", run_ours), ("theirs", run_theirs)]
-            if i % 2:
-                sides.reverse()
-            got = {name: fn(plan_dir, n, args.steps, args.warmup, tmp, env, pin) for name, fn in sides}
-            (ours_wall, ours_cpu), (theirs_wall, theirs_cpu) = got["ours"], got["theirs"]
-            rows.append((sides[0][0], ours_wall, theirs_wall, ours_cpu, theirs_cpu))
-            print(f"round {i + 1} ({sides[0][0]} first): entrypoint {ours_wall * 1e3:.1f} ms/step, plain "
-                  f"DeepSpeed {theirs_wall * 1e3:.1f} ms/step, ratio {theirs_wall / ours_wall:.3f}; rank 0 CPU "
-                  f"{ours_cpu * 1e3:.1f} vs {theirs_cpu * 1e3:.1f} ms/step, ratio {theirs_cpu / ours_cpu:.3f}",
-                  flush=True)
+        out = tmp / "blocks.json"
+        torchrun(lay.world_size, [str(Path(__file__).resolve()), "--_worker", str(plan_dir), str(args.rounds),
+                                  str(args.steps), str(args.warmup), str(out)], env, pin)
+        blocks = json.loads(out.read_text())
 
-    ratios = [r[2] / r[1] for r in rows]
-    cpu_ratios = [r[4] / r[3] for r in rows]
-    ours = [r[1] for r in rows]
-    theirs = [r[2] for r in rows]
+    tokens = lay.global_batch_size * plan.spec.training.seq_length
+    for i, b in enumerate(blocks):
+        print(f"round {i + 1:2d} ({b['first']} first): entrypoint {b['ours_wall_s'] * 1e3:6.1f} ms/step, plain "
+              f"DeepSpeed {b['theirs_wall_s'] * 1e3:6.1f} ms/step, ratio {b['theirs_wall_s'] / b['ours_wall_s']:.3f}; "
+              f"rank 0 CPU {b['ours_cpu_s'] * 1e3:5.1f} vs {b['theirs_cpu_s'] * 1e3:5.1f} ms/step, ratio "
+              f"{b['theirs_cpu_s'] / b['ours_cpu_s']:.3f}")
+    ratios = [b["theirs_wall_s"] / b["ours_wall_s"] for b in blocks]
+    cpu_ratios = [b["theirs_cpu_s"] / b["ours_cpu_s"] for b in blocks]
+    ours = [b["ours_wall_s"] for b in blocks]
+    theirs = [b["theirs_wall_s"] for b in blocks]
     print(f"layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp}, ZeRO-{lay.zero_stage}, mbs {lay.micro_batch_size} x "
-          f"gas {lay.grad_accum_steps}; {tokens} tokens/step; steps {args.warmup + 1}..{args.steps} of each run, "
-          f"{args.rounds} rounds, order alternating" + (", ranks pinned to cores" if pin else ""))
+          f"gas {lay.grad_accum_steps}; {tokens} tokens/step; after {args.warmup} warm-up steps of each, "
+          f"{args.rounds} rounds of {args.steps} steps of each side, order alternating, in one torchrun job"
+          + (", ranks pinned to cores" if pin else ""))
     print(f"  dsorch entrypoint   median {tokens / statistics.median(ours):9,.0f} tokens/s "
           f"({min(ours) * 1e3:.1f}-{max(ours) * 1e3:.1f} ms/step)")
     print(f"  plain DeepSpeed     median {tokens / statistics.median(theirs):9,.0f} tokens/s "
           f"({min(theirs) * 1e3:.1f}-{max(theirs) * 1e3:.1f} ms/step)")
     print(f"  ratio (plain / entrypoint time)  median {statistics.median(ratios):.3f}, spread "
           f"{min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} rounds (target >= 0.95)")
-    # The ranks share 2 cores: wall time also counts the waits for a core, which swing from round to
-    # round; rank 0's CPU seconds per step count the work each side does (DeepSpeed's, and the
-    # entrypoint's own on top), and vary far less.
+    # Wall time also counts the waits for a core of 4 ranks on 2; rank 0's CPU seconds count the
+    # work it does (DeepSpeed's, and the entrypoint's own on top).
     print(f"  ratio of rank 0's CPU time       median {statistics.median(cpu_ratios):.3f}, spread "
           f"{min(cpu_ratios):.3f}-{max(cpu_ratios):.3f}")
 

@@ -30,6 +30,7 @@ import argparse
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -151,116 +152,178 @@ STOPPED_FILE = "stopped.json"
 
 def train(plan: PlanDir, args, denv: launch.DistEnv, device: torch.device, stop: StopRequest | None = None) -> bool:
     """Train to args.steps; returns False when a stop request ended it early (checkpoint saved)."""
-    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
+    trainer = Trainer(plan, args, denv, device, stop)
+    for step in range(trainer.start, args.steps):
+        if not trainer.step(step):
+            return False
+    trainer.finish()
+    return True
 
-    lay, training = plan.layout, plan.spec.training
-    seq, seed = training.seq_length, training.seed
-    rank0 = denv.rank == 0
-    if lay.world_size != denv.world_size:
-        raise SystemExit(f"the plan is for {lay.world_size} ranks (tp {lay.tp} x pp {lay.pp} x dp "
-                         f"{lay.dp}) but {denv.world_size} were started; launch {lay.world_size} "
-                         "processes (the plan's launch.sh does) or plan for this world size")
-    torch.manual_seed(seed)
-    # Ranks are laid out pipe-major, tp-minor (DeepSpeed's PipeModelDataParallelTopology): a tp
-    # group is consecutive ranks, i.e. one node's fast interconnect.
-    topo = PipeModelDataParallelTopology(num_pp=lay.pp, num_mp=lay.tp, num_dp=lay.dp)
-    grid = PipelineParallelGrid(topology=topo)
-    dp_rank, dp_group = grid.get_data_parallel_rank(), grid.get_data_parallel_group()
 
-    run_dir = Path(args.run_dir) if args.run_dir else plan.path / "run"
-    ckpt_dir = run_dir / "checkpoints"
-    if rank0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    dataset = open_dataset(args.data, plan.spec.model.vocab_size, seq, seed)
-    try:
-        tag, universal = checkpoint.choose_resume(ckpt_dir, rank0, lay.as_dict(), reshard.naming(lay.pp))
-    except ValueError as e:
-        raise DsorchError(str(e)) from None
-    engine = build_engine(plan, grid, topo, device, load_universal=universal)
+class Trainer:
+    """The entrypoint's training loop, a step at a time: ``train`` runs it to the end, and
+    scripts/bench_train.py interleaves its steps with a plain DeepSpeed loop's in one process, so
+    that what is timed is this code, per-step bookkeeping included."""
 
-    start = 0
-    if tag is not None:
-        start = checkpoint.load(engine, ckpt_dir, tag)
-        if rank0 and universal:
-            source = Layout(**checkpoint.manifest_of(ckpt_dir / tag)["layout"]).short()
-            print(f"dsorch train: resuming from {ckpt_dir / tag}, converted from layout {source} to "
-                  f"{lay.short()}", flush=True)
-    if rank0:
-        # Steps logged after the checkpoint we resume from are redone now: drop their records so
-        # that metrics.jsonl is one trajectory with no gap and no repeated step.
-        MetricsLog.truncate(run_dir, start)
-        (run_dir / STOPPED_FILE).unlink(missing_ok=True)
-    stop_file = run_dir / STOP_REQUEST_FILE
+    def __init__(self, plan: PlanDir, args, denv: launch.DistEnv, device: torch.device,
+                 stop: StopRequest | None = None):
+        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
 
-    n_params = sum(p.numel() for p in engine.module.parameters())
-    if rank0:
-        tokens = lay.global_batch_size * seq
-        print(f"dsorch train: {plan.spec.name} from {plan.path} on {denv.world_size} ranks "
-              f"({denv.launcher}, {device.type}, {training.precision})\n"
-              f"  layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp} = {lay.world_size}, ZeRO-{lay.zero_stage}, "
-              f"sp {'on' if lay.sequence_parallel else 'off'}, recompute {lay.recompute}, "
-              f"decoder layers per stage {list(stage_layers(plan))}\n"
-              f"  batch:  global {lay.global_batch_size} = micro-batch {lay.micro_batch_size} x "
-              f"grad-accum {lay.grad_accum_steps} x dp {lay.dp} sequences of {seq} "
-              f"tokens = {tokens:,} tokens/step\n"
-              f"  params on rank 0: {n_params:,}; data: {dataset.describe()}\n"
-              f"  steps {start} -> {args.steps}" + (f" (resumed from {ckpt_dir / tag})" if tag else "")
-              + f"; run dir {run_dir}", flush=True)
-    log = MetricsLog(run_dir if rank0 else None, plan, denv.world_size)
-    if args.memory_census:
-        from .census import census_before_second_step
+        lay, training = plan.layout, plan.spec.training
+        seq, seed = training.seq_length, training.seed
+        self.plan, self.args, self.device, self.stop = plan, args, device, stop
+        self.rank0 = rank0 = denv.rank == 0
+        if lay.world_size != denv.world_size:
+            raise SystemExit(f"the plan is for {lay.world_size} ranks (tp {lay.tp} x pp {lay.pp} x dp "
+                             f"{lay.dp}) but {denv.world_size} were started; launch {lay.world_size} "
+                             "processes (the plan's launch.sh does) or plan for this world size")
+        torch.manual_seed(seed)
+        # Ranks are laid out pipe-major, tp-minor (DeepSpeed's PipeModelDataParallelTopology): a tp
+        # group is consecutive ranks, i.e. one node's fast interconnect.
+        topo = PipeModelDataParallelTopology(num_pp=lay.pp, num_mp=lay.tp, num_dp=lay.dp)
+        grid = PipelineParallelGrid(topology=topo)
+        self.dp_rank, self.dp_group = grid.get_data_parallel_rank(), grid.get_data_parallel_group()
 
-        census_before_second_step(engine, Path(args.memory_census), denv.rank, grid.get_stage_id())
+        self.run_dir = run_dir = Path(args.run_dir) if args.run_dir else plan.path / "run"
+        self.ckpt_dir = ckpt_dir = run_dir / "checkpoints"
+        if rank0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        self.dataset = dataset = open_dataset(args.data, plan.spec.model.vocab_size, seq, seed)
+        try:
+            tag, universal = checkpoint.choose_resume(ckpt_dir, rank0, lay.as_dict(), reshard.naming(lay.pp))
+        except ValueError as e:
+            raise DsorchError(str(e)) from None
+        self.engine = engine = build_engine(plan, grid, topo, device, load_universal=universal)
 
-    for step in range(start, args.steps):
-        batches = list(micro_batches(dataset, step, lay.global_batch_size, lay.micro_batch_size,
-                                     lay.dp, dp_rank))
+        self.start = 0
+        if tag is not None:
+            self.start = checkpoint.load(engine, ckpt_dir, tag)
+            if rank0 and universal:
+                source = Layout(**checkpoint.manifest_of(ckpt_dir / tag)["layout"]).short()
+                print(f"dsorch train: resuming from {ckpt_dir / tag}, converted from layout {source} to "
+                      f"{lay.short()}", flush=True)
+        if rank0:
+            # Steps logged after the checkpoint we resume from are redone now: drop their records so
+            # that metrics.jsonl is one trajectory with no gap and no repeated step.
+            MetricsLog.truncate(run_dir, self.start)
+            (run_dir / STOPPED_FILE).unlink(missing_ok=True)
+        self.stop_file = run_dir / STOP_REQUEST_FILE
+
+        n_params = sum(p.numel() for p in engine.module.parameters())
+        if rank0:
+            tokens = lay.global_batch_size * seq
+            print(f"dsorch train: {plan.spec.name} from {plan.path} on {denv.world_size} ranks "
+                  f"({denv.launcher}, {device.type}, {training.precision})\n"
+                  f"  layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp} = {lay.world_size}, ZeRO-{lay.zero_stage}, "
+                  f"sp {'on' if lay.sequence_parallel else 'off'}, recompute {lay.recompute}, "
+                  f"decoder layers per stage {list(stage_layers(plan))}\n"
+                  f"  batch:  global {lay.global_batch_size} = micro-batch {lay.micro_batch_size} x "
+                  f"grad-accum {lay.grad_accum_steps} x dp {lay.dp} sequences of {seq} "
+                  f"tokens = {tokens:,} tokens/step\n"
+                  f"  params on rank 0: {n_params:,}; data: {dataset.describe()}\n"
+                  f"  steps {self.start} -> {args.steps}" + (f" (resumed from {ckpt_dir / tag})" if tag else "")
+                  + f"; run dir {run_dir}", flush=True)
+        self.log = MetricsLog(run_dir if rank0 else None, plan, denv.world_size)
+        self._pending: _StepFacts | None = None  # the last step's facts, their all-reduce in flight
+        if args.memory_census:
+            from .census import census_before_second_step
+
+            census_before_second_step(engine, Path(args.memory_census), denv.rank, grid.get_stage_id())
+
+    def step(self, step: int) -> bool:
+        """Run step ``step`` (0-based) and its bookkeeping; False when a stop request ends the run
+        after it (its checkpoint saved)."""
+        plan, args, device, engine, stop = self.plan, self.args, self.device, self.engine, self.stop
+        lay, rank0 = plan.layout, self.rank0
+        batches = list(micro_batches(self.dataset, step, lay.global_batch_size, lay.micro_batch_size,
+                                     lay.dp, self.dp_rank))
         if device.type == "cuda":  # page-locked, so the copies to the GPU run asynchronously
             batches = [(ids.pin_memory(), labels.pin_memory()) for ids, labels in batches]
         lr = engine.get_lr()[0]  # the rate this step's update uses
         t0 = time.perf_counter()
-        loss = train_step(engine, batches, lay.pp, device, dp_group)
+        loss = train_step(engine, batches, lay.pp, device, self.dp_group)
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         if dt < args.min_step_seconds:
             time.sleep(args.min_step_seconds - dt)
         mem, kind = peak_memory_gib(device)
-        reserved = peak_reserved_gib(device)
-        # One all-reduce (MAX) for two facts: the busiest rank's memory (the one that OOMs) and
-        # whether any rank was asked to stop, so that all ranks stop after the same step.
         # Rank 0 alone looks at the stop-request file: one stat per step on a shared filesystem.
-        wanted = 1.0 if stop is not None and stop.requested(stop_file if rank0 else None) else 0.0
-        mem_t = torch.tensor([mem, wanted], device=device)
-        dist.all_reduce(mem_t, op=dist.ReduceOp.MAX)
-        if rank0:
-            log.record(step + 1, loss, lr, engine.get_global_grad_norm(), dt,
-                       float(mem_t[0]), kind, reserved)
+        wanted = stop is not None and stop.requested(self.stop_file if rank0 else None)
+        grad_norm = engine.get_global_grad_norm()
+        facts = _StepFacts(step + 1, loss, lr, None if grad_norm is None else float(grad_norm), dt, kind,
+                           peak_reserved_gib(device), self.log.clock(),
+                           torch.tensor([mem, float(wanted)], device=device))
+        # One all-reduce (MAX) for two facts: the busiest rank's memory (the one that OOMs) and
+        # whether any rank was asked to stop, so that all ranks stop after the same step. It runs
+        # while the next step computes and is read after it (one step late), since waiting for it
+        # here makes every step a barrier of all ranks: on 4 CPU ranks on 2 cores that wait was
+        # about 1 ms a step, some 1-2 % of the tiny model's step (scripts/bench_train.py).
+        facts.work = dist.all_reduce(facts.reduced, op=dist.ReduceOp.MAX, async_op=True)
+        stop_seen = self._settle(self._pending) if self._pending is not None else False
+        self._pending = facts
         done = step + 1
-        limit = plan.doc.cluster.gpu_memory_gib
-        if device.type == "cpu" and float(mem_t[0]) > limit:
-            # Every rank sees the same maximum, so all leave here together (no rank waits in a
-            # collective for a peer that died). stop.py says why this is a fake.
-            raise DeviceMemoryExceeded(f"{OOM_MARK}: the busiest rank's peak resident set reached "
-                                       f"{float(mem_t[0]):.3f} GiB at step {done}, past the plan's "
-                                       f"cluster.gpu_memory_gib {limit:g} GiB")
-        stopping = bool(mem_t[1] > 0) and done < args.steps
-        if not args.no_save and (done == args.steps or stopping or
-                                 (args.save_interval and done % args.save_interval == 0)):
-            checkpoint.save(engine, ckpt_dir, done, args.keep, rank0, layout=lay.as_dict(), plan=str(plan.path.resolve()),
-                            universal_info=reshard.universal_info(plan.spec.model))
+        save_due = not args.no_save and (done == args.steps or (args.save_interval and done % args.save_interval == 0))
+        if stop_seen or save_due or done == args.steps or args.fail_after_step == done:
+            # This step's own facts now: its metrics line is written before its checkpoint (a resumed
+            # run's metrics.jsonl has no gap), a stop seen now stops now, and the last line is out.
+            stop_seen = self._settle(facts) or stop_seen
+            self._pending = None
+        stopping = stop_seen and done < args.steps
+        if not args.no_save and (save_due or stopping):
+            checkpoint.save(engine, self.ckpt_dir, done, args.keep, rank0, layout=lay.as_dict(),
+                            plan=str(plan.path.resolve()), universal_info=reshard.universal_info(plan.spec.model))
         if args.fail_after_step == done and rank0:
             os.kill(os.getpid(), signal.SIGKILL)
         if stopping:
             if rank0:
-                write_stopped(run_dir, done, stop.signum)
-                stop_file.unlink(missing_ok=True)  # honoured; a later run must not stop at once
-                print(f"dsorch train: stop requested; checkpoint of step {done} saved in {ckpt_dir}, "
+                write_stopped(self.run_dir, done, stop.signum)
+                self.stop_file.unlink(missing_ok=True)  # honoured; a later run must not stop at once
+                print(f"dsorch train: stop requested; checkpoint of step {done} saved in {self.ckpt_dir}, "
                       f"exiting with code {EXIT_STOPPED} (rerun to resume)", flush=True)
             return False
-    if rank0:
-        stop_file.unlink(missing_ok=True)  # a request that came with the last step is moot
-    return True
+        return True
+
+    def _settle(self, facts: "_StepFacts") -> bool:
+        """Wait for a step's all-reduce, log the step (rank 0) and apply the memory limit; returns
+        whether some rank was asked to stop."""
+        facts.work.wait()
+        busiest, wanted = (float(v) for v in facts.reduced.tolist())
+        if self.rank0:
+            self.log.record(facts.step, facts.loss, facts.lr, facts.grad_norm, facts.step_time, busiest,
+                            facts.mem_kind, facts.reserved, facts.clock)
+        limit = self.plan.doc.cluster.gpu_memory_gib
+        if self.device.type == "cpu" and busiest > limit:
+            # Every rank sees the same maximum, so all leave here together (no rank waits in a
+            # collective for a peer that died). stop.py says why this is a fake.
+            raise DeviceMemoryExceeded(f"{OOM_MARK}: the busiest rank's peak resident set reached "
+                                       f"{busiest:.3f} GiB at step {facts.step}, past the plan's "
+                                       f"cluster.gpu_memory_gib {limit:g} GiB")
+        return wanted > 0
+
+    def finish(self) -> None:
+        if self._pending is not None:  # the last step settles its own; this is for a loop cut short
+            self._settle(self._pending)
+            self._pending = None
+        if self.rank0:
+            self.stop_file.unlink(missing_ok=True)  # a request that came with the last step is moot
+
+
+@dataclass
+class _StepFacts:
+    """What a step's metrics line needs, kept until its all-reduce (``reduced``: this rank's peak
+    memory and stop wish, then the maxima over all ranks) has come back."""
+
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float | None
+    step_time: float
+    mem_kind: str
+    reserved: float | None
+    clock: tuple[float, float]
+    reduced: torch.Tensor
+    work: object = None
 
 
 class DeviceMemoryExceeded(RuntimeError):

@@ -44,8 +44,8 @@ def peak_memory_gib(device: torch.device) -> tuple[float, str]:
 class MetricsLog:
     def __init__(self, run_dir: Path | None, plan: PlanDir, world_size: int):
         self.path = None if run_dir is None else run_dir / "metrics.jsonl"
-        # wall_s of a record: seconds from here (just before the first step) to the step's record,
-        # all of the loop included (batch assembly, the step, the memory all-reduce, this log).
+        # wall_s of a record: seconds from here (just before the first step) to the end of the
+        # step (``clock``), all of the loop included (batch assembly, the step, the bookkeeping).
         self.t0 = time.perf_counter()
         # cpu_s: this process's CPU seconds (all its threads) over the same span; on CPU ranks that
         # share cores it measures the work done, which waiting for a core does not inflate.
@@ -82,11 +82,16 @@ class MetricsLog:
             tmp.replace(path)
         return dropped
 
+    def clock(self) -> tuple[float, float]:
+        """(wall_s, cpu_s) now: what a record made later for a step taken now carries."""
+        return time.perf_counter() - self.t0, time.process_time() - self.cpu0
+
     def record(self, step: int, loss: float, lr: float, grad_norm, step_time: float,
-               mem_gib: float, mem_kind: str, reserved_gib: float | None = None) -> dict:
+               mem_gib: float, mem_kind: str, reserved_gib: float | None = None,
+               clock: tuple[float, float] | None = None) -> dict:
         tflops = self.flops / step_time / self.world_size / 1e12
-        rec = {"step": step, "loss": loss, "lr": lr, "wall_s": time.perf_counter() - self.t0,
-               "cpu_s": time.process_time() - self.cpu0,
+        wall_s, cpu_s = clock or self.clock()
+        rec = {"step": step, "loss": loss, "lr": lr, "wall_s": wall_s, "cpu_s": cpu_s,
                "grad_norm": None if grad_norm is None else float(grad_norm),
                "step_time_s": step_time, "tokens_per_s": self.tokens / step_time,
                "tflops_per_gpu": tflops, "mfu": tflops / self.peak if self.peak else None,
