@@ -2,7 +2,7 @@
 """Throughput of dsorch's entrypoint against a plain DeepSpeed PipelineModule loop, their steps
 interleaved in the same processes.
 
-    python scripts/bench_train.py                            # pp2 x dp2 ZeRO-1, 4 CPU ranks, 40 rounds
+    python scripts/bench_train.py                            # pp2 x dp2 ZeRO-1, 4 CPU ranks, 60 rounds
     python scripts/bench_train.py --rounds 20 --steps 5 --pins --tp 1 --pp 4 --dp 1
 
 Both sides train the same model (the plan's spec: RMSNorm, GQA attention with RoPE, SwiGLU,
@@ -17,7 +17,10 @@ One torchrun job builds both: the entrypoint's own loop (``train.entry.Trainer``
 included) and the baseline engine. After a warm-up of each, a round runs a block of --steps steps
 of one side and then of the other, the order alternating, each block between two barriers; rank 0
 times it by the wall clock and by its own CPU seconds. The ratio (plain / entrypoint time) is
-reported per round, as the median and the spread (min-max) over the rounds.
+reported per round, then as the median over the rounds with a bootstrap 95 % interval and the
+spread (min-max). ``--self-check`` runs the plain loop against a second copy of itself: the
+ratio the noise alone gives, whose median should be 1 (60 rounds measured 0.984, interval
+0.954-1.003, spread 0.80-1.28).
 
 Why in one job: on this machine's 2 shared cores the same work takes 50 to 70 ms of CPU per step
 from one minute to the next (measured within single runs), so comparing whole runs one after
@@ -111,7 +114,7 @@ def plain_engine(plan):
     return engine
 
 
-def worker(plan_dir: str, rounds: int, steps: int, warmup: int, out: str) -> None:
+def worker(plan_dir: str, rounds: int, steps: int, warmup: int, out: str, self_check: bool) -> None:
     """Runs under torchrun: both sides in this process, their steps in alternating blocks; rank 0
     writes each block's wall and CPU seconds to ``out``."""
     import torch.distributed as dist
@@ -126,24 +129,27 @@ def worker(plan_dir: str, rounds: int, steps: int, warmup: int, out: str) -> Non
     denv = launch.read_env()
     device = launch.init(denv, plan.doc.cluster.backend)
     total = warmup + rounds * steps
-    ours = Trainer(plan, parse_args(["--plan", plan_dir, "--steps", str(total), "--no-save",
-                                     "--run-dir", str(Path(out).parent / "run")]), denv, device)
-    theirs = plain_engine(plan)
     dataset = open_dataset(None, plan.spec.model.vocab_size, t.seq_length, t.seed)
-    dp_rank = theirs.grid.get_data_parallel_rank()
+
+    def plain(engine):  # the bare loop: a step's micro-batches, then DeepSpeed's train_batch
+        dp_rank = engine.grid.get_data_parallel_rank()
+        return lambda step: engine.train_batch(data_iter=iter(list(micro_batches(
+            dataset, step, lay.global_batch_size, lay.micro_batch_size, lay.dp, dp_rank))))
+
+    if self_check:  # the baseline against a second one of itself: what the rounds' noise alone gives
+        steppers = {"ours": plain(plain_engine(plan))}
+    else:
+        steppers = {"ours": Trainer(plan, parse_args(["--plan", plan_dir, "--steps", str(total), "--no-save",
+                                                      "--run-dir", str(Path(out).parent / "run")]),
+                                    denv, device).step}
+    steppers["theirs"] = plain(plain_engine(plan))
     done = {"ours": 0, "theirs": 0}
 
     def run(side: str, n: int) -> tuple[float, float]:
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(n):
-            step = done[side]
-            if side == "ours":
-                ours.step(step)
-            else:  # the bare loop: a step's micro-batches, then DeepSpeed's train_batch
-                batches = list(micro_batches(dataset, step, lay.global_batch_size, lay.micro_batch_size,
-                                             lay.dp, dp_rank))
-                theirs.train_batch(data_iter=iter(batches))
+            steppers[side](done[side])
             done[side] += 1
         dist.barrier()
         return (time.perf_counter() - t0) / n, (time.process_time() - c0) / n
@@ -186,17 +192,20 @@ def torchrun(nproc: int, args: list[str], env: dict, pin: Path | None = None) ->
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rounds", type=int, default=40, help="rounds of a block of each side, the order alternating")
+    p.add_argument("--rounds", type=int, default=60, help="rounds of a block of each side, the order alternating")
     p.add_argument("--steps", type=int, default=5, help="steps in a block")
     p.add_argument("--warmup", type=int, default=5, help="steps of each side before the rounds, left out")
     p.add_argument("--pins", nargs=argparse.REMAINDER, default=["--tp", "1", "--pp", "2", "--dp", "2", "--zero", "1"],
                    help="dsorch plan pins for examples/tiny.yaml on --cluster local (last option)")
     p.add_argument("--no-pin", action="store_true", help="leave the ranks to the scheduler instead of one core each")
-    p.add_argument("--_worker", nargs=5, help=argparse.SUPPRESS)
+    p.add_argument("--self-check", action="store_true",
+                   help="time the plain loop against a second copy of itself instead of the entrypoint: the "
+                        "ratio the machine's noise alone gives (its median should be 1)")
+    p.add_argument("--_worker", nargs=6, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._worker:
-        plan_dir, rounds, steps, warmup, out = args._worker
-        worker(plan_dir, int(rounds), int(steps), int(warmup), out)
+        plan_dir, rounds, steps, warmup, out, self_check = args._worker
+        worker(plan_dir, int(rounds), int(steps), int(warmup), out, self_check == "1")
         return
     if args.rounds < 1 or args.steps < 1 or args.warmup < 1:
         sys.exit("--rounds, --steps and --warmup must be at least 1")
@@ -224,33 +233,45 @@ def main() -> None:
             sys.exit("the plain-DeepSpeed baseline has no tensor parallelism: pin --tp 1")
         out = tmp / "blocks.json"
         torchrun(lay.world_size, [str(Path(__file__).resolve()), "--_worker", str(plan_dir), str(args.rounds),
-                                  str(args.steps), str(args.warmup), str(out)], env, pin)
+                                  str(args.steps), str(args.warmup), str(out), "1" if args.self_check else "0"], env, pin)
         blocks = json.loads(out.read_text())
 
     tokens = lay.global_batch_size * plan.spec.training.seq_length
+    first = "plain DeepSpeed (copy)" if args.self_check else "dsorch entrypoint"
     for i, b in enumerate(blocks):
-        print(f"round {i + 1:2d} ({b['first']} first): entrypoint {b['ours_wall_s'] * 1e3:6.1f} ms/step, plain "
+        print(f"round {i + 1:2d} ({b['first']} first): {first} {b['ours_wall_s'] * 1e3:6.1f} ms/step, plain "
               f"DeepSpeed {b['theirs_wall_s'] * 1e3:6.1f} ms/step, ratio {b['theirs_wall_s'] / b['ours_wall_s']:.3f}; "
               f"rank 0 CPU {b['ours_cpu_s'] * 1e3:5.1f} vs {b['theirs_cpu_s'] * 1e3:5.1f} ms/step, ratio "
               f"{b['theirs_cpu_s'] / b['ours_cpu_s']:.3f}")
-    ratios = [b["theirs_wall_s"] / b["ours_wall_s"] for b in blocks]
-    cpu_ratios = [b["theirs_cpu_s"] / b["ours_cpu_s"] for b in blocks]
     ours = [b["ours_wall_s"] for b in blocks]
     theirs = [b["theirs_wall_s"] for b in blocks]
     print(f"layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp}, ZeRO-{lay.zero_stage}, mbs {lay.micro_batch_size} x "
           f"gas {lay.grad_accum_steps}; {tokens} tokens/step; after {args.warmup} warm-up steps of each, "
           f"{args.rounds} rounds of {args.steps} steps of each side, order alternating, in one torchrun job"
           + (", ranks pinned to cores" if pin else ""))
-    print(f"  dsorch entrypoint   median {tokens / statistics.median(ours):9,.0f} tokens/s "
+    print(f"  {first:<22} median {tokens / statistics.median(ours):9,.0f} tokens/s "
           f"({min(ours) * 1e3:.1f}-{max(ours) * 1e3:.1f} ms/step)")
-    print(f"  plain DeepSpeed     median {tokens / statistics.median(theirs):9,.0f} tokens/s "
+    print(f"  {'plain DeepSpeed':<22} median {tokens / statistics.median(theirs):9,.0f} tokens/s "
           f"({min(theirs) * 1e3:.1f}-{max(theirs) * 1e3:.1f} ms/step)")
-    print(f"  ratio (plain / entrypoint time)  median {statistics.median(ratios):.3f}, spread "
-          f"{min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} rounds (target >= 0.95)")
     # Wall time also counts the waits for a core of 4 ranks on 2; rank 0's CPU seconds count the
     # work it does (DeepSpeed's, and the entrypoint's own on top).
-    print(f"  ratio of rank 0's CPU time       median {statistics.median(cpu_ratios):.3f}, spread "
-          f"{min(cpu_ratios):.3f}-{max(cpu_ratios):.3f}")
+    what = "copy" if args.self_check else "entrypoint"
+    for label, key in ((f"ratio (plain / {what} time)", "wall_s"), ("ratio of rank 0's CPU time", "cpu_s")):
+        r = [b[f"theirs_{key}"] / b[f"ours_{key}"] for b in blocks]
+        lo, hi = median_interval(r)
+        print(f"  {label:<32} median {statistics.median(r):.3f} (95% interval {lo:.3f}-{hi:.3f}), "
+              f"spread {min(r):.3f}-{max(r):.3f} over {len(r)} rounds" + ("" if args.self_check else " (target >= 0.95)"))
+
+
+def median_interval(values: list[float], level: float = 0.95, draws: int = 10_000) -> tuple[float, float]:
+    """A percentile-bootstrap interval for the median of the rounds (Efron & Tibshirani 1993,
+    ch. 13): where the median would fall if the rounds were drawn again from the same machine.
+    The spread says how much one round swings; this, how sure the median is."""
+    import numpy as np
+
+    v = np.asarray(values)
+    medians = np.median(np.random.default_rng(0).choice(v, size=(draws, v.size)), axis=1)
+    return tuple(float(x) for x in np.quantile(medians, [(1 - level) / 2, (1 + level) / 2]))
 
 
 if __name__ == "__main__":
