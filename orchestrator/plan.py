@@ -6,12 +6,12 @@ writing around it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import __version__
 from .errors import LayoutError, NoFeasibleLayout
 from .layout import Layout
-from .rules import check_model, check_training
+from .rules import MEGATRON_FSDP_ZERO, check_model, check_training
 from .solver import Pins, Scored, SearchResult, explain_pins, minimum_nodes, search
 from .specs import ClusterProfile, LoadedProfile, SpecFile
 
@@ -102,6 +102,13 @@ def _nothing_fits(spec: SpecFile, profile: ClusterProfile, runtime: str, pins: P
     ]
     if pins.all_pinned():
         return lines[0] + " Unpin some of the layout (drop --tp/--pp/--mbs/...) or use more nodes (--nodes)."
+    if runtime == "megatron" and pins.zero_stage is None:
+        # Megatron-FSDP is searched only when pinned (rules.MEGATRON_FSDP_ZERO): say so when it would fit.
+        fsdp = search(spec.model, spec.training, profile, runtime, replace(pins, zero_stage=MEGATRON_FSDP_ZERO),
+                      memory_margin_gib=margin, keep=1).best
+        if fsdp is not None:
+            lines.append(f"With Megatron-FSDP's sharded gradients (--zero {MEGATRON_FSDP_ZERO}, searched only when "
+                         f"pinned) {fsdp.layout.short()} fits at {fsdp.memory_gib['total']:.1f} GiB per GPU.")
     more = minimum_nodes(spec.model, spec.training, profile, runtime, pins, memory_margin_gib=margin)
     if more is not None:
         n, best = more

@@ -6,6 +6,8 @@ runs Megatron-LM's own parser and validate_args on the same examples)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ import yaml
 from orchestrator.cli import main
 from orchestrator.costmodel import evaluate
 from orchestrator.costmodel.evaluate import MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP
+from orchestrator.layout import Layout
 from orchestrator.solver import Pins, candidates_of, enumerate_layouts, search
 from orchestrator.specs import load_profile, load_spec
 from orchestrator.validate.megatron import check_megatron_args, parse_args_lines
@@ -178,6 +181,24 @@ def test_llama3_405b_as_meta_trained_it_fits():
     # With the sequence split in two (cp 2) the distributed optimizer fits too.
     res2 = search(spec.model, spec.training, profile, "megatron", Pins(tp=8, pp=16, cp=2, recompute="none"))
     assert res2.best is not None and res2.best.memory_gib["total"] < 70
+
+
+def test_a_megatron_plan_that_fits_only_on_megatron_fsdp_says_so(runner, in_tmp):
+    """Megatron-FSDP is searched only when pinned; when nothing else fits and it would, the error
+    names the pin and the layout it gives."""
+    args = ["examples/llama3-405b.yaml", "--cluster", "dgx16", "--nodes", "2048", "--runtime", "megatron",
+            "--tp", "8", "--pp", "16", "--vpp", "2", "--cp", "1", "--recompute", "none", "--no-write"]
+    r = plan(runner, *args)
+    assert r.exit_code == 2 and "does not fit" in r.output
+    hint = re.search(r"With Megatron-FSDP's sharded gradients \(--zero 2, searched only when pinned\) (.+?) fits at "
+                     r"([\d.]+) GiB per GPU", r.output)
+    assert hint, r.output
+    pinned = plan(runner, *args, "--zero", "2", "--json")
+    assert pinned.exit_code == 0, pinned.output
+    assert hint.group(1) == Layout(**json.loads(pinned.output)["layout"]).short()
+    # No hint where the pin would not help: the same model on a tenth of the nodes.
+    r = plan(runner, *args[:4], "256", *args[5:])
+    assert r.exit_code == 2 and "Megatron-FSDP" not in r.output
 
 
 def test_megatron_fsdp_plan_flags_and_launch(runner, in_tmp):
