@@ -38,3 +38,24 @@ def test_tiny_model_trains_on_one_gpu_in_bf16(runner, tmp_path):
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["mem_kind"] == "cuda_max_allocated"
     assert records[-1]["loss"] < records[0]["loss"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_rms_norm_on_cuda_matches_the_cpu_math(dtype):
+    """On CUDA the entrypoint's RMSNorm runs torch's fused kernels (model._FUSED_RMS_NORM); the same
+    values and gradients as the element-wise math CPU ranks run, within the dtype's rounding."""
+    from orchestrator.train.model import _FUSED_RMS_NORM, NORM_EPS, _RMSNorm
+
+    assert _FUSED_RMS_NORM, "this torch has no fused RMSNorm: the GPU path falls back to the math"
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(0)
+    x, w, up = (torch.randn(shape, generator=g).to(dt) for shape in ((128, 2, 512), (512,), (128, 2, 512)))
+    got, want = {}, {}
+    for device, out in (("cuda", got), ("cpu", want)):
+        xd, wd = x.to(device).requires_grad_(), w.to(device).requires_grad_()
+        y = _RMSNorm.apply(xd, wd, NORM_EPS)
+        (y.float() * up.to(device).float()).sum().backward()
+        out.update(y=y.detach().cpu().float(), dx=xd.grad.cpu().float(), dw=wd.grad.cpu().float())
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=tol, atol=tol * (16 if k == "dw" else 1))
