@@ -173,16 +173,15 @@ def worker(plan_dir: str, rounds: int, steps: int, warmup: int, out: str, self_c
 # 4 ranks on 2 cores land differently from one run, or one minute, to the next.
 PINNED = """import os, runpy, sys
 os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % len(os.sched_getaffinity(0))})
-target, sys.argv = sys.argv[1], sys.argv[1:]
-runpy.run_module(target, run_name="__main__", alter_sys=True) if not target.endswith(".py") else \
-    runpy.run_path(target, run_name="__main__")
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
 def torchrun(nproc: int, args: list[str], env: dict, pin: Path | None = None) -> None:
-    """torchrun ARGS (``-m MODULE ...`` or ``SCRIPT ...``), each rank pinned to a core by ``pin``."""
+    """torchrun SCRIPT ARGS, each rank pinned to a core by ``pin``."""
     if pin is not None:
-        args = [str(pin), *(args[1:] if args[0] == "-m" else args)]
+        args = [str(pin), *args]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            str(nproc), *args]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)

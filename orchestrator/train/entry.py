@@ -270,7 +270,7 @@ class Trainer:
             stop_seen = self._settle(facts) or stop_seen
             self._pending = None
         stopping = stop_seen and done < args.steps
-        if not args.no_save and (save_due or stopping):
+        if save_due or (stopping and not args.no_save):
             checkpoint.save(engine, self.ckpt_dir, done, args.keep, rank0, layout=lay.as_dict(),
                             plan=str(plan.path.resolve()), universal_info=reshard.universal_info(plan.spec.model))
         if args.fail_after_step == done and rank0:

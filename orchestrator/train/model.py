@@ -80,7 +80,7 @@ class Norm(nn.Module):
         self.bias = None if self.rms else nn.Parameter(torch.zeros(model.hidden_size))
 
     def forward(self, x):
-        w = self.tp.replicated(self.weight) if self.tp.sequence_parallel else self.weight
+        w = self.tp.replicated(self.weight)
         if self.rms:  # Zhang & Sennrich 2019; statistics in fp32 as in Llama's reference code
             return _RMSNorm.apply(x, w, self.eps)
         return F.layer_norm(x, (x.shape[-1],), w, self.tp.replicated(self.bias), self.eps)
@@ -115,12 +115,12 @@ class _RMSNorm(torch.autograd.Function):
         ctx.fused = x.is_cuda and _FUSED_RMS_NORM
         if ctx.fused:
             y, rstd = torch._fused_rms_norm(x, [x.shape[-1]], weight, eps)
-            ctx.save_for_backward(x, weight, rstd)
-            return y
-        xf = _stats_dtype(x)
-        rstd = xf.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+        else:
+            xf = _stats_dtype(x)
+            rstd = xf.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+            y = _as(xf * rstd, x.dtype) * weight
         ctx.save_for_backward(x, weight, rstd)
-        return _as(xf * rstd, x.dtype) * weight
+        return y
 
     @staticmethod
     def backward(ctx, grad):

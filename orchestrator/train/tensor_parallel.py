@@ -212,11 +212,17 @@ class TPContext:
         return full.chunk(self.size, dim=dim)[self.rank].clone()
 
     def enter(self, x):
-        """Into a column-parallel GEMM: gather the sequence (SP) or mark for grad all-reduce."""
+        """Into a column-parallel GEMM: gather the sequence (SP) or mark for grad all-reduce. At
+        tp = 1, x itself, decided on the cached degree (the operators would ask the group's size
+        again on every call, a cost on the tp = 1 hot path: scripts/bench_train.py)."""
+        if self.size == 1:
+            return x
         return gather_from_sp(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
 
     def leave(self, x):
         """Out of a row-parallel GEMM: sum partial results, scattering the sequence under SP."""
+        if self.size == 1:
+            return x
         return (reduce_scatter_to_sp(x, self.group) if self.sequence_parallel
                 else reduce_from_tp(x, self.group))
 
@@ -248,8 +254,6 @@ class ColumnParallelLinear(nn.Module):
                      if bias else None)
 
     def forward(self, x):
-        if self.tp.size == 1:  # a plain GEMM: no collective to mark, no call layers to pass through
-            return F.linear(x, self.weight, self.bias)
         if self.tp.sequence_parallel:
             return sp_column_linear(x, self.weight, self.bias, self.tp.group)
         return F.linear(self.tp.enter(x), self.weight, self.bias)
@@ -266,8 +270,6 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(full_weight.shape[0])) if bias else None
 
     def forward(self, x):
-        if self.tp.size == 1:
-            return F.linear(x, self.weight, self.bias)
         y = self.tp.leave(F.linear(x, self.weight))
         return y if self.bias is None else y + self.tp.replicated(self.bias)
 
