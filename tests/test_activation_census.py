@@ -29,8 +29,8 @@ import torch
 from deepspeed.pipe import LayerSpec
 
 from orchestrator.costmodel.memory import activation_bytes_per_layer, entrypoint_extra_bytes_per_layer
-from orchestrator.layout import Layout
-from orchestrator.specs import ModelSpec
+from orchestrator.plan.layout import Layout
+from orchestrator.spec.model import ModelSpec
 from orchestrator.train.census import saved_activations
 from orchestrator.train.model import DecoderLayer, DenseModel, Pipeline, recompute
 from orchestrator.train.tensor_parallel import TPContext

@@ -8,12 +8,20 @@ import json
 import pytest
 import yaml
 
-from orchestrator.calibrate import (BOUNDS, calibrate, calibrated_profile_yaml, error_summary, published_errors,
-                                    published_rows, step_time_from_tflops)
+from orchestrator.calibrate import (
+    BOUNDS,
+    calibrate,
+    calibrated_profile_yaml,
+    error_summary,
+    published_errors,
+    published_rows,
+    step_time_from_tflops,
+)
 from orchestrator.costmodel import evaluate
 from orchestrator.costmodel.calibration import FIELDS, calibration_table, resolve_efficiency
-from orchestrator.solver import Pins, enumerate_layouts, search
-from orchestrator.specs import ClusterProfile, load_profile, load_spec
+from orchestrator.plan.solver import Pins, enumerate_layouts, search
+from orchestrator.spec.cluster import ClusterProfile, load_profile
+from orchestrator.spec.model import load_spec
 
 from .conftest import EXAMPLES
 
@@ -254,7 +262,7 @@ def test_calibrate_recovers_known_efficiencies(tmp_path):
 
 
 def test_calibrate_from_a_run_directory(tmp_path, runner, monkeypatch):
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "examples").symlink_to(EXAMPLES)
@@ -295,7 +303,7 @@ def test_known_to_run_megatron_layout_fits():
     """Nemotron-4 340B at the layout issue 11 lists as known to run (TP8 PP8 vpp12, selective
     recomputation, 80 GB H100s; 6144 GPUs, sequence 4096, batch 2304 as in its technical report)
     fits. Its squared-ReLU MLP has GeLU's two matrices and the same saved tensors."""
-    from orchestrator.specs import ModelSpec, TrainingSpec
+    from orchestrator.spec.model import ModelSpec, TrainingSpec
 
     model = ModelSpec(num_layers=96, hidden_size=18432, ffn_hidden_size=73728, num_attention_heads=96, num_kv_heads=8,
                       vocab_size=256000, activation="gelu", tied_embeddings=False, bias=False)
@@ -360,7 +368,7 @@ def test_memory_near_capacity_is_flagged_with_the_models_error():
     import dataclasses
 
     from orchestrator.costmodel.calibration import memory_error
-    from orchestrator.render.console import memory_tight
+    from orchestrator.cli.console import memory_tight
 
     err = memory_error()
     assert err["rows"] == 2 and 0 < err["largest_under"] < 0.05

@@ -16,11 +16,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from orchestrator.costmodel.memory import GIB
-from orchestrator.plandir import load_plan_dir
-from orchestrator.solver import Pins, search
-from orchestrator.specs import load_profile
+from orchestrator.plandir.reader import load_plan_dir
+from orchestrator.plan.solver import Pins, search
+from orchestrator.spec.cluster import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from orchestrator.validate.plan_dir import validate_path
 
 from .conftest import ROOT, profile_names, spec_paths
@@ -176,7 +176,7 @@ def test_bf16_zero0_with_accumulation_is_refused_with_the_reason(runner, in_tmp)
     assert r.exit_code == 2
     assert "DeepSpeed accumulates gradients in fp32 only from ZeRO-1 on" in " ".join(r.output.split())
     # With one micro-batch per step nothing accumulates: ZeRO-0 stays legal; fp32 and Megatron are unaffected.
-    from orchestrator.rules import zero_stages
+    from orchestrator.plan.rules import zero_stages
 
     assert zero_stages("deepspeed", 1, "bf16", 1) == [0, 1, 2, 3] and zero_stages("deepspeed", 1, "bf16", 2) == [1, 2, 3]
     assert zero_stages("deepspeed", 2, "bf16", 8) == [1] and zero_stages("deepspeed", 2, "fp32", 8) == [0, 1]
@@ -341,7 +341,8 @@ def test_cli_surface_snapshot():
 
 
 def test_schema_keys_snapshot():
-    from orchestrator.specs import ClusterProfile, SpecFile
+    from orchestrator.spec.cluster import ClusterProfile
+    from orchestrator.spec.model import SpecFile
 
     def keys(model, prefix=""):
         out = []
@@ -388,7 +389,7 @@ def test_every_prediction_says_how_sure_it_is(runner, in_tmp):
     """Issue 11: an interval from the residuals of the engine and GPU it was fitted on, in the
     table, --json and plan.yaml; a layout outside any fitted domain says so."""
     from orchestrator.costmodel.calibration import resolve_efficiency
-    from orchestrator.specs import load_profile
+    from orchestrator.spec.cluster import load_profile
 
     r = plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--json")
     doc = json.loads(r.output)

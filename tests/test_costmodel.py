@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from orchestrator.costmodel import Candidates, evaluate
 from orchestrator.costmodel.memory import activation_bytes_per_layer, model_state_bytes
-from orchestrator.solver import enumerate_layouts, search
-from orchestrator.specs import ModelSpec, TrainingSpec, load_profile, load_spec
+from orchestrator.plan.solver import enumerate_layouts, search
+from orchestrator.spec.model import ModelSpec, TrainingSpec, load_spec
+from orchestrator.spec.cluster import load_profile
 
 from .conftest import EXAMPLES
 
@@ -170,7 +171,7 @@ def test_invariant_checker_catches_a_broken_evaluation():
 
 # ---- time-model physics beyond the formulas
 def _one(model, training, profile, runtime, **pins):
-    from orchestrator.solver import Pins
+    from orchestrator.plan.solver import Pins
 
     c, _ = enumerate_layouts(model, training, profile, runtime, Pins(**pins))
     assert len(c) == 1, pins

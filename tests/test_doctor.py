@@ -8,9 +8,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.cli import main
-from orchestrator.doctor import bus_factor, measured_profile_doc, sizes
-from orchestrator.specs import load_profile
+from orchestrator.cli.main import main
+from orchestrator.run.doctor import bus_factor, measured_profile_doc, sizes
+from orchestrator.spec.cluster import load_profile
 
 
 def test_bus_factors_are_nccl_tests():

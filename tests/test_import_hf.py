@@ -11,8 +11,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from orchestrator.cli import main
-from orchestrator.specs import load_spec
+from orchestrator.cli.main import main
+from orchestrator.spec.model import load_spec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 

@@ -6,12 +6,7 @@ from importlib import resources
 
 import pytest
 
-from orchestrator.validate.megatron import (
-    check_megatron_args,
-    known_flags,
-    load_table,
-    parse_args_lines,
-)
+from orchestrator.validate.megatron import check_megatron_args, known_flags, load_table, parse_args_lines
 
 # What a Llama-3-70B layout planned by dsorch looks like in megatron_args.txt.
 LLAMA3_70B = """\
@@ -320,7 +315,7 @@ def test_errors_are_strings():
 def _megatron_plan_flags(tmp_path, *extra) -> str:
     from click.testing import CliRunner
 
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
     from tests.conftest import EXAMPLES
 
     out = tmp_path / "m"
@@ -372,7 +367,7 @@ def test_data_path_and_tokenizer_model_reach_the_flags(tmp_path):
         "  checkpoint: {dir: /ckpt/llama3-8b, interval: 500}\n"))
     from click.testing import CliRunner
 
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     out = tmp_path / "m"
     r = CliRunner().invoke(main, ["plan", str(spec), "--cluster", "dgx16", "--nodes", "1", "--runtime", "megatron",
@@ -395,7 +390,7 @@ def test_data_path_and_tokenizer_model_reach_the_flags(tmp_path):
 def test_bad_data_settings_are_refused(tmp_path, yaml_text, message):
     from click.testing import CliRunner
 
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
     from tests.conftest import EXAMPLES
 
     spec = tmp_path / "spec.yaml"
@@ -407,7 +402,7 @@ def test_bad_data_settings_are_refused(tmp_path, yaml_text, message):
 def test_megatron_runtime_needs_a_training_length(tmp_path):
     from click.testing import CliRunner
 
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
     from tests.conftest import EXAMPLES
 
     spec = tmp_path / "spec.yaml"

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 from .conftest import ROOT, spec_paths
 

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from orchestrator.costmodel import evaluate
 from orchestrator.costmodel.evaluate import MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP
-from orchestrator.layout import Layout
-from orchestrator.solver import Pins, candidates_of, enumerate_layouts, search
-from orchestrator.specs import load_profile, load_spec
+from orchestrator.plan.layout import Layout
+from orchestrator.plan.solver import Pins, candidates_of, enumerate_layouts, search
+from orchestrator.spec.cluster import load_profile
+from orchestrator.spec.model import load_spec
 from orchestrator.validate.megatron import check_megatron_args, parse_args_lines
 from orchestrator.validate.plan_dir import validate_path
 
@@ -242,7 +243,7 @@ def test_in_flight_micro_batches_are_the_schedules(pp, v):
     Megatron's interleaved order, render/plots.py): the largest number of chunks whose forward has
     run and backward has not, in whole-stage units, for few and many micro-batches."""
     from orchestrator.costmodel.memory import in_flight_micro_batches
-    from orchestrator.render.plots import schedule
+    from orchestrator.cli.plots import schedule
 
     for m in (pp, 2 * pp, 4 * pp):
         blocks = schedule(pp, m, v, 1.0, 2.0, 0.0)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 
 from .conftest import ROOT
 
@@ -237,7 +237,7 @@ def test_without_slurm_everything_but_submitting_works(tmp_path):
     msg = " ".join(r.stderr.split())
     assert r.returncode == 2 and "sbatch and srun are not on PATH" in msg and "--dry-run" not in msg, r.stderr
     # A SLURM job recorded elsewhere (the experiment directory copied from a login node).
-    from orchestrator.registry import Registry, now_utc
+    from orchestrator.run.registry import Registry, now_utc
 
     reg = Registry(exp)
     with reg.reserve("plans/llama3-8b-dgx16", False) as (insert, update):

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from orchestrator.errors import DsorchError
-from orchestrator.registry import Registry
+from orchestrator.run.registry import Registry
 
 
 def _fields(job_id, plan="plans/a", state="PENDING"):
@@ -105,7 +105,7 @@ def _three_jobs(tmp_path) -> Registry:
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "no-table", "bitflip-header"])
 def test_a_damaged_registry_is_one_paragraph_and_repair_keeps_what_reads(tmp_path, runner, monkeypatch, damage):
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     reg = _three_jobs(tmp_path)
     data = reg.path.read_bytes()
@@ -140,7 +140,7 @@ def test_repair_keeps_every_row_of_an_intact_table(tmp_path):
 
 
 def test_registry_edge_cases_are_one_paragraph(tmp_path, runner, monkeypatch):
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / ".dsorch").write_text("not a directory")

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.cli import main
-from orchestrator.explain import MEMORY_KEYS, TIME_KEYS
-from orchestrator.render.plots import schedule
+from orchestrator.cli.main import main
+from orchestrator.render.explain import MEMORY_KEYS, TIME_KEYS
+from orchestrator.cli.plots import schedule
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -255,7 +255,7 @@ def test_check_names_the_profile_fields_that_changed_and_the_new_best(runner, in
     assert run(runner, *args).exit_code == 0
     after = _doc(in_tmp / "p")["layout"]
     if after != before:
-        from orchestrator.layout import Layout
+        from orchestrator.plan.layout import Layout
 
         assert f"the best layout now: {Layout(**after).short()}" in r.output
     else:

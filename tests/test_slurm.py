@@ -379,7 +379,7 @@ def test_trial_array_on_the_loopback_cluster_with_an_out_of_memory_trial(slurm_e
     as memory evidence, the calibrated profile written and the re-plan taken from it."""
     import yaml
 
-    from orchestrator.plandir import load_plan_dir
+    from orchestrator.plandir.reader import load_plan_dir
     from orchestrator.validate.plan_dir import validate_path
 
     profiles = tmp_path / "profiles"

@@ -7,7 +7,8 @@ import textwrap
 import pytest
 
 from orchestrator.errors import ProfileNotFound, SpecError
-from orchestrator.specs import load_profile, load_spec
+from orchestrator.spec.cluster import load_profile
+from orchestrator.spec.model import load_spec
 
 from .conftest import EXAMPLES, spec_paths
 
@@ -156,7 +157,7 @@ def test_missing_profiles_dir(tmp_path):
 
 def test_an_error_in_a_parent_profile_names_the_parents_file_and_line(tmp_path):
     from orchestrator.errors import SpecError
-    from orchestrator.specs import load_profile
+    from orchestrator.spec.cluster import load_profile
 
     (tmp_path / "parent.yaml").write_text("extends: dgx16\ndescription: mine\ngpu: {memory_gib: -5}\n")
     (tmp_path / "child.yaml").write_text("extends: parent\nnodes: 2\n")

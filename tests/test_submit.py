@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from orchestrator.cli import main
-from orchestrator.slurm import parse_slurm_time
+from orchestrator.cli.main import main
+from orchestrator.spec.sbatch import parse_slurm_time
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ def test_a_losing_submit_keeps_the_winners_files(runner, planned, tmp_path, monk
     import contextlib
 
     from orchestrator.errors import DsorchError
-    from orchestrator.registry import Registry
+    from orchestrator.run.registry import Registry
 
     fake = tmp_path / "fakebin"
     fake.mkdir()
@@ -141,7 +141,7 @@ def test_a_losing_submit_keeps_the_winners_files(runner, planned, tmp_path, monk
 
 def test_a_failed_write_leaves_no_directories_behind(tmp_path):
     from orchestrator.errors import OutputError
-    from orchestrator.writer import write_plan_dir
+    from orchestrator.plandir.writer import write_plan_dir
 
     out = tmp_path / "a" / "b" / ("x" * 300)  # the directory itself cannot be created
     with pytest.raises(OutputError):

@@ -58,7 +58,7 @@ def plan(out: Path, *pins: str) -> Path:
     """`dsorch plan examples/tiny.yaml --cluster local --out OUT PINS...`, in-process."""
     from click.testing import CliRunner
 
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     r = CliRunner().invoke(main, ["plan", str(TINY), "--cluster", "local", "--out", str(out), *pins],
                            catch_exceptions=False)
@@ -181,7 +181,7 @@ def test_bf16_accumulates_in_fp32_and_resumes_exactly(tmp_path, reference):
     precision, and a run killed after step 3 resumes to the uninterrupted run's losses exactly."""
     from click.testing import CliRunner
 
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     spec = tmp_path / "tiny-bf16.yaml"
     spec.write_text(TINY.read_text().replace("precision: fp32", "precision: bf16"))
@@ -299,7 +299,7 @@ def test_replan_reshards_the_checkpoint_for_another_world(tmp_path, reference):
     with no step lost or repeated, in the same metrics.jsonl."""
     from click.testing import CliRunner
 
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     src = plan(tmp_path / "plans" / "a", "--tp", "2", "--pp", "2", "--dp", "1", "--zero", "1")
     run = tmp_path / "run"
@@ -343,7 +343,7 @@ def test_a_checkpoint_of_another_layout_is_refused_without_conversion(tmp_path):
 
 
 def test_what_universal_checkpoints_cannot_convert_is_named():
-    from orchestrator.layout import Layout
+    from orchestrator.plan.layout import Layout
     from orchestrator.train.reshard import convertible
 
     def lay(zero):
@@ -361,11 +361,11 @@ def test_imported_architectures_train_and_match_across_layouts(tmp_path):
     import yaml
     from click.testing import CliRunner
 
-    from orchestrator.cli import main
-    from orchestrator.specs import SpecFile
+    from orchestrator.cli.main import main
+    from orchestrator.spec.model import SpecFile
     from orchestrator.train.model import layer_specs
     from orchestrator.train.tensor_parallel import TPContext
-    from orchestrator.layout import Layout
+    from orchestrator.plan.layout import Layout
 
     doc = yaml.safe_load(TINY.read_text())
     doc["name"] = "tiny-variants"

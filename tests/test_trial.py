@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.solver import enumerate_layouts, search
-from orchestrator.specs import load_profile, load_spec
-from orchestrator.layout import FAMILIES
-from orchestrator.trial import pins_of, select_trials, trial_cost
+from orchestrator.plan.solver import enumerate_layouts, search
+from orchestrator.spec.cluster import load_profile
+from orchestrator.spec.model import load_spec
+from orchestrator.plan.layout import FAMILIES
+from orchestrator.run.trial import pins_of, select_trials, trial_cost
 
 from .conftest import EXAMPLES
 
@@ -62,7 +63,7 @@ def test_cost_is_the_predicted_gpu_hours(ranked):
     ("CANCELLED by 0", "", "cancelled"),
 ])
 def test_failures_are_classified(state, log, cause):
-    from orchestrator.trial import classify_failure
+    from orchestrator.run.trial import classify_failure
 
     assert classify_failure(state, log) == cause
 
@@ -72,8 +73,8 @@ def test_a_trial_is_measured_from_its_run_directory(tmp_path, runner, monkeypatc
     reads it; any other end is a failure with its cause, keeping the peak it recorded."""
     import json
 
-    from orchestrator.cli import main
-    from orchestrator.trial import TrialPick, entry_of, measure, trial_dir_name
+    from orchestrator.cli.main import main
+    from orchestrator.run.trial import TrialPick, entry_of, measure, trial_dir_name
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "examples").symlink_to(EXAMPLES)
@@ -108,7 +109,7 @@ def test_a_trial_is_measured_from_its_run_directory(tmp_path, runner, monkeypatc
 def test_a_measurement_overrules_the_memory_model_for_its_layout():
     """search(measured_fit=...): a layout predicted not to fit but measured to run is in, one that
     ran out of memory is out, whatever the model predicts."""
-    from orchestrator.layout import Layout
+    from orchestrator.plan.layout import Layout
 
     spec, _ = load_spec(EXAMPLES / "tiny.yaml")
     profile = load_profile("local").profile
@@ -128,10 +129,10 @@ def test_a_measurement_overrules_the_memory_model_for_its_layout():
 
 def test_every_trial_is_an_ordinary_plan_directory(tmp_path):
     """The plan directories of the picks: each is exactly its layout, validates, and is deterministic."""
-    from orchestrator.plandir import load_plan_dir
-    from orchestrator.trial import trial_plans
+    from orchestrator.plandir.reader import load_plan_dir
+    from orchestrator.run.trial import trial_plans
     from orchestrator.validate.plan_dir import validate_path
-    from orchestrator.writer import write_plan_dir
+    from orchestrator.plandir.writer import write_plan_dir
 
     spec, loaded_spec = load_spec(EXAMPLES / "tiny.yaml")
     loaded = load_profile("local")
@@ -168,7 +169,7 @@ def test_trial_on_the_local_executor_measures_calibrates_and_replans(tmp_path):
 
     import yaml
 
-    from orchestrator.plandir import load_plan_dir
+    from orchestrator.plandir.reader import load_plan_dir
     from orchestrator.validate.plan_dir import validate_path
 
     (tmp_path / "examples").symlink_to(EXAMPLES)

@@ -30,15 +30,25 @@ from pathlib import Path
 
 import yaml
 
-from ..costmodel import evaluate
-from ..costmodel.calibration import FIELDS, resolve_efficiency
-from ..solver import GIB
-from ..specs import ClusterProfile, Efficiency
-from .fit import FitResult, fit
-from .published import published_errors, published_rows, step_time_from_tflops
-from .records import CalibrationRecord, load_records, record_rows
-from .rows import (BOUNDS, CPU_BOUNDS, Row, RowError, _prepare, _resolved, error_summary, error_table,
-                   row_engine, row_errors)
+from orchestrator.costmodel import evaluate
+from orchestrator.costmodel.calibration import FIELDS, resolve_efficiency
+from orchestrator.plan.solver import GIB
+from orchestrator.spec.cluster import ClusterProfile, Efficiency
+from orchestrator.calibrate.fit import FitResult, fit
+from orchestrator.calibrate.published import published_errors, published_rows, step_time_from_tflops
+from orchestrator.calibrate.records import CalibrationRecord, load_records, record_rows
+from orchestrator.calibrate.rows import (
+    BOUNDS,
+    CPU_BOUNDS,
+    Row,
+    RowError,
+    _prepare,
+    _resolved,
+    error_summary,
+    error_table,
+    row_engine,
+    row_errors,
+)
 
 @dataclass(frozen=True)
 class CalibrationReport:

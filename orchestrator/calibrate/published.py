@@ -15,11 +15,13 @@ from importlib import resources
 
 import yaml
 
-from ..costmodel.calibration import engine_of
-from ..costmodel.evaluate import Engine
-from ..solver import Pins
-from ..specs import ClusterProfile, ModelSpec, TrainingSpec, _deep_merge, load_profile
-from .rows import Row, RowError, row_errors
+from orchestrator.costmodel.calibration import engine_of
+from orchestrator.costmodel.evaluate import Engine
+from orchestrator.plan.solver import Pins
+from orchestrator.spec.cluster import ClusterProfile, load_profile
+from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.yamlio import deep_merge
+from orchestrator.calibrate.rows import Row, RowError, row_errors
 
 # Which GPUs and fabric each hardware id of the calibration entries describes (written into
 # calibration.yaml by scripts/fit_calibration.py). H200 has the H100's Hopper compute (same SMs and
@@ -98,7 +100,7 @@ def _fsdp_profiles(doc: dict, profile_loader) -> dict[str, ClusterProfile]:
     out = {}
     for name, override in doc["profiles"].items():
         base = profile_loader(override["extends"]).profile
-        data = _deep_merge(base.model_dump(), {k: v for k, v in override.items() if k != "extends"})
+        data = deep_merge(base.model_dump(), {k: v for k, v in override.items() if k != "extends"})
         out[name] = ClusterProfile.model_validate({**data, "name": name, "extends": None})
     return out
 

@@ -11,12 +11,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import SpecError
-from ..layout import RECOMPUTE_LEVELS, RUNTIMES
-from ..rules import check_model, check_training, stage_split
-from ..solver import Pins
-from ..specs import ClusterProfile, ModelSpec, TrainingSpec, load_spec
-from .rows import Row
+from orchestrator.errors import SpecError
+from orchestrator.plan.layout import RECOMPUTE_LEVELS, RUNTIMES
+from orchestrator.plan.rules import check_model, check_training, stage_split
+from orchestrator.plan.solver import Pins
+from orchestrator.spec.cluster import ClusterProfile
+from orchestrator.spec.model import ModelSpec, TrainingSpec, load_spec
+from orchestrator.calibrate.rows import Row
 
 def _read_records(path: Path) -> list[dict]:
     text = path.read_text(encoding="utf-8")
@@ -50,7 +51,7 @@ def read_steps(metrics: Path) -> list[dict]:
 
 def run_record(metrics: Path, plan_dir: Path) -> CalibrationRecord:
     """One record from a training run's metrics.jsonl and the plan directory it trained."""
-    from ..plandir import load_plan_dir
+    from orchestrator.plandir.reader import load_plan_dir
 
     pd = load_plan_dir(plan_dir)
     model, training = pd.spec.model, pd.spec.training
@@ -77,7 +78,7 @@ def oom_record(plan_dir: Path, metrics: Path | None) -> CalibrationRecord:
     """A memory-only record of a run that ran out of memory: its peak is at least the plan's device
     memory (plus OOM_MARGIN_GIB), or the largest peak it recorded before dying. Its step time is
     the plan's prediction, a placeholder that no time fit may use (calibrate's memory_only)."""
-    from ..plandir import load_plan_dir
+    from orchestrator.plandir.reader import load_plan_dir
 
     pd = load_plan_dir(plan_dir)
     peak = pd.doc.cluster.gpu_memory_gib + OOM_MARGIN_GIB

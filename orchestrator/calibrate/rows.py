@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..costmodel import Candidates, evaluate
-from ..costmodel.calibration import FIELDS, Resolved, engine_of, resolve_efficiency
-from ..costmodel.evaluate import RC_TORCHTITAN_OP, RECOMPUTE_CODES, Engine
-from ..errors import SpecError
-from ..solver import GIB, Pins, enumerate_layouts
-from ..specs import ClusterProfile, ModelSpec, TrainingSpec
+from orchestrator.costmodel import Candidates, evaluate
+from orchestrator.costmodel.calibration import FIELDS, Resolved, engine_of, resolve_efficiency
+from orchestrator.costmodel.evaluate import RC_TORCHTITAN_OP, RECOMPUTE_CODES, Engine
+from orchestrator.errors import SpecError
+from orchestrator.plan.solver import GIB, Pins, enumerate_layouts
+from orchestrator.spec.cluster import ClusterProfile
+from orchestrator.spec.model import ModelSpec, TrainingSpec
 
 # Physical bounds of the fitted fractions: no kernel reaches 100% of peak or of a link, and
 # an overlap fraction is a fraction.
@@ -48,8 +49,8 @@ def predicted_peak_gib(row: Row) -> float:
     PyTorch FSDP run (``note == "fsdp"``) has neither DeepSpeed's ZeRO-3 reduce bucket, which the
     prediction for DeepSpeed holds whole, nor what dsorch's own entrypoint layer keeps beyond
     Megatron's (costmodel/evaluate.py: Evaluation.entrypoint_activations)."""
-    from ..costmodel.evaluate import ZERO_BUCKET_ELEMENTS
-    from ..costmodel.memory import state_bytes
+    from orchestrator.costmodel.evaluate import ZERO_BUCKET_ELEMENTS
+    from orchestrator.costmodel.memory import state_bytes
 
     ev = evaluate(row.model, row.training, row.profile, row.runtime, _prepare(row).cand)
     total = float(ev.total[0])

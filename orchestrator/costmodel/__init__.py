@@ -1,5 +1,5 @@
 """The cost model: memory per GPU and step time of parallel layouts. Pure and vectorized."""
 
-from .evaluate import RECOMPUTE_CODES, Candidates, Evaluation, evaluate
+from orchestrator.costmodel.evaluate import RECOMPUTE_CODES, Candidates, Evaluation, evaluate
 
 __all__ = ["RECOMPUTE_CODES", "Candidates", "Evaluation", "evaluate"]

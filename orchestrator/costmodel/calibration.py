@@ -33,7 +33,7 @@ from importlib import resources
 import numpy as np
 import yaml
 
-from ..specs import ClusterProfile
+from orchestrator.spec.cluster import ClusterProfile
 
 FIELDS = ("gemm", "attention", "hbm", "intra_node_comm", "inter_node_comm", "dp_overlap", "tp_overlap",
           "zero3_stall_us")

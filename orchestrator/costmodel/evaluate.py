@@ -52,11 +52,18 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..specs import ClusterProfile, ModelSpec, TrainingSpec
-from .calibration import FIELDS, Resolved, per_layout
-from .flops import model_flops_per_step
-from .memory import (GIB, activation_bytes_per_layer, entrypoint_extra_bytes_per_layer, in_flight_micro_batches,
-                     model_state_bytes, state_bytes)
+from orchestrator.spec.cluster import ClusterProfile
+from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.costmodel.calibration import FIELDS, Resolved, per_layout
+from orchestrator.costmodel.flops import model_flops_per_step
+from orchestrator.costmodel.memory import (
+    GIB,
+    activation_bytes_per_layer,
+    entrypoint_extra_bytes_per_layer,
+    in_flight_micro_batches,
+    model_state_bytes,
+    state_bytes,
+)
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 # Not a level dsorch plans: torchtitan's per-op selective checkpointing, which published FSDP runs

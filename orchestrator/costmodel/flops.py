@@ -9,7 +9,7 @@ figures compare with Megatron's. Recomputation adds forward FLOPs to the hardwar
 
 from __future__ import annotations
 
-from ..specs import ModelSpec
+from orchestrator.spec.model import ModelSpec
 
 
 def layer_forward_flops_per_token(model: ModelSpec, seq_length: int) -> tuple[float, float]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ..plan import Plan
-from ..plandir import sha256_text
-from .ds_config import render_ds_config
-from .megatron import render_megatron_args
-from .plan_md import render_plan_md
-from .report import regenerate_command, render_plan_yaml
-from .scripts import render_launch, render_sbatch
+from orchestrator.plan.make import Plan
+from orchestrator.plandir.reader import sha256_text
+from orchestrator.render.ds_config import render_ds_config
+from orchestrator.render.megatron import render_megatron_args
+from orchestrator.render.plan_md import render_plan_md
+from orchestrator.render.report import regenerate_command, render_plan_yaml
+from orchestrator.render.scripts import render_launch, render_sbatch
 
 
 def render_all(plan: Plan) -> dict[str, str]:

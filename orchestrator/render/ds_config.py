@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from ..costmodel.evaluate import ZERO3_MAX_LIVE_PARAMETERS, ZERO_BUCKET_ELEMENTS
-from ..plan import Plan
+from orchestrator.costmodel.evaluate import ZERO3_MAX_LIVE_PARAMETERS, ZERO_BUCKET_ELEMENTS
+from orchestrator.plan.make import Plan
 
 STEPS_PER_PRINT = 10
 

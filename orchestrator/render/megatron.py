@@ -8,8 +8,8 @@ is in plan.yaml.
 
 from __future__ import annotations
 
-from ..plan import Plan
-from ..rules import stage_split, uses_megatron_fsdp, uses_tp_overlap
+from orchestrator.plan.make import Plan
+from orchestrator.plan.rules import stage_split, uses_megatron_fsdp, uses_tp_overlap
 
 
 def _fmt(v) -> str:

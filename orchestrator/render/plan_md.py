@@ -10,9 +10,9 @@ like the other files; plan.yaml records its sha256.
 
 from __future__ import annotations
 
-from ..explain import MEMORY_KEYS, TIME_KEYS, explain_doc, stacks
-from ..plan import Plan
-from ..solver import Scored
+from orchestrator.render.explain import MEMORY_KEYS, TIME_KEYS, explain_doc, stacks
+from orchestrator.plan.make import Plan
+from orchestrator.plan.solver import Scored
 
 # What each family is, for a reader who knows the words but not this model.
 FAMILY_WORDS = {

@@ -9,10 +9,10 @@ import json
 
 import yaml
 
-from ..costmodel.flops import model_flops_per_step
-from ..explain import explain_doc
-from ..plan import Plan
-from ..solver import PLAN_MEMORY_KEYS, Scored
+from orchestrator.costmodel.flops import model_flops_per_step
+from orchestrator.render.explain import explain_doc
+from orchestrator.plan.make import Plan
+from orchestrator.plan.solver import PLAN_MEMORY_KEYS, Scored
 
 
 def _r(x: float, nd: int = 3) -> float:
@@ -65,7 +65,7 @@ def plan_doc(plan: Plan, file_hashes: dict[str, str] | None = None) -> dict:
         # The cluster profile as planned (extends resolved, --nodes applied): `plan --check` names
         # the fields that changed since.
         "profile": p.model_dump(mode="json"),
-        # sha256 of the other generated files; every reader checks them (orchestrator.plandir).
+        # sha256 of the other generated files; every reader checks them (orchestrator.plandir.reader).
         **({"files": file_hashes} if file_hashes is not None else {}),
         "model": {
             "name": plan.spec.name,

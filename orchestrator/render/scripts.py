@@ -11,10 +11,10 @@ import shlex
 
 import jinja2
 
-from ..plan import Plan
-from ..resources import templates_dir
-from ..rules import uses_megatron_fsdp
-from ..slurm import SBATCH_KEYS, job_name, rank_env
+from orchestrator.plan.make import Plan
+from orchestrator.resources import templates_dir
+from orchestrator.plan.rules import uses_megatron_fsdp
+from orchestrator.spec.sbatch import SBATCH_KEYS, job_name, rank_env
 
 MASTER_PORT = 29500
 
@@ -44,7 +44,7 @@ def _common(plan: Plan) -> dict:
 
 
 def launch_env(plan: Plan) -> list[tuple[str, str]]:
-    """Every rank's environment (orchestrator.slurm.rank_env), shell-quoted for launch.sh, less what
+    """Every rank's environment (orchestrator.spec.sbatch.rank_env), shell-quoted for launch.sh, less what
     the plan must not have (``launch_unset``)."""
     drop = set(launch_unset(plan))
     return [(k, shlex.quote(str(v))) for k, v in rank_env(plan.profile).items() if k not in drop]
@@ -91,7 +91,7 @@ def sbatch_options(plan: Plan) -> list[tuple[str, str | None]]:
 def _megatron_save_dir(plan: Plan) -> str:
     """The checkpoint directory of a Megatron-LM plan as a shell word for job.sbatch: a relative
     --save is relative to the plan directory (launch.sh runs from there)."""
-    from .megatron import checkpoint_dir
+    from orchestrator.render.megatron import checkpoint_dir
 
     d = checkpoint_dir(plan)
     return shlex.quote(d) if d.startswith("/") else '"$DSORCH_PLAN_DIR"/' + shlex.quote(d)

@@ -4,15 +4,15 @@ see entry.py for the launch commands."""
 import os
 import sys
 
-from .stop import StopRequest
+from orchestrator.train.stop import StopRequest
 
 # Before the heavy imports below (seconds of torch and DeepSpeed): a SIGUSR2/SIGTERM during
 # start-up must request a stop, not kill the rank with the default action.
 stop = StopRequest()
 
-from ..errors import DsorchError  # noqa: E402
-from .entry import DeviceMemoryExceeded, main  # noqa: E402
-from .stop import EXIT_OUT_OF_MEMORY  # noqa: E402
+from orchestrator.errors import DsorchError
+from orchestrator.train.entry import DeviceMemoryExceeded, main
+from orchestrator.train.stop import EXIT_OUT_OF_MEMORY
 
 try:
     main(stop=stop)

@@ -24,6 +24,10 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+# The universal copy of checkpoint ``step00000030`` is ``universal_step00000030`` in the same
+# checkpoints directory: not ``step*``, so that retention and the native resume never take it for
+# a native checkpoint.
+UNIVERSAL_PREFIX = "universal_"
 MANIFEST = "dsorch_manifest.json"
 
 
@@ -116,8 +120,6 @@ def _choose(ckpt_dir: Path, layout: dict, naming: str) -> tuple[str | None, bool
     """(tag, universal, error): the newest intact native checkpoint of this layout, or the
     universal conversion (`dsorch replan`) of a newer one; an error when the newest checkpoint is
     of another layout with no conversion to load instead."""
-    from .reshard import UNIVERSAL_PREFIX
-
     native = newest_intact(ckpt_dir)
     universal = newest_intact(ckpt_dir, UNIVERSAL_PREFIX)
     n_man = manifest_of(native) if native else None

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ValidationError
-from ..plandir import PlanDir, load_plan_dir
-from ..rules import stage_split
+from orchestrator.errors import ValidationError
+from orchestrator.plandir.reader import PlanDir, load_plan_dir
+from orchestrator.plan.rules import stage_split
 
 
 def check_trainable(pd: PlanDir) -> None:

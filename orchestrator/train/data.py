@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import ValidationError
+from orchestrator.errors import ValidationError
 
 TOKEN_FORMAT = "dsorch-tokens-v1"
 

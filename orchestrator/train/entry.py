@@ -36,16 +36,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, launch, reshard
-from ..errors import DsorchError
-from ..layout import Layout
-from ..plandir import PlanDir
-from .config import load_plan, stage_layers
-from .data import micro_batches, open_dataset
-from .metrics import MetricsLog, peak_memory_gib, peak_reserved_gib
-from .model import DenseModel, LossFn, Pipeline, layer_specs, recompute
-from .stop import EXIT_STOPPED, OOM_MARK, RUN_DIR_ENV, STOP_REQUEST_FILE, StopRequest
-from .tensor_parallel import TPContext
+from orchestrator.train import checkpoint, launch, reshard
+from orchestrator.errors import DsorchError
+from orchestrator.plan.layout import Layout
+from orchestrator.plandir.reader import PlanDir
+from orchestrator.train.config import load_plan, stage_layers
+from orchestrator.train.data import micro_batches, open_dataset
+from orchestrator.train.metrics import MetricsLog, peak_memory_gib, peak_reserved_gib
+from orchestrator.train.model import DenseModel, LossFn, Pipeline, layer_specs, recompute
+from orchestrator.train.stop import EXIT_STOPPED, OOM_MARK, RUN_DIR_ENV, STOP_REQUEST_FILE, StopRequest
+from orchestrator.train.tensor_parallel import TPContext
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -226,7 +226,7 @@ class Trainer:
         self.log = MetricsLog(run_dir if rank0 else None, plan, denv.world_size)
         self._pending: _StepFacts | None = None  # the last step's facts, their all-reduce in flight
         if args.memory_census:
-            from .census import census_before_second_step
+            from orchestrator.train.census import census_before_second_step
 
             census_before_second_step(engine, Path(args.memory_census), denv.rank, grid.get_stage_id())
 

@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .hosts import master_address
+from orchestrator.train.hosts import master_address
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from ..costmodel.flops import model_flops_per_step
-from ..costmodel.memory import GIB
-from ..plandir import PlanDir
+from orchestrator.costmodel.flops import model_flops_per_step
+from orchestrator.costmodel.memory import GIB
+from orchestrator.plandir.reader import PlanDir
 
 
 def step_model_flops(plan: PlanDir) -> float:

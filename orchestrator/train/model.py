@@ -17,11 +17,18 @@ from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layout import Layout
-from ..specs import ModelSpec
-from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TPContext,
-                              VocabParallelEmbedding, full_normal, scaled_std, scatter_to_sp,
-                              vocab_parallel_cross_entropy)
+from orchestrator.plan.layout import Layout
+from orchestrator.spec.model import ModelSpec
+from orchestrator.train.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TPContext,
+    VocabParallelEmbedding,
+    full_normal,
+    scaled_std,
+    scatter_to_sp,
+    vocab_parallel_cross_entropy,
+)
 
 # Non-reentrant checkpointing (PyTorch's recommended variant) works with inputs that do not
 # require grad and with the tp collectives inside the block, which are simply replayed.

@@ -31,12 +31,9 @@ import re
 import shutil
 from pathlib import Path
 
-from ..errors import DsorchError
+from orchestrator.errors import DsorchError
+from orchestrator.train.checkpoint import MANIFEST, UNIVERSAL_PREFIX, file_digests
 
-# The universal copy of checkpoint ``step00000030`` is ``universal_step00000030`` in the same
-# checkpoints directory: not ``step*``, so that retention and the native resume never take it for
-# a native checkpoint.
-UNIVERSAL_PREFIX = "universal_"
 # dsorch's manifest in a converted directory (the native checkpoints' is checkpoint.MANIFEST).
 NAMING_PIPELINE, NAMING_DENSE = "pipeline", "dense"
 
@@ -127,7 +124,6 @@ def convert(tag_dir: Path, out_dir: Path, target_naming: str, tied: bool, manife
 
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
-    from .checkpoint import MANIFEST, file_digests
 
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import ValidationError
-from .deepspeed import validate_ds_config
-from .megatron import check_megatron_args, check_pretrain_needs, parse_args_lines
+from orchestrator.errors import ValidationError
+from orchestrator.validate.deepspeed import validate_ds_config
+from orchestrator.validate.megatron import check_megatron_args, check_pretrain_needs, parse_args_lines
 
 
 # A damaged file can produce thousands of findings, each quoting the damage: say enough to act on.
@@ -47,7 +47,7 @@ def _validate_files(files: dict[str, str], *, dp: int, world_size: int, runtime:
 def validate_path(path: Path, dp: int | None = None) -> list[str]:
     """Validate a plan directory (through the one loader, which checks plan.yaml's schema and the
     recorded hashes), or a single ds_config.json (then ``dp`` is needed)."""
-    from ..plandir import changed_message, load_plan_dir
+    from orchestrator.plandir.reader import changed_message, load_plan_dir
 
     path = Path(path)
     if path.is_dir():
@@ -72,6 +72,6 @@ def validate_path(path: Path, dp: int | None = None) -> list[str]:
 
 
 def _read(path: Path) -> str:
-    from ..plandir import read_text
+    from orchestrator.plandir.reader import read_text
 
     return read_text(path)

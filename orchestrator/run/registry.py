@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .errors import DsorchError
+from orchestrator.errors import DsorchError
 
 SCHEMA_VERSION = 1
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING",

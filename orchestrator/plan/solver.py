@@ -11,14 +11,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costmodel import RECOMPUTE_CODES, Candidates, Evaluation, evaluate
-from .costmodel.calibration import engine_of, per_layout
-from .costmodel.evaluate import invariant_violations, runtime_engine
-from .costmodel.memory import GIB
-from .layout import FAMILIES, RECOMPUTE_LEVELS, Layout, divisors, family_codes
-from .rules import (check_layout, cp_degrees, interleaving_fits, sp_options, stage_split, tp_degrees,
-                    uses_megatron_fsdp, uses_tp_overlap, vpp_degrees, zero_stages)
-from .specs import ClusterProfile, ModelSpec, TrainingSpec
+from orchestrator.costmodel import RECOMPUTE_CODES, Candidates, Evaluation, evaluate
+from orchestrator.costmodel.calibration import engine_of, per_layout
+from orchestrator.costmodel.evaluate import invariant_violations, runtime_engine
+from orchestrator.costmodel.memory import GIB
+from orchestrator.plan.layout import FAMILIES, RECOMPUTE_LEVELS, Layout, divisors, family_codes
+from orchestrator.plan.rules import (
+    check_layout,
+    cp_degrees,
+    interleaving_fits,
+    sp_options,
+    stage_split,
+    tp_degrees,
+    uses_megatron_fsdp,
+    uses_tp_overlap,
+    vpp_degrees,
+    zero_stages,
+)
+from orchestrator.spec.cluster import ClusterProfile
+from orchestrator.spec.model import ModelSpec, TrainingSpec
 
 _RC_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
 

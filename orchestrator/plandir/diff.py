@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from .plandir import PlanDir
+from orchestrator.plandir.reader import PlanDir
 
 LAYOUT_NAMES = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "vpp": "vpp", "zero_stage": "ZeRO stage",
                 "micro_batch_size": "micro-batch", "grad_accum_steps": "grad accumulation",
@@ -168,7 +168,7 @@ def stale_inputs(plan_dir, the_plan) -> list[str]:
     if lines:
         now_layout = the_plan.layout.as_dict()
         if isinstance(old_layout, dict) and any(old_layout.get(k) != v for k, v in now_layout.items()):
-            from .layout import Layout
+            from orchestrator.plan.layout import Layout
 
             try:
                 was = Layout(**old_layout).short()

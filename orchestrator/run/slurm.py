@@ -26,52 +26,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DsorchError
-from .train.hosts import node_address
-from .train.stop import EXIT_STOPPED
+from orchestrator.errors import DsorchError
+from orchestrator.train.hosts import node_address
+from orchestrator.spec.sbatch import SBATCH_KEYS
+from orchestrator.train.stop import EXIT_STOPPED
 
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 STARTS_FILE = "starts.jsonl"
-
-
-def parse_slurm_time(text: str) -> int:
-    """SLURM time limits ("MM", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS") in minutes."""
-    # sbatch(1) --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
-    if not m:
-        raise DsorchError(f"slurm.time '{text}' is not a SLURM time limit; write HH:MM:SS or D-HH:MM:SS.")
-    days, a, b, c = m.groups()
-    parts = [int(x) for x in (a, b, c) if x is not None]
-    if days is not None:
-        hours, minutes, seconds = (parts + [0, 0, 0])[:3]
-        return int(days) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
-    if len(parts) == 1:
-        return parts[0]
-    if len(parts) == 2:
-        return parts[0] + (1 if parts[1] else 0)
-    return parts[0] * 60 + parts[1] + (1 if parts[2] else 0)
-
-
-# The profile's slurm settings that become `#SBATCH --KEY=VALUE` lines as they are, in job.sbatch
-# (render/scripts.py) and in the script submitit writes (make_executor).
-SBATCH_KEYS = ("partition", "account", "qos", "constraint", "mem")
-
-
-def rank_env(profile) -> dict[str, str]:
-    """Environment of every rank, for launch.sh and for `dsorch submit` alike: the profile's
-    slurm.env, plus one OpenMP thread per rank unless set (ranks share the node's cores; without a
-    cap each starts one thread per core and they thrash, which is why torchrun sets 1), plus
-    DS_ACCELERATOR=cpu for CPU (gloo) profiles so that DeepSpeed does not look for a GPU."""
-    env = dict(profile.slurm.env)
-    env.setdefault("OMP_NUM_THREADS", str(profile.slurm.cpus_per_task if profile.backend == "nccl" else 1))
-    if profile.backend == "gloo":
-        env.setdefault("DS_ACCELERATOR", "cpu")
-    return dict(sorted(env.items()))
-
-
-def job_name(spec_name: str) -> str:
-    """SLURM job names go into #SBATCH lines: keep them to a safe alphabet."""
-    return _SAFE_NAME.sub("-", f"dsorch-{spec_name}")[:100]
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,7 +211,7 @@ def _tail_file(path: Path, n: int) -> str:
 @dataclass(frozen=True)
 class JobSpec:
     """Everything a submission needs, resolved from the plan and the profile by
-    ``orchestrator.submission.prepare_submission``."""
+    ``orchestrator.run.submission.prepare_submission``."""
 
     kind: str  # "slurm" | "local"
     name: str

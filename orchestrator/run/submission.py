@@ -1,6 +1,6 @@
 """From a plan directory to a registered job, and from a registered job to its current state.
 
-The CLI calls these; ``orchestrator.slurm`` talks to submitit; ``orchestrator.registry`` stores.
+The CLI calls these; ``orchestrator.run.slurm`` talks to submitit; ``orchestrator.run.registry`` stores.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import slurm
-from .errors import DsorchError
-from .registry import JobRecord, Registry, now_utc
-from .plandir import GENERATED
+from orchestrator.run import slurm
+from orchestrator.spec import sbatch
+from orchestrator.errors import DsorchError
+from orchestrator.run.registry import JobRecord, Registry, now_utc
+from orchestrator.plandir.reader import GENERATED
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,9 @@ def plan_hash(plan_dir: Path) -> str:
 def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, steps: int | None, data: str | None,
                        run_dir: Path | None, profiles_dir: str | None, experiment_dir: Path,
                        save_interval: int = 0, runs_dir: Path | None = None) -> Submission:
-    from .plandir import load_plan_dir
-    from .specs import load_profile
-    from .validate.plan_dir import validate_files
+    from orchestrator.plandir.reader import load_plan_dir
+    from orchestrator.spec.cluster import load_profile
+    from orchestrator.validate.plan_dir import validate_files
 
     plan_dir = Path(plan_dir)
     pd = load_plan_dir(plan_dir)  # schema, hashes, consistency: a tampered plan stops here
@@ -68,13 +69,13 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
     errors = validate_files(pd.texts, dp=pd.layout.dp, world_size=planned.world_size, runtime=pd.runtime)
     if errors:
         raise DsorchError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
-    from .train.config import check_trainable
+    from orchestrator.train.config import check_trainable
 
     check_trainable(pd)  # what the entrypoint refuses (dropout, vpp > 1) fails here, before queueing
     if data is not None and not (Path(data).exists() or Path(f"{data}.bin").exists()):
         raise DsorchError(f"--data {data}: no such token file (NAME or NAME.bin); make one with "
                           f"scripts/make_token_file.py.")
-    spec = job_spec(profile, slurm.job_name(pd.spec.name))
+    spec = job_spec(profile, sbatch.job_name(pd.spec.name))
     plan_abs = plan_dir.resolve()
     folder = (experiment_dir / ".dsorch" / "jobs" / plan_abs.name).resolve()
     for p in (plan_abs, folder):
@@ -93,9 +94,9 @@ def job_spec(profile, name: str, time_min: int | None = None) -> slurm.JobSpec:
     return slurm.JobSpec(
         kind=profile.executor, name=name, nodes=profile.nodes,
         tasks_per_node=profile.gpus_per_node, use_gpus=profile.backend == "nccl", cpus_per_task=s.cpus_per_task,
-        time_min=time_min if time_min is not None else slurm.parse_slurm_time(s.time), partition=s.partition,
+        time_min=time_min if time_min is not None else sbatch.parse_slurm_time(s.time), partition=s.partition,
         account=s.account, qos=s.qos, constraint=s.constraint, mem=s.mem, exclusive=s.exclusive,
-        signal_delay_s=s.signal_delay_s, setup=tuple(s.setup), env=tuple(slurm.rank_env(profile).items()),
+        signal_delay_s=s.signal_delay_s, setup=tuple(s.setup), env=tuple(sbatch.rank_env(profile).items()),
         extra=tuple(sorted(s.extra.items())))
 
 
@@ -208,7 +209,7 @@ def refresh(reg: Registry, rec: JobRecord) -> JobRecord:
     if not rec.active or rec.job_id == "pending":
         return rec
     state, error = slurm.job_state(rec.executor, Path(rec.log_dir), rec.job_id, rec.state)
-    from .registry import ACTIVE_STATES
+    from orchestrator.run.registry import ACTIVE_STATES
 
     step, loss, requeues, elapsed = _progress(Path(rec.run_dir), finished=state not in ACTIVE_STATES)
     values = dict(state=state, last_step=step, last_loss=loss, requeues=requeues)

@@ -5,7 +5,7 @@
    data parallelism, context parallelism), so that a measurement can overturn the model's ranking
    of the families and not only reorder near-equals; priced in GPU-hours from the predictions.
 2. Start (``start``): each pick becomes an ordinary plan directory (``TRIAL/NN-family/``, its
-   run in ``run/``), and all of them one job array (orchestrator.slurm.submit_array: SLURM's
+   run in ``run/``), and all of them one job array (orchestrator.run.slurm.submit_array: SLURM's
    ``--array=0-N%1``, or a LocalArray for ``--cluster local``), each a short run of the bundled
    entrypoint on synthetic tokens without checkpoints; one registry row per trial, so `dsorch
    status` shows them. ``TRIAL/trial.yaml`` (MANIFEST) records what was submitted.
@@ -31,10 +31,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import DsorchError
-from .layout import Layout
-from .solver import Pins, Scored
-from .train.stop import OOM_MARK
+from orchestrator.errors import DsorchError
+from orchestrator.plan.layout import Layout
+from orchestrator.plan.solver import Pins, Scored
+from orchestrator.train.stop import OOM_MARK
 
 
 
@@ -205,8 +205,8 @@ def measure(entry: TrialEntry, plan_dir, run_dir, state: str, log_text: str = ""
     """The result of one trial: a COMPLETED element's steady step time and peak memory from its
     run directory (metrics.jsonl, as calibrate reads it); any other end is a failure with its cause
     from the state and the ranks' logs, keeping the peak it recorded before failing."""
-    from .calibrate.records import run_record
-    from .errors import SpecError
+    from orchestrator.calibrate.records import run_record
+    from orchestrator.errors import SpecError
 
     metrics = Path(run_dir) / "metrics.jsonl"
     rec = None
@@ -216,8 +216,8 @@ def measure(entry: TrialEntry, plan_dir, run_dir, state: str, log_text: str = ""
         except SpecError:
             rec = None
     if state == "COMPLETED" and rec is not None:
-        from .costmodel.flops import model_flops_per_step
-        from .plandir import load_plan_dir
+        from orchestrator.costmodel.flops import model_flops_per_step
+        from orchestrator.plandir.reader import load_plan_dir
 
         t = rec.training
         cluster = load_plan_dir(Path(plan_dir)).doc.cluster
@@ -235,8 +235,8 @@ def trial_plans(spec, spec_file, spec_sha256: str, loaded, runtime: str, picks: 
     """Each pick's plan directory (``folder/NN-family``) and its files: its layout pinned whole, then
     searched, rendered and validated as `dsorch plan` does, so that every trial is an ordinary plan
     directory (`dsorch submit` runs one, `dsorch calibrate` reads its run)."""
-    from .pipeline import plan_files
-    from .writer import spec_path_in
+    from orchestrator.compose import plan_files
+    from orchestrator.plandir.writer import spec_path_in
 
     out = []
     for i, pick in enumerate(picks):
@@ -264,8 +264,8 @@ class Proposal:
 
 
 def propose(spec, loaded, top: int, steps: int, nodes: int | None, gpus_per_node: int | None) -> Proposal:
-    from .slurm import parse_slurm_time
-    from .solver import search
+    from orchestrator.spec.sbatch import parse_slurm_time
+    from orchestrator.plan.solver import search
 
     profile = loaded.profile.resized(nodes, gpus_per_node)
     # keep: every feasible layout, so that each family's best is in the list.
@@ -281,10 +281,10 @@ def propose(spec, loaded, top: int, steps: int, nodes: int | None, gpus_per_node
 def start(project, spec_path: Path, spec, spec_sha256: str, loaded, proposal: Proposal, out: Path, steps: int,
           top: int, nodes: int | None, gpus_per_node: int | None, profiles_dir: str | None) -> Manifest:
     """Write every trial's plan directory, submit them as one array, record rows and the manifest."""
-    from .registry import Registry
-    from .slurm import check_scheduler
-    from .submission import prepare_submission, record_array
-    from .writer import write_plan_dir
+    from orchestrator.run.registry import Registry
+    from orchestrator.run.slurm import check_scheduler
+    from orchestrator.run.submission import prepare_submission, record_array
+    from orchestrator.plandir.writer import write_plan_dir
 
     if (out / MANIFEST).exists():
         raise DsorchError(f"{out} already holds trials ({MANIFEST}); see them with `dsorch trial --status {out}`, "
@@ -326,13 +326,13 @@ def start(project, spec_path: Path, spec, spec_sha256: str, loaded, proposal: Pr
 
 def states(reg, manifest: Manifest) -> list:
     """Each trial's registry row, refreshed from the scheduler."""
-    from .submission import refresh
+    from orchestrator.run.submission import refresh
 
     return [refresh(reg, reg.get(t.job_id)) for t in manifest.trials]
 
 
 def _logs(manifest: Manifest, job_id: str) -> str:
-    from .slurm import log_paths
+    from orchestrator.run.slurm import log_paths
 
     parts = []
     for rank in range(manifest.world_size):
@@ -377,19 +377,20 @@ def write_profile(project, profiles_dir: str | None, name: str, text: str) -> Pa
                           f"profile.")
     _write_atomic(path, text)
     return path
-# plan.yaml's cluster.name pattern (orchestrator/plandir.py PlanCluster).
+# plan.yaml's cluster.name pattern (orchestrator/plandir/reader.py PlanCluster).
 PROFILE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Manifest, profiles_dir: str | None,
             name: str | None) -> Collected:
     """Calibrate the profile from the finished trials, write it, re-plan, write the winner."""
-    from .calibrate import calibrate, calibrated_profile_yaml
-    from .calibrate.records import oom_record
-    from .pipeline import checked_files
-    from .plan import make_plan
-    from .specs import load_profile, load_spec
-    from .writer import spec_path_in, write_plan_dir
+    from orchestrator.calibrate import calibrate, calibrated_profile_yaml
+    from orchestrator.calibrate.records import oom_record
+    from orchestrator.compose import checked_files
+    from orchestrator.plan.make import make_plan
+    from orchestrator.spec.cluster import load_profile
+    from orchestrator.spec.model import load_spec
+    from orchestrator.plandir.writer import spec_path_in, write_plan_dir
 
     ok = [r for r in results if r.failure is None]
     if not ok:
@@ -419,7 +420,7 @@ def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Mani
     # overhead is one constant over every layout, raised to cover the largest shortfall, so it may
     # predict a measured-to-fit layout out (measured on the loopback cluster: a pipeline trial at
     # 0.40 GiB of 0.5 next to TP/ZeRO trials that ran out of memory).
-    from .plandir import load_plan_dir
+    from orchestrator.plandir.reader import load_plan_dir
 
     measured_fit = {load_plan_dir(trial_dir / r.entry.dir).layout: r.failure is None
                     for r in results if r.failure in (None, "oom")}

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import SpecError
+from orchestrator.errors import SpecError
 
 # Sequence and batch the imported spec trains with unless the flags say otherwise: the config
 # states the architecture, not the training run. About 4M tokens per step (Llama 3's 8K x 512).
@@ -261,9 +261,9 @@ FAMILIES = {
 
 
 def read_config(path: Path) -> dict:
-    from .specs import _read_input
+    from orchestrator.spec.yamlio import read_input
 
-    raw = _read_input(path)
+    raw = read_input(path)
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

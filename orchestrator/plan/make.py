@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import __version__
-from .errors import LayoutError, NoFeasibleLayout
-from .layout import Layout
-from .rules import MEGATRON_FSDP_ZERO, check_model, check_training
-from .solver import Pins, Scored, SearchResult, explain_pins, minimum_nodes, search
-from .specs import ClusterProfile, LoadedProfile, SpecFile
+from orchestrator import __version__
+from orchestrator.errors import LayoutError, NoFeasibleLayout
+from orchestrator.plan.layout import Layout
+from orchestrator.plan.rules import MEGATRON_FSDP_ZERO, check_model, check_training
+from orchestrator.plan.solver import Pins, Scored, SearchResult, explain_pins, minimum_nodes, search
+from orchestrator.spec.cluster import ClusterProfile, LoadedProfile
+from orchestrator.spec.model import SpecFile
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A parallel layout: degrees and batch arithmetic, nothing else (cf. torchtitan's ParallelDims).
 
 The solver produces Layouts; the renderers and the training entrypoint consume them. Legality
-rules that depend on the model, the cluster or the runtime live in ``orchestrator.rules``.
+rules that depend on the model, the cluster or the runtime live in ``orchestrator.plan.rules``.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import DsorchError, SpecError
+from orchestrator.errors import DsorchError, SpecError
 
 CONFIG_NAME = "dsorch.yaml"
 ENV_CLUSTER = "DSORCH_CLUSTER"
@@ -136,13 +136,13 @@ def load_project(start: Path | None = None) -> Project:
     f = find_config(start)
     if f is None:
         return Project(start.resolve(), None, ProjectConfig(), {})
-    from .specs import _format_validation, load_yaml
+    from orchestrator.spec.yamlio import format_validation, load_yaml
 
     loaded = load_yaml(f, empty_ok=True)  # an empty dsorch.yaml: all defaults
     try:
         config = ProjectConfig.model_validate(loaded.data)
     except ValidationError as e:
-        raise SpecError(_format_validation(e, loaded, ProjectConfig, "dsorch config"))
+        raise SpecError(format_validation(e, loaded, ProjectConfig, "dsorch config"))
     return Project(f.parent, f, config, loaded.lines)
 
 
@@ -151,7 +151,7 @@ def find_plan(project: Project, cwd: Path, cluster: Setting) -> Path:
     a plan directory, else the one plan in PLANS_DIR for the cluster (or the only plan there).
     `dsorch submit` runs the bundled entrypoint, so only deepspeed-runtime plans count; Megatron-LM
     plans are submitted with their job.sbatch."""
-    from .plandir import load_plan_dir
+    from orchestrator.plandir.reader import load_plan_dir
 
     if (cwd / "plan.yaml").is_file():
         return cwd

@@ -1,7 +1,7 @@
 """`dsorch doctor`: one short job that checks the cluster's ranks can reach each other and
 measures its collectives, to set against the profile's figures.
 
-Every rank runs ``python -m orchestrator.doctor`` (as a child of ``DoctorJob``, like the training
+Every rank runs ``python -m orchestrator.run.doctor`` (as a child of ``DoctorJob``, like the training
 entrypoint under ``slurm.TrainingJob``) with torch.distributed's variables from SLURM:
 
 1. **Reachability**: an all-reduce over every rank (the sum must be exact), then, up to
@@ -163,13 +163,13 @@ class DoctorJob:
     use_gpus: bool
 
     def command(self) -> list[str]:
-        return [sys.executable, "-u", "-m", "orchestrator.doctor", "--out", self.out, "--max-bytes",
+        return [sys.executable, "-u", "-m", "orchestrator.run.doctor", "--out", self.out, "--max-bytes",
                 str(self.max_bytes), "--iters", str(self.iters)]
 
     def __call__(self) -> dict:
         import submitit
 
-        from .slurm import _rank_env, _tail_file
+        from orchestrator.run.slurm import _rank_env, _tail_file
 
         env = submitit.JobEnvironment()
         child_env = dict(_rank_env(env, self.use_gpus), DSORCH_DOCTOR_GPU="1" if self.use_gpus else "0")
@@ -232,7 +232,7 @@ def measured_profile_doc(profile, doc: dict, name: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m orchestrator.doctor")
+    ap = argparse.ArgumentParser(prog="python -m orchestrator.run.doctor")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--max-bytes", type=int, required=True)
     ap.add_argument("--iters", type=int, required=True)

@@ -7,9 +7,9 @@ deterministic) and ``explain_text`` (what ``dsorch plan --explain`` prints).
 
 from __future__ import annotations
 
-from .costmodel.calibration import engine_of, resolve_efficiency
-from .plan import Plan
-from .solver import Scored
+from orchestrator.costmodel.calibration import engine_of, resolve_efficiency
+from orchestrator.plan.make import Plan
+from orchestrator.plan.solver import Scored
 
 MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "comm_buffers", "framework", "total")
 TIME_KEYS = ("compute", "tp_comm_exposed", "bubble", "pp_comm", "dp_comm_exposed", "cp_comm_exposed", "optimizer")
@@ -117,7 +117,7 @@ def explain_text(plan: Plan) -> str:
     out += [_fmt_row(th, widths), *[_fmt_row(r, widths) for r in rows]]
     if doc["ruled_out"]:
         out.append("")
-        out.append("Ruled out before the search (combinations that break a rule; see orchestrator/rules.py):")
+        out.append("Ruled out before the search (combinations that break a rule; see orchestrator/plan/rules.py):")
         out += [f"  {n:,}  {reason}" for reason, n in doc["ruled_out"].items()]
     rej = doc["rejected_by_memory"]
     if rej["count"]:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from .errors import DsorchError
-from .layout import RECOMPUTE_LEVELS, RUNTIMES
+from orchestrator import __version__
+from orchestrator.errors import DsorchError
+from orchestrator.plan.layout import RECOMPUTE_LEVELS, RUNTIMES
 
 EPILOG = """\b
 Typical use:
@@ -92,7 +92,7 @@ _profiles_dir_option = click.option(
 def _complete_cluster(ctx, param, incomplete: str) -> list[str]:
     """Shell completion of --cluster: the profiles this experiment directory sees."""
     try:
-        from .specs import discover_profiles
+        from orchestrator.spec.cluster import discover_profiles
 
         project = _project()
         names = discover_profiles(_profiles_dir(project, ctx.params.get("profiles_dir")))
@@ -102,7 +102,7 @@ def _complete_cluster(ctx, param, incomplete: str) -> list[str]:
 
 
 def _project():
-    from .project import load_project
+    from orchestrator.cli.project import load_project
 
     return load_project(Path.cwd())
 
@@ -118,7 +118,7 @@ def _profiles_dir(project, flag: str | None) -> str | None:
 
 def _load_cluster(project, cluster, profiles_dir: str | None):
     """The profile a resolved cluster setting names; an error says where a defaulted name came from."""
-    from .specs import load_profile
+    from orchestrator.spec.cluster import load_profile
 
     if cluster.value is None:
         raise DsorchError(f"no cluster given ({cluster.origin}). Pass --cluster NAME (see `dsorch profiles`), set "
@@ -179,10 +179,10 @@ def plan(spec, cluster, out, no_write, plot, check, as_json, explain, runtime, n
     Any part of the layout can be pinned (--tp 8 --pp 4 ...); the rest is searched. With every
     part pinned, exactly that layout is evaluated, and if it does not fit you are told by how much.
     """
-    from .pipeline import plan_files
-    from .solver import Pins
-    from .specs import load_spec
-    from .writer import diff_plan_dir, spec_path_in, write_plan_dir
+    from orchestrator.compose import plan_files
+    from orchestrator.plan.solver import Pins
+    from orchestrator.spec.model import load_spec
+    from orchestrator.plandir.writer import diff_plan_dir, spec_path_in, write_plan_dir
 
     _ds_env()
     if not math.isfinite(memory_margin):  # click's FloatRange lets nan through (nan < 0 is false)
@@ -214,7 +214,7 @@ def plan(spec, cluster, out, no_write, plot, check, as_json, explain, runtime, n
             raise UserError(f"--check: {shown} is not a plan directory; write it first without --check.")
         diff = diff_plan_dir(out, files)
         if diff:
-            from .plandiff import stale_inputs
+            from orchestrator.plandir.diff import stale_inputs
 
             click.echo(diff, nl=False)
             for line in stale_inputs(out, the_plan):
@@ -230,16 +230,16 @@ def plan(spec, cluster, out, no_write, plot, check, as_json, explain, runtime, n
             _draw(out, out / "plots", [])
 
     if as_json:
-        from .render.report import render_json
+        from orchestrator.render.report import render_json
 
         click.echo(render_json(the_plan), nl=False)
         return
-    from .render.console import print_plan
+    from orchestrator.cli.console import print_plan
 
     print_plan(_console(), the_plan, top, shown, files, cluster_note=None if setting.origin == "--cluster" else setting,
                default_out=default_out)
     if explain:
-        from .explain import explain_text
+        from orchestrator.render.explain import explain_text
 
         click.echo()
         click.echo(explain_text(the_plan), nl=False)
@@ -267,8 +267,8 @@ def _shown(p: Path) -> str:
 
 
 def _draw(plan_dir: Path, out: Path, runs: list[Path]) -> None:
-    from .plandir import load_plan_dir
-    from .render.plots import draw_all
+    from orchestrator.plandir.reader import load_plan_dir
+    from orchestrator.cli.plots import draw_all
 
     pd = load_plan_dir(plan_dir)
     for path in draw_all(pd, out, runs):
@@ -321,8 +321,8 @@ Examples:
 def diff(plan_a, plan_b, as_json):
     """What changed from plan directory PLAN_A to PLAN_B: inputs, layout, memory per GPU, predicted
     step time and MFU, the Megatron-LM flags and ds_config.json keys, and the other files that differ."""
-    from .plandiff import diff_plans, diff_text
-    from .plandir import load_plan_dir
+    from orchestrator.plandir.diff import diff_plans, diff_text
+    from orchestrator.plandir.reader import load_plan_dir
 
     d = diff_plans(load_plan_dir(plan_a), load_plan_dir(plan_b))
     if as_json:
@@ -380,9 +380,9 @@ def import_hf(config, out, name, seq_length, global_batch_size, force):
 
     from pydantic import ValidationError
 
-    from .hf_import import import_config, spec_document
-    from .specs import SpecFile
-    from .writer import write_text_atomic
+    from orchestrator.spec.hf_import import import_config, spec_document
+    from orchestrator.spec.model import SpecFile
+    from orchestrator.plandir.writer import write_text_atomic
 
     if out is not None:
         _check_path(out, "--out")
@@ -424,7 +424,7 @@ def profiles(name, as_json, profiles_dir):
     """List cluster profiles, or show one (NAME) with `extends` resolved."""
     import yaml
 
-    from .specs import discover_profiles, load_profile
+    from orchestrator.spec.cluster import discover_profiles, load_profile
 
     pdir = _profiles_dir(_project(), profiles_dir)
     if name:
@@ -451,7 +451,7 @@ def profiles(name, as_json, profiles_dir):
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    from .render.console import profile_table
+    from orchestrator.cli.console import profile_table
 
     _console().print(profile_table(rows))
 
@@ -481,9 +481,9 @@ def init(directory, cluster, profiles_dir, plans_dir, runs_dir, force):
     Every dsorch command run in DIRECTORY or below then uses these defaults (flags and the
     environment override them), and keeps its job registry in DIRECTORY/.dsorch/.
     """
-    from .project import CONFIG_NAME, ignore_lines, render_config
-    from .specs import load_profile
-    from .writer import write_text_atomic
+    from orchestrator.cli.project import CONFIG_NAME, ignore_lines, render_config
+    from orchestrator.spec.cluster import load_profile
+    from orchestrator.plandir.writer import write_text_atomic
 
     target = directory / CONFIG_NAME
     for flag, value in (("--profiles-dir", profiles_dir), ("--plans-dir", plans_dir), ("--runs-dir", runs_dir)):
@@ -524,7 +524,7 @@ def init(directory, cluster, profiles_dir, plans_dir, runs_dir, force):
 def validate(path, dp):
     """Re-validate a plan directory (or one ds_config.json) with DeepSpeed's own config classes and
     Megatron-LM's argument definitions."""
-    from .validate.plan_dir import validate_path
+    from orchestrator.validate.plan_dir import validate_path
 
     _ds_env()
     errors = validate_path(path, dp)
@@ -547,7 +547,7 @@ def _ds_env() -> None:
 
 def _registry():
     """The job registry of the experiment directory (where dsorch.yaml is, else the working directory)."""
-    from .registry import Registry
+    from orchestrator.run.registry import Registry
 
     return Registry(_project().root)
 
@@ -586,10 +586,10 @@ Examples:
 def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume, resume_from, dry_run, force, wait,
            profiles_dir):
     """Submit PLAN_DIR as a job running dsorch's training entrypoint (SLURM through submitit, or local)."""
-    from . import slurm
-    from .project import find_plan
-    from .registry import Registry
-    from .submission import prepare_submission, record_submission
+    from orchestrator.run import slurm
+    from orchestrator.cli.project import find_plan
+    from orchestrator.run.registry import Registry
+    from orchestrator.run.submission import prepare_submission, record_submission
 
     _ds_env()
     project = _project()
@@ -632,7 +632,7 @@ def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume
                f"run dir {record.run_dir}")
     click.echo(f"  logs: dsorch logs {record.job_id} [--rank N] [--follow]    status: dsorch status")
     if wait:
-        from .plandir import load_plan_dir
+        from orchestrator.plandir.reader import load_plan_dir
 
         # The entrypoint trains to --steps, else the plan's length, else 20 (orchestrator/train/entry.py).
         _wait_for(record.key, steps or load_plan_dir(sub.plan_dir).spec.training.train_steps or 20)
@@ -645,7 +645,7 @@ def _wait_for(key: int, total_steps: int | None = None) -> None:
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .submission import refresh
+    from orchestrator.run.submission import refresh
 
     reg = _registry()
     con = _console(stderr=True)
@@ -683,7 +683,7 @@ def _tail(text: str, n: int) -> str:
                    "still reads into a new one.")
 def status(as_json, show_all, repair):
     """Jobs submitted from this experiment directory: id, plan, state, elapsed, requeues, last step/loss."""
-    from .submission import refresh
+    from orchestrator.run.submission import refresh
 
     reg = _registry()
     if repair:
@@ -702,7 +702,7 @@ def status(as_json, show_all, repair):
     if not records:
         click.echo("no jobs submitted from this experiment directory yet (dsorch submit [PLAN_DIR])")
         return
-    from .render.console import job_table
+    from orchestrator.cli.console import job_table
 
     con = _console()
     con.print(job_table(records))
@@ -726,8 +726,8 @@ def logs(job, rank, follow):
     import shutil
     import time
 
-    from . import slurm
-    from .submission import refresh
+    from orchestrator.run import slurm
+    from orchestrator.run.submission import refresh
 
     reg = _registry()
     rec = reg.get(job)
@@ -765,7 +765,7 @@ def logs(job, rank, follow):
 @click.argument("job")
 def cancel(job):
     """Cancel a pending or running job."""
-    from . import slurm
+    from orchestrator.run import slurm
 
     reg = _registry()
     rec = reg.get(job)
@@ -808,9 +808,9 @@ def replan(run, nodes, gpus_per_node, out, tp, pp, dp, zero, mbs, profiles_dir):
     converted beside it (checkpoints/universal_stepN). Continue with `dsorch submit NEW_PLAN
     --resume-from RUN_DIR`: step, LR schedule and optimizer state carry over, metrics.jsonl goes on.
     """
-    from .replan import find_run
-    from .replan import replan as do_replan
-    from .solver import Pins
+    from orchestrator.run.replan import find_run
+    from orchestrator.run.replan import replan as do_replan
+    from orchestrator.plan.solver import Pins
 
     _ds_env()
     if nodes is None and gpus_per_node is None:
@@ -870,8 +870,8 @@ def trial(target, cluster, top, steps, nodes, gpus_per_node, out, dry_run, wait,
     extending the original) and the spec re-planned with it into PLANS_DIR, with the trials as
     evidence in plan.yaml. A trial that runs out of memory, hangs or fails is reported as such.
     """
-    from . import trial as trials
-    from .render.console import trial_cost_text, trial_proposal_table, trial_state_table
+    from orchestrator.run import trial as trials
+    from orchestrator.cli.console import trial_cost_text, trial_proposal_table, trial_state_table
 
     _ds_env()
     if show_status and collect:
@@ -895,7 +895,7 @@ def trial(target, cluster, top, steps, nodes, gpus_per_node, out, dry_run, wait,
             return
         _finish_trials(project, reg, target, manifest, pdir, name, wait)
         return
-    from .specs import load_spec
+    from orchestrator.spec.model import load_spec
 
     spec_file, loaded_spec = load_spec(target)
     lp = _load_cluster(project, project.cluster(cluster), pdir)
@@ -921,8 +921,8 @@ def trial(target, cluster, top, steps, nodes, gpus_per_node, out, dry_run, wait,
 
 
 def _finish_trials(project, reg, trial_dir: Path, manifest, profiles_dir, name, wait: bool) -> None:
-    from . import trial as trials
-    from .render.console import trial_results_table, trial_summary
+    from orchestrator.run import trial as trials
+    from orchestrator.cli.console import trial_results_table, trial_summary
 
     records = _wait_trials(reg, manifest) if wait else trials.states(reg, manifest)
     active = [r for r in records if r.active]
@@ -941,7 +941,7 @@ def _wait_trials(reg, manifest):
     """Poll until every trial ended; progress on stderr (a spinner on a terminal, else a line per change)."""
     import time
 
-    from . import trial as trials
+    from orchestrator.run import trial as trials
 
     con = _console(stderr=True)
     last = None
@@ -1000,10 +1000,11 @@ def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
     job (SLURM, or this machine with a local profile) and waits for it."""
     import time
 
-    from . import doctor as doc_mod
-    from . import slurm
-    from .render.console import doctor_report
-    from .submission import job_spec
+    from orchestrator.run import doctor as doc_mod
+    from orchestrator.run import slurm
+    from orchestrator.spec import sbatch
+    from orchestrator.cli.console import doctor_report
+    from orchestrator.run.submission import job_spec
 
     project = _project()
     pdir = _profiles_dir(project, profiles_dir)
@@ -1015,7 +1016,7 @@ def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     folder = (project.root / ".dsorch" / "doctor" / f"{profile.name}-{stamp}").resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    spec = job_spec(profile, slurm.job_name(f"doctor-{profile.name}"), time_min=timeout)
+    spec = job_spec(profile, sbatch.job_name(f"doctor-{profile.name}"), time_min=timeout)
     job = doc_mod.DoctorJob(str(folder), max_bytes, iters or (20 if gpu else 5), gpu)
     job_id = slurm.submit(spec, folder, job)
     click.echo(f"submitted doctor job {job_id} ({profile.world_size} ranks on {profile.nodes} node(s) of "
@@ -1049,7 +1050,7 @@ def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
     if write:
         import yaml
 
-        from .trial import PROFILE_HEADER, check_profile_name, write_profile
+        from orchestrator.run.trial import PROFILE_HEADER, check_profile_name, write_profile
 
         name = name or f"{lp.profile.name}-doctor"
         check_profile_name(name)
@@ -1090,15 +1091,15 @@ def calibrate(metrics, cluster, plan_dir, name, out, as_json, profiles_dir):
     record files (YAML/JSONL of {layout, model, step_time_s, peak_mem_gib}; see
     orchestrator/calibrate/__init__.py).
     """
-    from .calibrate import calibrate as fit
-    from .calibrate import calibrated_profile_yaml
+    from orchestrator.calibrate import calibrate as fit
+    from orchestrator.calibrate import calibrated_profile_yaml
 
     project = _project()
     lp = _load_cluster(project, project.cluster(cluster), _profiles_dir(project, profiles_dir))
     calibrated, report = fit(list(metrics), lp.profile, plan_dir=plan_dir)
     text = calibrated_profile_yaml(calibrated, report, name=name)
     if out is not None:
-        from .writer import write_text_atomic
+        from orchestrator.plandir.writer import write_text_atomic
 
         write_text_atomic(out, text)
     doc = report.as_dict()
@@ -1107,6 +1108,6 @@ def calibrate(metrics, cluster, plan_dir, name, out, as_json, profiles_dir):
     elif out is None:
         click.echo(text, nl=False)
     if not as_json:
-        from .render.console import calibration_summary
+        from orchestrator.cli.console import calibration_summary
 
         click.echo(calibration_summary(doc, out), err=out is None)

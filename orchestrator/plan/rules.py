@@ -2,7 +2,7 @@
 
 Each rule returns a reason that names the conflict and the fix. The solver enumerates only what
 ``tp_degrees``, ``stage_split`` and ``zero_stages`` allow, and counts what they rule out
-(``orchestrator.solver``); ``check_layout`` explains a pinned layout that breaks a rule, from
+(``orchestrator.plan.solver``); ``check_layout`` explains a pinned layout that breaks a rule, from
 the same helpers, so the two cannot disagree.
 """
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .layout import Layout
-from .specs import ClusterProfile, ModelSpec, TrainingSpec
+from orchestrator.plan.layout import Layout
+from orchestrator.spec.cluster import ClusterProfile
+from orchestrator.spec.model import ModelSpec, TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def vpp_degrees(runtime: str, num_layers: int, pp: int, p2p_overlap: bool = True
     (layers + 2) / pp per rank, the embedding and the loss counted as one layer each, so vpp divides
     that (TransformerConfig.__post_init__; the first chunk of the first rank and the last chunk of
     the last rank are one layer short, as Llama 3 405B trained: Llama 3 paper, Sec. 3.3.2)."""
-    from .layout import divisors
+    from orchestrator.plan.layout import divisors
 
     split = stage_split(num_layers, pp)
     # Without p2p overlap validate_args asks for pp > 2 ("pipeline-model-parallel size should be
@@ -103,7 +104,7 @@ def cp_degrees(runtime: str, training: TrainingSpec, n: int) -> list[int]:
     asserts context_parallel_size == 1: core/transformer/dot_product_attention.py), and the
     sequence must split into 2 x cp chunks for the load-balanced causal split (validate_args:
     "seq-length should be a multiple of 2 * context-parallel-size")."""
-    from .layout import divisors
+    from orchestrator.plan.layout import divisors
 
     if runtime != "megatron" or not training.flash_attention:
         return [1]
@@ -137,7 +138,7 @@ def interleaving_fits(vpp: int, pp: int, grad_accum_steps: int) -> bool:
 
 
 def tp_degrees(model: ModelSpec, gpus_per_node: int) -> list[int]:
-    from .layout import divisors
+    from orchestrator.plan.layout import divisors
 
     return [t for t in divisors(gpus_per_node)
             if model.num_attention_heads % t == 0 and model.kv_heads % t == 0]

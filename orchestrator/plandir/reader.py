@@ -1,6 +1,6 @@
 """The plan directory as every reader sees it: one schema for plan.yaml, one loader.
 
-`dsorch plan` writes the directory (orchestrator.writer); `dsorch validate`, `dsorch submit`, the
+`dsorch plan` writes the directory (orchestrator.plandir.writer); `dsorch validate`, `dsorch submit`, the
 training entrypoint and `dsorch calibrate` read it through ``load_plan_dir`` and nothing else.
 
 plan.yaml carries the model spec as planned (``spec``) and the sha256 of every other file it was
@@ -21,9 +21,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import ValidationError as PlanError
-from .layout import RECOMPUTE_LEVELS, RUNTIMES, Layout
-from .specs import SpecFile
+from orchestrator.errors import ValidationError as PlanError
+from orchestrator.plan.layout import RECOMPUTE_LEVELS, RUNTIMES, Layout
+from orchestrator.spec.model import SpecFile
 
 PLAN_FILE = "plan.yaml"
 # Every file `dsorch plan` may write, plan.yaml last (it records the others' hashes).

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DsorchError
+from orchestrator.errors import DsorchError
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ def find_run(project, ref: str) -> Path:
     p = Path(ref)
     if p.is_dir():
         return p
-    from .registry import Registry
+    from orchestrator.run.registry import Registry
 
     rec = Registry(project.root).get(ref)  # unknown: one paragraph naming the known ids
     if not rec.run_dir:
@@ -40,14 +40,15 @@ def find_run(project, ref: str) -> Path:
 
 def replan(project, run_dir: Path, nodes: int | None, gpus_per_node: int | None, pins, out: Path | None,
            profiles_dir: str | None) -> Replanned:
-    from .layout import Layout
-    from .pipeline import plan_files
-    from .plandir import load_plan_dir
-    from .solver import search
-    from .specs import load_profile, load_spec
-    from .train import checkpoint, reshard
-    from .trial import pins_of
-    from .writer import spec_path_in, write_plan_dir
+    from orchestrator.plan.layout import Layout
+    from orchestrator.compose import plan_files
+    from orchestrator.plandir.reader import load_plan_dir
+    from orchestrator.plan.solver import search
+    from orchestrator.spec.cluster import load_profile
+    from orchestrator.spec.model import load_spec
+    from orchestrator.train import checkpoint, reshard
+    from orchestrator.run.trial import pins_of
+    from orchestrator.plandir.writer import spec_path_in, write_plan_dir
 
     ckpt_dir = run_dir / "checkpoints"
     native = checkpoint.newest_intact(ckpt_dir)

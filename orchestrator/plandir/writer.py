@@ -13,8 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import OutputError
-from .plandir import GENERATED
+from orchestrator.errors import OutputError
+from orchestrator.plandir.reader import GENERATED
 EXECUTABLE = ("launch.sh", "job.sbatch")
 
 

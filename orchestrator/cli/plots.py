@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..calibrate.records import read_steps
-from ..explain import MEMORY_KEYS, TIME_KEYS
-from ..plandir import PlanDir
+from orchestrator.calibrate.records import read_steps
+from orchestrator.render.explain import MEMORY_KEYS, TIME_KEYS
+from orchestrator.plandir.reader import PlanDir
 
 MEMORY_PARTS = tuple(k for k in MEMORY_KEYS if k != "total")
 MEMORY_LABELS = {"params": "weights", "grads": "gradients", "optimizer": "optimizer", "activations": "activations",
@@ -170,7 +170,7 @@ def _figure(width: float, height: float):
 def _save(fig, path: Path) -> None:
     import io
 
-    from ..writer import write_text_atomic
+    from orchestrator.plandir.writer import write_text_atomic
 
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")

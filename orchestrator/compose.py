@@ -1,18 +1,19 @@
 """From loaded inputs to the files of a plan directory: search, render, validate.
 
-The CLI resolves the inputs (orchestrator.project, orchestrator.specs) and decides what to do
+The CLI resolves the inputs (orchestrator.cli.project, orchestrator.spec.model) and decides what to do
 with the files (write, --check, print); this is what happens in between. It lives apart from
-``orchestrator.plan`` because the renderers read ``Plan``: plan -> render -> pipeline, no cycle.
+``orchestrator.plan.make`` because the renderers read ``Plan``: plan -> render -> pipeline, no cycle.
 """
 
 from __future__ import annotations
 
-from .errors import DsorchError
-from .plan import Plan, make_plan
-from .render import render_all
-from .solver import Pins
-from .specs import LoadedProfile, SpecFile
-from .validate.plan_dir import validate_files
+from orchestrator.errors import DsorchError
+from orchestrator.plan.make import Plan, make_plan
+from orchestrator.render import render_all
+from orchestrator.plan.solver import Pins
+from orchestrator.spec.cluster import LoadedProfile
+from orchestrator.spec.model import SpecFile
+from orchestrator.validate.plan_dir import validate_files
 
 
 def plan_files(spec: SpecFile, spec_path: str, spec_sha256: str, profile: LoadedProfile, runtime: str, pins: Pins,

@@ -66,7 +66,7 @@ def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], 
 
 def memory_tight(s) -> str | None:
     """A warning when a layout's memory is within the memory model's known error of the capacity."""
-    from ..costmodel.calibration import memory_error
+    from orchestrator.costmodel.calibration import memory_error
 
     err = memory_error()
     under = err.get("largest_under") or 0.0
@@ -216,7 +216,7 @@ def _size(n: int) -> str:
 def doctor_report(data: dict, profile, expected) -> Group:
     """`dsorch doctor`: reachability, the bandwidth sweep, and the measured figures next to the
     profile's (as the cost model reads them)."""
-    from ..doctor import latency_us, peak_busbw
+    from orchestrator.run.doctor import latency_us, peak_busbw
 
     parts: list = []
     n = data["world_size"]

@@ -1,0 +1,261 @@
+"""What hardware (ClusterProfile): shipped and user profiles, ``extends`` resolved."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from orchestrator.errors import DsorchError, ProfileNotFound, SpecError
+from orchestrator.resources import shipped_profiles_dir
+# the one reader of sbatch's --time formats
+from orchestrator.spec.sbatch import parse_slurm_time
+from orchestrator.spec.yamlio import FROZEN, Loaded, deep_merge, format_validation, load_yaml
+
+
+# --------------------------------------------------------------------------------------------
+# Cluster profile
+# --------------------------------------------------------------------------------------------
+
+
+class PeakTflops(BaseModel):
+    model_config = FROZEN
+    bf16: float = Field(gt=0)
+    fp16: float = Field(gt=0)
+    fp32: float = Field(gt=0)
+    # Dense FP8 tensor-core peak; None on GPUs without FP8 (before Hopper/Ada).
+    fp8: float | None = Field(default=None, gt=0)
+
+
+class GpuSpec(BaseModel):
+    model_config = FROZEN
+    name: str
+    memory_gib: float = Field(gt=0, le=1_000_000)
+    # Dense (no 2:4 sparsity) peak, TFLOP/s, per device.
+    peak_tflops: PeakTflops
+    hbm_bandwidth_gbps: float = Field(default=2000.0, gt=0, description="GB/s")
+
+
+class IntraNode(BaseModel):
+    model_config = FROZEN
+    kind: str = "nvlink"
+    # Total bidirectional GB/s per GPU as vendors quote it (H100 NVLink 4: 900 GB/s); the cost
+    # model uses half of it per direction.
+    bandwidth_gbps: float = Field(gt=0)
+    latency_us: float = Field(default=5.0, ge=0)
+
+
+class InterNode(BaseModel):
+    model_config = FROZEN
+    kind: str = "infiniband"
+    bandwidth_gbps: float = Field(gt=0, description="Gb/s per NIC, per direction")
+    nics_per_node: int = Field(default=1, gt=0, le=1024)
+    latency_us: float = Field(default=10.0, ge=0)
+
+
+_NO_LINE_BREAKS = r"^[^\n\r\x00]*$"
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class SlurmSpec(BaseModel):
+    """SLURM settings. Values end up in #SBATCH lines and shell scripts: they may not contain line
+    breaks (a line break would start a new, unquoted shell line), and env names must be valid
+    shell variable names. Values are shell-quoted where they reach a shell; `setup` lines are
+    shell commands by design and are run as written."""
+
+    model_config = FROZEN
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = "24:00:00"
+    constraint: str | None = None
+    exclusive: bool = True
+    cpus_per_task: int = Field(default=8, gt=0, le=100_000)
+    mem: str | None = None
+    setup: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    extra: dict[str, str] = Field(default={}, description="extra #SBATCH --key=value pairs")
+    # SLURM signals this long before the time limit (and on preemption with a grace time) so that
+    # every rank checkpoints before the kill: leave time for one step plus one checkpoint save.
+    # SLURM may send it up to a minute early (sbatch(1), --signal).
+    signal_delay_s: int = Field(default=90, ge=30, le=65_535)
+
+    @model_validator(mode="after")
+    def _safe(self) -> "SlurmSpec":
+        import re
+
+        for key in ("partition", "account", "qos", "time", "constraint", "mem"):
+            value = getattr(self, key)
+            if value is not None and not re.fullmatch(_NO_LINE_BREAKS, value):
+                raise ValueError(f"slurm.{key} contains a line break; write it on one line")
+        try:
+            parse_slurm_time(self.time)
+        except DsorchError:
+            raise ValueError(f"slurm.time {self.time!r} is not a SLURM time limit; write HH:MM:SS or D-HH:MM:SS")
+        for i, line in enumerate(self.setup):
+            if not re.fullmatch(_NO_LINE_BREAKS, line):
+                raise ValueError(f"slurm.setup[{i}] contains a line break; give each command its own list item")
+        for k, v in self.env.items():
+            if not re.fullmatch(_ENV_NAME, k):
+                raise ValueError(f"slurm.env key {k!r} is not a valid environment variable name "
+                                 f"(letters, digits, underscore; not starting with a digit)")
+        for k, v in self.extra.items():
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*", k) or not re.fullmatch(_NO_LINE_BREAKS, v):
+                raise ValueError(f"slurm.extra {k!r}: keys are sbatch option names (letters, digits, '-') and "
+                                 f"values may not contain line breaks")
+        return self
+
+
+class Efficiency(BaseModel):
+    """Free parameters of the time model, physical fractions in [0, 1] (and one stall time).
+
+    A value left out (None) comes from dsorch's calibration table for the profile's GPU and
+    interconnect (``orchestrator/costmodel/calibration.yaml``, fitted to published Megatron-LM
+    runs by ``scripts/fit_calibration.py``); a value given here overrides it. A profile that
+    ``extends`` another inherits the values that one states, like any other key.
+    """
+
+    model_config = FROZEN
+    # Fraction of dense peak that large GEMMs reach; smaller shapes lose more to their operand
+    # traffic (the cost model adds it at the HBM bandwidth below).
+    gemm: float | None = Field(default=None, gt=0, le=1)
+    # Fraction of dense peak that fused attention kernels (FlashAttention) reach: below large
+    # GEMMs, and far below on Hopper for FlashAttention-2 (Shah et al. 2024, FlashAttention-3, Sec. 1:
+    # "only 35% utilization" on H100).
+    attention: float | None = Field(default=None, gt=0, le=1)
+    # Fraction of HBM bandwidth that memory-bound kernels (norms, activations, softmax, optimizer)
+    # and GEMM operand traffic reach.
+    hbm: float | None = Field(default=None, gt=0, le=1)
+    # Fraction of link bandwidth that NCCL collectives reach (bus bandwidth / link bandwidth).
+    intra_node_comm: float | None = Field(default=None, gt=0, le=1)
+    inter_node_comm: float | None = Field(default=None, gt=0, le=1)
+    # Fraction of the data-parallel reduction that overlaps compute where the engine overlaps it
+    # (DeepSpeed overlap_comm without pipelining, Megatron --overlap-grad-reduce).
+    dp_overlap: float | None = Field(default=None, ge=0, le=1)
+    # Fraction of tensor-parallel collectives hidden behind GEMMs where the engine overlaps them
+    # (Megatron-Core --tp-comm-overlap); 0 elsewhere.
+    tp_overlap: float | None = Field(default=None, ge=0, le=1)
+    # Not a fraction: microseconds each ZeRO-3 per-layer collective stalls the step beyond its
+    # transfer time (launch and stream waits between layers), fitted per engine.
+    zero3_stall_us: float | None = Field(default=None, ge=0, le=1_000_000)
+
+
+class ClusterProfile(BaseModel):
+    model_config = FROZEN
+
+    # The file's stem. It reaches script headers and directory names: one safe word.
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=200)
+    description: str = ""
+    extends: str | None = None
+    # How `dsorch submit` runs a job: through SLURM (sbatch), or as processes on this machine
+    # (submitit's LocalExecutor; the shipped `local` profile).
+    executor: Literal["slurm", "local"] = "slurm"
+    nodes: int = Field(gt=0, le=1_000_000)
+    gpus_per_node: int = Field(gt=0, le=1024)
+    gpu: GpuSpec
+    intra_node: IntraNode
+    inter_node: InterNode
+    # torch.distributed backend: nccl on GPUs, gloo for CPU processes (the `local` profile).
+    backend: Literal["nccl", "gloo"] = "nccl"
+    # CUDA context, NCCL buffers, allocator fragmentation, per GPU.
+    memory_overhead_gib: float = Field(default=3.0, ge=0, le=1_000_000)
+    efficiency: Efficiency = Efficiency()
+    slurm: SlurmSpec = SlurmSpec()
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def resized(self, nodes: int | None = None, gpus_per_node: int | None = None) -> "ClusterProfile":
+        """The same hardware with another node count or fewer GPUs per node (--nodes, --gpus-per-node)."""
+        update = {k: v for k, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)) if v is not None}
+        return self.model_copy(update=update) if update else self
+
+
+# --------------------------------------------------------------------------------------------
+# Cluster profiles: shipped ones, user directories, `extends`
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileSource:
+    name: str
+    path: Path
+    origin: str  # "shipped" or "user"
+
+
+def discover_profiles(profiles_dir: str | Path | None) -> dict[str, ProfileSource]:
+    """Every profile by name; a user's profile of the same name wins over a shipped one."""
+    found: dict[str, ProfileSource] = {}
+    dirs = [(shipped_profiles_dir(), "shipped")]
+    if profiles_dir:
+        d = Path(profiles_dir)
+        if not d.is_dir():
+            raise SpecError(f"profiles directory {d} does not exist; pass an existing directory to --profiles-dir "
+                            f"(or DSORCH_PROFILES_DIR).")
+        dirs.append((d, "user"))
+    for d, origin in dirs:
+        for p in sorted(d.glob("*.yaml")):
+            found[p.stem] = ProfileSource(p.stem, p, origin)
+    return found
+
+
+
+
+@dataclass(frozen=True)
+class LoadedProfile:
+    profile: ClusterProfile
+    source: ProfileSource
+    sha256: str  # of the profile file and every file it extends, in order
+
+
+def load_profile(name: str, profiles_dir: str | Path | None = None) -> LoadedProfile:
+    known = discover_profiles(profiles_dir)
+    if name not in known:
+        close = difflib.get_close_matches(name, list(known), n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ProfileNotFound(
+            f"unknown cluster profile '{name}'.{hint} Known profiles: {', '.join(sorted(known))}. "
+            f"Add your own as NAME.yaml in a directory passed with --profiles-dir or DSORCH_PROFILES_DIR."
+        )
+    chain: list[Loaded] = []
+    seen: list[Path] = []
+    src = known[name]
+    while True:
+        if src.path in seen:
+            names = " -> ".join(p.stem for p in [*seen, src.path])
+            raise SpecError(f"{known[name].path}: 'extends' forms a cycle: {names}; remove one link.")
+        seen.append(src.path)
+        loaded = load_yaml(src.path)
+        chain.append(loaded)
+        parent = loaded.data.get("extends")
+        if parent is None:
+            break
+        if not isinstance(parent, str):
+            raise SpecError(f"{src.path}:{loaded.lines.get(('extends',), '?')}: key 'extends' must name one profile "
+                            f"(a string), got {type(parent).__name__}.")
+        shipped = shipped_profiles_dir() / f"{parent}.yaml"
+        if parent == src.name and src.origin == "user" and shipped.exists():
+            # A user's profile may extend the shipped profile it overrides (same name).
+            src = ProfileSource(parent, shipped, "shipped")
+        elif parent in known:
+            src = known[parent]
+        else:
+            raise SpecError(
+                f"{src.path}:{loaded.lines.get(('extends',), '?')}: key 'extends' names unknown profile '{parent}'; "
+                f"known profiles: {', '.join(sorted(known))}."
+            )
+    merged: dict = {}
+    for loaded in reversed(chain):
+        merged = deep_merge(merged, loaded.data)
+    merged["name"] = name
+    try:
+        profile = ClusterProfile.model_validate(merged)
+    except ValidationError as e:
+        raise SpecError(format_validation(e, chain, ClusterProfile, "cluster profile"))
+    digest = hashlib.sha256("".join(ld.sha256 for ld in chain).encode()).hexdigest() if len(chain) > 1 else chain[0].sha256
+    return LoadedProfile(profile, known[name], digest)

@@ -1,0 +1,49 @@
+"""Upgrading dsorch under queued jobs: submitit pickles each job with its class path, and a job
+queued by 0.1 (flat layout: ``orchestrator.slurm.TrainingJob``) is unpickled on the nodes by the
+dsorch installed when it starts."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator import MOVED_MODULES
+from orchestrator.run.doctor import DoctorJob
+from orchestrator.run.slurm import TrainingJob
+
+
+def _as_pickled_by_01(obj, old: str, new: str) -> bytes:
+    # Protocol 0 writes the module path as a text line, so the 0.1 path can be put back in place
+    # of today's: exactly the bytes 0.1 wrote for the same object.
+    data = pickle.dumps(obj, protocol=0)
+    assert new.encode() + b"\n" in data
+    return data.replace(new.encode() + b"\n", old.encode() + b"\n")
+
+
+@pytest.mark.parametrize("obj, old", [
+    (TrainingJob("plans/x", "runs/1", steps=5), "orchestrator.slurm"),
+    (DoctorJob("out", 1024, 3, False), "orchestrator.doctor"),
+])
+def test_a_job_pickled_under_the_old_class_path_unpickles_as_todays_class(obj, old):
+    data = _as_pickled_by_01(obj, old, type(obj).__module__)
+    # In a fresh interpreter, as a node starting the job would: nothing imported beforehand.
+    code = ("import pickle, sys; job = pickle.loads(sys.stdin.buffer.read()); "
+            "print(type(job).__module__, type(job).__qualname__, job == pickle.loads(pickle.dumps(job)))")
+    out = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, check=True).stdout.decode()
+    assert out.split() == [MOVED_MODULES[old], type(obj).__qualname__, "True"]
+
+
+def test_an_alias_is_the_module_itself_and_keeps_its_own_spec():
+    import importlib
+
+    alias = importlib.import_module("orchestrator.slurm")
+    assert alias is sys.modules["orchestrator.run.slurm"]
+    assert alias.__spec__.name == "orchestrator.run.slurm"
+
+
+def test_an_unknown_old_name_is_still_an_import_error():
+    with pytest.raises(ModuleNotFoundError):
+        __import__("orchestrator.no_such_module")
