@@ -27,8 +27,9 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=2048)
     args = ap.parse_args()
 
-    from orchestrator.solver import search
-    from orchestrator.specs import load_profile, load_spec
+    from orchestrator.plan.solver import search
+    from orchestrator.spec.cluster import load_profile
+    from orchestrator.spec.model import load_spec
 
     spec, _ = load_spec(ROOT / "examples" / "llama3-405b.yaml")
     profile = load_profile("dgx16").profile.resized(nodes=args.nodes)

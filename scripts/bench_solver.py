@@ -34,8 +34,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from orchestrator.costmodel import evaluate
-    from orchestrator.solver import enumerate_layouts, search
-    from orchestrator.specs import load_profile, load_spec
+    from orchestrator.plan.solver import enumerate_layouts, search
+    from orchestrator.spec.cluster import load_profile
+    from orchestrator.spec.model import load_spec
 
     print(f"{'case':44s} {'runtime':9s} {'candidates':>10s} {'search ms':>9s} {'cand/s':>10s} "
           f"{'evaluate ms':>11s} {'loop ms':>9s} {'loop/vec':>8s}")

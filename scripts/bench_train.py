@@ -211,7 +211,7 @@ def main() -> None:
 
     from click.testing import CliRunner
 
-    from orchestrator.cli import main as cli
+    from orchestrator.cli.main import main as cli
     from orchestrator.train.config import load_plan
 
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")

@@ -24,11 +24,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.calibrate import error_summary, error_table, fit, row_errors  # noqa: E402
-from orchestrator.calibrate.rows import _resolved, predicted_peak_gib  # noqa: E402
-from orchestrator.calibrate.published import HARDWARE, all_published_rows, published_errors  # noqa: E402
-from orchestrator.costmodel.calibration import FIELDS  # noqa: E402
-from orchestrator.costmodel.evaluate import runtime_engine  # noqa: E402
+from orchestrator.calibrate import error_summary, error_table, fit, row_errors
+from orchestrator.calibrate.rows import _resolved, predicted_peak_gib
+from orchestrator.calibrate.published import HARDWARE, all_published_rows, published_errors
+from orchestrator.costmodel.calibration import FIELDS
+from orchestrator.costmodel.evaluate import runtime_engine
 
 OUT = ROOT / "orchestrator" / "costmodel" / "calibration.yaml"
 

@@ -82,7 +82,7 @@ def _invoke(args: list[str], cwd: Path, timeout: float, env: dict | None = None)
     """Run `dsorch ARGS` in-process in ``cwd``; (exit code, output, exception or None, seconds)."""
     from click.testing import CliRunner
 
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     old = os.getcwd()
     os.chdir(cwd)
@@ -277,7 +277,7 @@ def _after_plan(report, label, ok, out, work, canary):
 def _good_plan(work: Path) -> Path:
     from click.testing import CliRunner
 
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     out = work / "plan"
     r = CliRunner().invoke(main, ["plan", str(ROOT / "examples" / "tiny.yaml"), "--cluster", "local", "--out",
@@ -319,7 +319,7 @@ def case_plandir(rng, work, report, canary, timeout):
 
 
 def case_registry(rng, work, report, canary, timeout):
-    from orchestrator.registry import Registry, now_utc
+    from orchestrator.run.registry import Registry, now_utc
 
     reg = Registry(work)
     for i in range(3):

@@ -66,7 +66,7 @@ def spec_text(dry_run: bool, mbs: int, zero: int) -> str:
 def plan(work: Path, profiles: Path, dry_run: bool, mbs: int, rc: str, zero: int) -> Path:
     from click.testing import CliRunner
 
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     spec = work / f"spec-mbs{mbs}-z{zero}.yaml"
     spec.write_text(spec_text(dry_run, mbs, zero))
@@ -98,7 +98,7 @@ def train(plan_dir: Path, run_dir: Path, steps: int, dry_run: bool, timeout: flo
 
 def measure(plan_dir: Path, run_dir: Path, warmup: int) -> dict:
     from orchestrator.calibrate.records import read_steps, run_record
-    from orchestrator.plandir import load_plan_dir
+    from orchestrator.plandir.reader import load_plan_dir
 
     recs = read_steps(run_dir / "metrics.jsonl")
     steady = recs[warmup:] or recs
@@ -194,7 +194,7 @@ def main() -> None:
         if a.dry_run:
             # The record must be one `dsorch calibrate` reads: check it here, with the same profile.
             from orchestrator.calibrate.records import load_records
-            from orchestrator.specs import load_profile
+            from orchestrator.spec.cluster import load_profile
 
             rows_read = load_records([out], load_profile("gpu-check-cpu", profiles).profile)
             print(f"dry run: the records file reads back as {len(rows_read)} calibration rows")
