@@ -10,7 +10,7 @@ from __future__ import annotations
 from orchestrator.errors import DsorchError
 from orchestrator.plan.make import Plan, make_plan
 from orchestrator.render import render_all
-from orchestrator.plan.solver import Pins
+from orchestrator.plan.layout import Pins
 from orchestrator.spec.cluster import LoadedProfile
 from orchestrator.spec.model import SpecFile
 from orchestrator.validate.plan_dir import validate_files

@@ -19,7 +19,8 @@ from orchestrator.calibrate import (
 )
 from orchestrator.costmodel import evaluate
 from orchestrator.costmodel.calibration import FIELDS, calibration_table, resolve_efficiency
-from orchestrator.plan.solver import Pins, enumerate_layouts, search
+from orchestrator.plan.layout import Pins
+from orchestrator.plan.solver import enumerate_layouts, search
 from orchestrator.spec.cluster import ClusterProfile, load_profile
 from orchestrator.spec.model import load_spec
 
@@ -150,7 +151,7 @@ def test_deepspeed_runtime_uses_each_layouts_engine():
     pins = Pins(tp=1, pp=1, micro_batch_size=1, recompute="full", sequence_parallel=False)
     c, _ = enumerate_layouts(spec.model, spec.training, profile, "deepspeed", pins)
     mixed = evaluate(spec.model, spec.training, profile, "deepspeed", c)
-    for i, z in enumerate(c.zero.tolist()):
+    for i, z in enumerate(c.zero_stage.tolist()):
         eng = "deepspeed-zero3" if z == 3 else "deepspeed"
         one = evaluate(spec.model, spec.training, profile, "deepspeed", c.take([i]),
                        efficiency=resolve_efficiency(profile, eng))

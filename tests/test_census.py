@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from orchestrator.cli.main import main
 from orchestrator.costmodel.memory import GIB
 from orchestrator.plandir.reader import load_plan_dir
-from orchestrator.plan.solver import Pins, search
+from orchestrator.plan.layout import Pins
+from orchestrator.plan.solver import search
 from orchestrator.spec.cluster import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent

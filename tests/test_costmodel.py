@@ -106,11 +106,11 @@ def test_invariants(mt, nodes, runtime):
     base = c.take(c.pp == 1)
     if len(base):
         stages = (0, 1, 2, 3) if runtime == "deepspeed" else (0, 1)
-        states = [evaluate(model, training, profile, runtime, _vary(base, zero=z)) for z in stages]
+        states = [evaluate(model, training, profile, runtime, _vary(base, zero_stage=z)) for z in stages]
         for lo, hi in zip(states, states[1:]):
             assert np.all(hi.params + hi.grads + hi.optimizer <= lo.params + lo.grads + lo.optimizer + 1e-6)
     # ... and in recompute level: none >= selective >= full.
-    acts = [evaluate(model, training, profile, runtime, _vary(c, rc=r)).activations for r in (0, 1, 2)]
+    acts = [evaluate(model, training, profile, runtime, _vary(c, recompute=r)).activations for r in (0, 1, 2)]
     assert np.all(acts[0] >= acts[1] - 1e-6) and np.all(acts[1] >= acts[2] - 1e-6)
 
 
@@ -124,10 +124,10 @@ def test_activation_memory_monotone_in_micro_batch(mt, runtime):
         return
     ev = evaluate(model, training, profile, runtime, c)
     # Group by everything except the micro-batch size; activations must not decrease as it grows.
-    key = np.stack([c.tp, c.cp, c.pp, c.vpp, c.zero, c.rc, c.sp.astype(int)], axis=1)
+    key = np.stack([c.tp, c.cp, c.pp, c.vpp, c.zero_stage, c.recompute, c.sequence_parallel.astype(int)], axis=1)
     for k in np.unique(key, axis=0):
         idx = np.flatnonzero((key == k).all(axis=1))
-        idx = idx[np.argsort(c.mbs[idx])]
+        idx = idx[np.argsort(c.micro_batch_size[idx])]
         assert np.all(np.diff(ev.activations[idx]) >= -1e-6)
 
 
@@ -148,8 +148,8 @@ def test_zero3_state_below_zero1_state():
     profile = _profile(1)
     c, _ = enumerate_layouts(spec.model, spec.training, profile, "deepspeed")
     c = c.take(c.pp == 1)
-    z1 = evaluate(spec.model, spec.training, profile, "deepspeed", _vary(c, zero=1))
-    z3 = evaluate(spec.model, spec.training, profile, "deepspeed", _vary(c, zero=3))
+    z1 = evaluate(spec.model, spec.training, profile, "deepspeed", _vary(c, zero_stage=1))
+    z3 = evaluate(spec.model, spec.training, profile, "deepspeed", _vary(c, zero_stage=3))
     s1 = z1.params + z1.grads + z1.optimizer
     s3 = z3.params + z3.grads + z3.optimizer
     assert np.all(s3[c.dp > 1] < s1[c.dp > 1])
@@ -171,7 +171,7 @@ def test_invariant_checker_catches_a_broken_evaluation():
 
 # ---- time-model physics beyond the formulas
 def _one(model, training, profile, runtime, **pins):
-    from orchestrator.plan.solver import Pins
+    from orchestrator.plan.layout import Pins
 
     c, _ = enumerate_layouts(model, training, profile, runtime, Pins(**pins))
     assert len(c) == 1, pins
@@ -232,4 +232,4 @@ def test_overhead_is_buffers_plus_framework():
     assert np.allclose(ev.overhead, ev.comm_buffers + ev.framework)
     assert np.all(ev.framework == profile.memory_overhead_gib * 2**30)
     # bf16: ZeRO-1 runs in DeepSpeed's BF16_Optimizer (fp32 accumulation), which keeps no reduce buckets.
-    assert np.all(ev.comm_buffers[c.zero <= 1] == 0) and np.all(ev.comm_buffers[c.zero >= 2] > 0)
+    assert np.all(ev.comm_buffers[c.zero_stage <= 1] == 0) and np.all(ev.comm_buffers[c.zero_stage >= 2] > 0)

@@ -17,7 +17,8 @@ from orchestrator.cli.main import main
 from orchestrator.costmodel import evaluate
 from orchestrator.costmodel.evaluate import MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP
 from orchestrator.plan.layout import Layout
-from orchestrator.plan.solver import Pins, candidates_of, enumerate_layouts, search
+from orchestrator.plan.layout import Pins
+from orchestrator.plan.solver import candidates_of, enumerate_layouts, search
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import load_spec
 from orchestrator.validate.megatron import check_megatron_args, parse_args_lines
@@ -331,7 +332,7 @@ def test_odd_sequence_still_plans_without_context_parallelism(tmp_path, runner):
     model, training = _spec_of(tmp_path / "s.yaml")
     c, _ = enumerate_layouts(model, training, load_profile("dgx16").profile, "megatron")
     assert set(np.unique(c.cp)) == {1}
-    assert not c.sp.any()  # 8191 tokens do not split over any tp > 1
+    assert not c.sequence_parallel.any()  # 8191 tokens do not split over any tp > 1
 
 
 def test_sequence_parallelism_needs_the_tokens_to_split(tmp_path, runner):
@@ -341,7 +342,7 @@ def test_sequence_parallelism_needs_the_tokens_to_split(tmp_path, runner):
     assert r.exit_code == 2 and "does not divide them; use --no-sp" in r.output, r.output
     model, training = _spec_of(tmp_path / "s.yaml")
     c, _ = enumerate_layouts(model, training, load_profile("dgx16").profile, "deepspeed", Pins(tp=2))
-    assert c.sp.any()  # 8190 = 2 x 4095
+    assert c.sequence_parallel.any()  # 8190 = 2 x 4095
 
 
 def test_scalar_candidates_evaluate_like_one_element_arrays():

@@ -9,7 +9,8 @@ from orchestrator.plan.solver import enumerate_layouts, search
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import load_spec
 from orchestrator.plan.layout import FAMILIES
-from orchestrator.run.trial import pins_of, select_trials, trial_cost
+from orchestrator.plan.layout import Pins
+from orchestrator.run.trial import select_trials, trial_cost
 
 from .conftest import EXAMPLES
 
@@ -42,8 +43,8 @@ def test_pins_reproduce_the_layout_exactly(ranked):
     spec, layouts = ranked
     profile = load_profile("dgx16").profile
     for p in select_trials(layouts, 2):
-        c, _ = enumerate_layouts(spec.model, spec.training, profile, "deepspeed", pins_of(p.scored.layout))
-        assert len(c) == 1 and int(c.tp[0]) == p.scored.layout.tp and int(c.mbs[0]) == p.scored.layout.micro_batch_size
+        c, _ = enumerate_layouts(spec.model, spec.training, profile, "deepspeed", Pins.of(p.scored.layout))
+        assert len(c) == 1 and int(c.tp[0]) == p.scored.layout.tp and int(c.micro_batch_size[0]) == p.scored.layout.micro_batch_size
 
 
 def test_cost_is_the_predicted_gpu_hours(ranked):

@@ -99,7 +99,8 @@ def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: P
     if free is None:
         exercised = {"gemm", "hbm"}
         for r in rows:
-            tp, pp, dp = r.pins.tp or 1, r.pins.pp or 1, (r.pins.dp or 1) * (r.pins.cp or 1)
+            tp, pp = r.pins.tp or 1, r.pins.pp or 1
+            dp = r.profile.world_size // (tp * pp)  # the gradient reduction's group: every replica of a weight
             if r.training.flash_attention:
                 exercised.add("attention")
             if tp > 1 or (dp > 1 and r.profile.gpus_per_node > 1):

@@ -17,7 +17,7 @@ import yaml
 
 from orchestrator.costmodel.calibration import engine_of
 from orchestrator.costmodel.evaluate import Engine
-from orchestrator.plan.solver import Pins
+from orchestrator.plan.layout import Pins
 from orchestrator.spec.cluster import ClusterProfile, load_profile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 from orchestrator.spec.yamlio import deep_merge

@@ -12,9 +12,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.errors import SpecError
-from orchestrator.plan.layout import RECOMPUTE_LEVELS, RUNTIMES
+from orchestrator.plan.layout import PINNABLE, RUNTIMES, WORLD_PRODUCT, Pins, layout_schema, world_of
 from orchestrator.plan.rules import check_model, check_training, stage_split
-from orchestrator.plan.solver import Pins
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec, load_spec
 from orchestrator.calibrate.rows import Row
@@ -100,20 +99,9 @@ def record_rows(records: list[CalibrationRecord], profile: ClusterProfile) -> li
     return [_record_row(r, Path("."), profile, i) for i, r in enumerate(records)]
 
 
-class RecordLayout(BaseModel):
-    """The layout a measured run used (the keys of plan.yaml's layout section)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    tp: int = Field(default=1, gt=0)
-    pp: int = Field(default=1, gt=0)
-    dp: int = Field(gt=0)
-    vpp: int = Field(default=1, gt=0)
-    zero_stage: int = Field(default=0, ge=0, le=3)
-    micro_batch_size: int = Field(gt=0)
-    grad_accum_steps: int | None = Field(default=None, gt=0)  # implied by the batch; accepted as plan.yaml has it
-    recompute: Literal[RECOMPUTE_LEVELS] = "none"  # type: ignore[valid-type]
-    sequence_parallel: bool = False
-    cp: int = Field(default=1, gt=0)
+# The layout a measured run used: the keys of plan.yaml's layout section (orchestrator.plan.layout.AXES);
+# an axis at its neutral value may be left out, grad_accum_steps follows from the batch.
+RecordLayout = layout_schema("RecordLayout", record=True)
 
 
 class CalibrationRecord(BaseModel):
@@ -144,14 +132,13 @@ def _record_row(rec: CalibrationRecord, base: Path, profile: ClusterProfile, ind
         training = rec.training if isinstance(rec.training, TrainingSpec) else \
             TrainingSpec.model_validate(rec.training or {})
     L = rec.layout
-    world = L.tp * L.cp * L.pp * L.dp
+    world = world_of(L.model_dump())
     gpn = rec.gpus_per_node or min(profile.gpus_per_node, world)
     nodes = rec.nodes or max(1, world // gpn)
     prof = profile.resized(nodes=nodes, gpus_per_node=gpn)
     if prof.world_size != world:
-        raise SpecError(f"record {index}: tp*cp*pp*dp = {world} GPUs but {nodes} nodes x {gpn} GPUs = {prof.world_size}.")
-    pins = Pins(tp=L.tp, pp=L.pp, dp=L.dp, vpp=L.vpp, zero_stage=L.zero_stage, micro_batch_size=L.micro_batch_size,
-                recompute=L.recompute, sequence_parallel=L.sequence_parallel, cp=L.cp)
+        raise SpecError(f"record {index}: {WORLD_PRODUCT} = {world} GPUs but {nodes} nodes x {gpn} GPUs = {prof.world_size}.")
+    pins = Pins(**{a.name: getattr(L, a.name) for a in PINNABLE})
     if stage_split(model.num_layers, L.pp) is None:
         raise SpecError(f"record {index}: pp={L.pp} cannot split {model.num_layers} layers.")
     problems = check_model(model, rec.runtime) + check_training(training, prof, rec.runtime)

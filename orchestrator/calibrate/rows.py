@@ -11,9 +11,10 @@ import numpy as np
 
 from orchestrator.costmodel import Candidates, evaluate
 from orchestrator.costmodel.calibration import FIELDS, Resolved, engine_of, resolve_efficiency
-from orchestrator.costmodel.evaluate import RC_TORCHTITAN_OP, RECOMPUTE_CODES, Engine
+from orchestrator.costmodel.evaluate import RC_TORCHTITAN_OP, Engine
 from orchestrator.errors import SpecError
-from orchestrator.plan.solver import GIB, Pins, enumerate_layouts
+from orchestrator.plan.layout import AXES, AXIS, Pins, short_text
+from orchestrator.plan.solver import GIB, enumerate_layouts
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
@@ -79,7 +80,7 @@ def _prepare(row: Row) -> _Prepared:
     if len(cand) == 0:
         raise SpecError(f"calibration row {row.id}: no legal layout with {row.pins}")
     if op_sac:
-        cand = dataclasses.replace(cand, rc=np.full_like(cand.rc, RC_TORCHTITAN_OP))
+        cand = dataclasses.replace(cand, recompute=np.full_like(cand.recompute, RC_TORCHTITAN_OP))
     ev = evaluate(row.model, row.training, row.profile, row.runtime, cand, engine=row.engine)
     fits = ev.total / GIB <= row.profile.gpu.memory_gib
     if not fits.any():  # a published run did fit: keep the smallest rather than nothing
@@ -115,10 +116,10 @@ class RowError:
 
 
 def _layout_text(cand: Candidates, i: int) -> str:
-    rc = {**{v: k for k, v in RECOMPUTE_CODES.items()}, RC_TORCHTITAN_OP: "op"}[int(cand.rc[i])]
-    cp = f" cp{int(cand.cp[i])}" if int(cand.cp[i]) > 1 else ""
-    return (f"tp{int(cand.tp[i])}{cp} pp{int(cand.pp[i])} vpp{int(cand.vpp[i])} dp{int(cand.dp[i])} "
-            f"zero{int(cand.zero[i])} mbs{int(cand.mbs[i])} rc={rc}{' sp' if cand.sp[i] else ''}")
+    """A row's layout in one line (``short_text``); torchtitan's op-level recompute reads "rc=op"."""
+    values = {a.name: a.decode(getattr(cand, a.name)[i]) for a in AXES if a.name != "recompute"}
+    values["recompute"] = "op" if int(cand.recompute[i]) == RC_TORCHTITAN_OP else AXIS["recompute"].decode(cand.recompute[i])
+    return short_text(values)
 
 
 def row_errors(rows: list[Row], efficiency_for=None) -> list[RowError]:

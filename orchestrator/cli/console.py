@@ -6,6 +6,8 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 
+from orchestrator.plan.layout import AXIS, SHORT_ORDER
+
 
 def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], cluster_note=None,
                default_out: bool = False) -> None:
@@ -28,19 +30,18 @@ def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], 
         ruled = sorted(r.rejected_rules.items(), key=lambda kv: (-kv[1], kv[0]))
         con.print("ruled out by the rules: " + "; ".join(f"{n:,} {reason}" for reason, n in ruled), markup=False)
     t = Table(show_edge=False, pad_edge=False)
-    with_cp = any(s.layout.cp > 1 for s in r.ranked[:top])
-    for col in ("", "TP", *(("CP",) if with_cp else ()), "PP", "VPP", "DP", "ZeRO", "MBS", "GAS", "recompute", "SP",
-                "GiB/GPU", "step s", "tokens/s", "MFU"):
-        t.add_column(col, justify="left" if col in ("", "recompute") else "right")
-    for i, s in enumerate(r.ranked[:top]):
-        L = s.layout
-        t.add_row("*" if i == 0 else "", str(L.tp), *((str(L.cp),) if with_cp else ()), str(L.pp), str(L.vpp),
-                  str(L.dp), str(L.zero_stage),
-                  str(L.micro_batch_size), str(L.grad_accum_steps), L.recompute, "yes" if L.sequence_parallel else "no",
-                  f"{s.memory_gib['total']:.1f}", step_text(s), f"{s.tokens_per_s:,.0f}",
-                  f"{100 * s.mfu:.1f}%")
-    con.print(t)
     shown = r.ranked[:top]
+    # The axes in short()'s order; one that short() leaves out at its neutral value has a column
+    # only where a shown layout uses it.
+    axes = [AXIS[n] for n in SHORT_ORDER
+            if not AXIS[n].omit_neutral or any(getattr(s.layout, n) != AXIS[n].neutral for s in shown)]
+    for col in ("", *(a.column for a in axes), "GiB/GPU", "step s", "tokens/s", "MFU"):
+        t.add_column(col, justify="left" if col in ("", "recompute") else "right")
+    for i, s in enumerate(shown):
+        cells = [_cell(getattr(s.layout, a.name)) for a in axes]
+        t.add_row("*" if i == 0 else "", *cells, f"{s.memory_gib['total']:.1f}", step_text(s),
+                  f"{s.tokens_per_s:,.0f}", f"{100 * s.mfu:.1f}%")
+    con.print(t)
     if any(s.interval is not None for s in shown):
         con.print("±: the model's largest error on published runs of the same engine and GPU, each held out of the "
                   "fit", markup=False)
@@ -62,6 +63,10 @@ def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], 
     if out is not None:
         con.print(f"wrote {out}/: {', '.join(files)}" + (" (the default plan directory; --out DIR to choose)"
                                                          if default_out else ""), markup=False)
+
+
+def _cell(value) -> str:
+    return ("yes" if value else "no") if isinstance(value, bool) else str(value)
 
 
 def memory_tight(s) -> str | None:

@@ -3,6 +3,8 @@ exit code 2 in one place, ``DsorchGroup``."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -13,7 +15,7 @@ import click
 
 from orchestrator import __version__
 from orchestrator.errors import DsorchError
-from orchestrator.plan.layout import RECOMPUTE_LEVELS, RUNTIMES
+from orchestrator.plan.layout import PINNABLE, RUNTIMES, Pins
 
 EPILOG = """\b
 Typical use:
@@ -25,6 +27,25 @@ Typical use:
   dsorch plan examples/tiny.yaml --cluster local && dsorch submit --cluster local --wait
   dsorch profiles; dsorch validate plans/llama3-70b-dgx16; dsorch calibrate runs/... --cluster NAME
 """
+
+
+def pin_options(*names: str, **overrides: dict):
+    """The click options that pin layout axes (``orchestrator.plan.layout.PINNABLE``; ``names`` to
+    offer only some, ``overrides`` to narrow an axis's range or help for one command), passed to the
+    command as one ``pins`` argument."""
+    axes = [dataclasses.replace(a, **overrides.get(a.name, {})) for a in PINNABLE if not names or a.name in names]
+
+    def decorate(f):
+        @functools.wraps(f)
+        def with_pins(*args, **kwargs):
+            return f(*args, pins=Pins(**{a.name: kwargs.pop(a.name) for a in axes}), **kwargs)
+
+        for a in reversed(axes):
+            kind = (click.Choice(a.choices) if a.choices else click.IntRange(a.low, a.high) if a.kind is int else None)
+            with_pins = click.option(a.flag, a.name, type=kind, default=None, help=a.help)(with_pins)
+        return with_pins
+
+    return decorate
 
 
 class UserError(click.ClickException):
@@ -155,32 +176,19 @@ def _load_cluster(project, cluster, profiles_dir: str | None):
 @click.option("--nodes", type=click.IntRange(1, 1_000_000), default=None, help="Override the profile's node count.")
 @click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
               help="Override the profile's GPUs (processes) per node, e.g. to plan for part of a node.")
-@click.option("--tp", type=click.IntRange(1, 1024), default=None, help="Pin the tensor-parallel degree.")
-@click.option("--pp", type=click.IntRange(1, 1_000_000), default=None, help="Pin the pipeline-parallel degree.")
-@click.option("--dp", type=click.IntRange(1, 1_000_000_000), default=None, help="Pin the data-parallel degree.")
-@click.option("--cp", type=click.IntRange(1, 1_000_000), default=None,
-              help="Pin the context-parallel degree (ring attention; megatron runtime only).")
-@click.option("--vpp", type=click.IntRange(1, 1_000_000), default=None,
-              help="Pin virtual pipeline stages per rank (interleaved schedule; megatron runtime only).")
-@click.option("--zero", type=click.IntRange(0, 3), default=None,
-              help="Pin the ZeRO stage (megatron runtime: 1 = distributed optimizer, 2 = Megatron-FSDP "
-                   "optim_grads, gradients sharded too; 2 is searched only when pinned).")
-@click.option("--mbs", type=click.IntRange(1, 100_000_000), default=None, help="Pin the micro-batch size (sequences).")
-@click.option("--recompute", type=click.Choice(RECOMPUTE_LEVELS), default=None, help="Pin activation recomputation.")
-@click.option("--sp/--no-sp", "sp", default=None, help="Pin sequence parallelism on or off.")
+@pin_options()
 @click.option("--memory-margin", type=click.FloatRange(0, 1_000_000), default=0.0, show_default=True, metavar="GIB",
               help="Headroom to keep free on every GPU, in GiB.")
 @click.option("--top", type=click.IntRange(1, 10_000), default=8, show_default=True, help="Rows in the table.")
 @_profiles_dir_option
-def plan(spec, cluster, out, no_write, plot, check, as_json, explain, runtime, nodes, gpus_per_node, tp, pp, dp, cp, vpp,
-         zero, mbs, recompute, sp, memory_margin, top, profiles_dir):
+def plan(spec, cluster, out, no_write, plot, check, as_json, explain, runtime, nodes, gpus_per_node, pins, memory_margin,
+         top, profiles_dir):
     """Search every legal layout for SPEC on a cluster, show the best, write the plan directory.
 
     Any part of the layout can be pinned (--tp 8 --pp 4 ...); the rest is searched. With every
     part pinned, exactly that layout is evaluated, and if it does not fit you are told by how much.
     """
     from orchestrator.compose import plan_files
-    from orchestrator.plan.solver import Pins
     from orchestrator.spec.model import load_spec
     from orchestrator.plandir.writer import diff_plan_dir, spec_path_in, write_plan_dir
 
@@ -203,8 +211,6 @@ def plan(spec, cluster, out, no_write, plot, check, as_json, explain, runtime, n
     default_out = out is None
     if out is None and (check or not (no_write or as_json)):
         out = project.default_plan_dir(spec_file.name, lp.profile.name, runtime, nodes, gpus_per_node)
-    pins = Pins(tp=tp, pp=pp, dp=dp, vpp=vpp, zero_stage=zero, micro_batch_size=mbs, recompute=recompute,
-                sequence_parallel=sp, cp=cp)
     the_plan, files = plan_files(spec_file, spec_path_in(spec, out), loaded.sha256, lp, runtime, pins, nodes=nodes,
                                  gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin, keep=max(top, 8),
                                  shown_path=str(spec))
@@ -794,13 +800,11 @@ Examples:
               help="GPUs (processes) per node to go on with (default: as planned).")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The new plan directory (default: the old one's name plus -<N>n).")
-@click.option("--tp", type=click.IntRange(1, 1024), default=None, help="Pin the tensor-parallel degree.")
-@click.option("--pp", type=click.IntRange(1, 1_000_000), default=None, help="Pin the pipeline-parallel degree.")
-@click.option("--dp", type=click.IntRange(1, 1_000_000_000), default=None, help="Pin the data-parallel degree.")
-@click.option("--zero", type=click.IntRange(1, 2), default=None, help="Pin the ZeRO stage (1 or 2: what converts).")
-@click.option("--mbs", type=click.IntRange(1, 100_000_000), default=None, help="Pin the micro-batch size.")
+@pin_options("tp", "pp", "dp", "zero_stage", "micro_batch_size",
+             zero_stage=dict(low=1, high=2, help="Pin the ZeRO stage (1 or 2: what converts)."),
+             micro_batch_size=dict(help="Pin the micro-batch size."))
 @_profiles_dir_option
-def replan(run, nodes, gpus_per_node, out, tp, pp, dp, zero, mbs, profiles_dir):
+def replan(run, nodes, gpus_per_node, out, pins, profiles_dir):
     """Re-plan a run for another number of nodes and convert its newest checkpoint to the new layout.
 
     The same spec and global batch, planned for the new world; the fastest layout DeepSpeed's
@@ -810,14 +814,12 @@ def replan(run, nodes, gpus_per_node, out, tp, pp, dp, zero, mbs, profiles_dir):
     """
     from orchestrator.run.replan import find_run
     from orchestrator.run.replan import replan as do_replan
-    from orchestrator.plan.solver import Pins
 
     _ds_env()
     if nodes is None and gpus_per_node is None:
         raise UserError("pass --nodes N (and/or --gpus-per-node G): the world to go on with.")
     project = _project()
     run_dir = find_run(project, run)
-    pins = Pins(tp=tp, pp=pp, dp=dp, zero_stage=zero, micro_batch_size=mbs)
     r = do_replan(project, run_dir, nodes, gpus_per_node, pins, out, _profiles_dir(project, profiles_dir))
     p = r.plan
     click.echo(f"{_shown(run_dir)}: checkpoint of step {r.step}, layout {r.source.short()}")

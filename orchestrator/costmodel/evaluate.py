@@ -128,23 +128,25 @@ def runtime_engine(runtime: str, training: TrainingSpec) -> Engine:
     return replace(eng, tp_overlap=training.tp_comm_overlap, p2p_overlap=training.overlap_p2p_comm)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Candidates:
-    """One entry per layout. ``layers_*`` come from ``rules.stage_split``."""
+    """One entry per layout: a column per axis the cost model reads, named as the ``Layout`` field
+    (the solver fills them from ``orchestrator.plan.layout.AXES``, coded by ``Axis.code``), and the
+    decoder layers per stage from ``rules.stage_split``."""
 
     tp: np.ndarray
     pp: np.ndarray
     dp: np.ndarray
     vpp: np.ndarray
-    zero: np.ndarray
-    mbs: np.ndarray
-    gas: np.ndarray
-    rc: np.ndarray  # 0 none, 1 selective, 2 full
-    sp: np.ndarray  # bool
+    zero_stage: np.ndarray
+    micro_batch_size: np.ndarray
+    grad_accum_steps: np.ndarray
+    recompute: np.ndarray  # RECOMPUTE_CODES
+    sequence_parallel: np.ndarray  # bool
+    cp: np.ndarray
     layers_first: np.ndarray
     layers_middle: np.ndarray
     layers_last: np.ndarray
-    cp: np.ndarray
 
     def __len__(self) -> int:
         return int(np.asarray(self.tp).size)
@@ -219,7 +221,7 @@ def _hierarchical_time(nbytes, d, k, bw_intra, lat_intra, bw_inter, lat_inter, f
     return inside + across
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class _Inputs:
     """What every part of the model reads: the layouts as float arrays, the model's shape, the
     bytes per parameter, the efficiencies and the engine. Built once by ``_inputs``."""
@@ -234,11 +236,11 @@ class _Inputs:
     pp: np.ndarray
     dp: np.ndarray
     vpp: np.ndarray
-    mbs: np.ndarray
-    gas: np.ndarray
-    zero: np.ndarray
-    rc: np.ndarray
-    sp: np.ndarray
+    micro_batch_size: np.ndarray
+    grad_accum_steps: np.ndarray
+    zero_stage: np.ndarray
+    recompute: np.ndarray
+    sequence_parallel: np.ndarray
     lf: np.ndarray  # decoder layers on the first, a middle and the last stage
     lm: np.ndarray
     ll: np.ndarray
@@ -267,7 +269,7 @@ def _rates(values) -> SimpleNamespace:
 def _inputs(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str, c: Candidates,
             eff: SimpleNamespace, eng: Engine) -> _Inputs:
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
-    tp, pp, zero = f64(c.tp), f64(c.pp), np.asarray(c.zero)
+    tp, pp, zero = f64(c.tp), f64(c.pp), np.asarray(c.zero_stage)
     h = float(model.hidden_size)
     weight_b, grad_b, opt_b = state_bytes(runtime, training.precision, zero)
     # Bytes per gradient element on the wire and in DeepSpeed's reduce buckets: DeepSpeed reduces in
@@ -293,18 +295,21 @@ def _inputs(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, r
     last_params = ll * layer_params_local + out_local + tied_copy
     params_stage = np.maximum(np.maximum(first_params, middle_params), np.where(pp > 1, last_params, 0.0))
     cp = f64(c.cp)
-    return _Inputs(model, training, profile, runtime, eff, eng, tp, pp, f64(c.dp), f64(c.vpp), f64(c.mbs),
-                   f64(c.gas), zero, np.asarray(c.rc), np.asarray(c.sp, dtype=bool), lf, lm, ll,
-                   4 if training.precision == "fp32" else 2, weight_b, grad_b, opt_b, comm_grad_b,
-                   cp, float(training.seq_length) / cp, f64(c.dp) * cp,
-                   layer_params_local, first_params, middle_params, last_params, params_stage)
+    return _Inputs(model=model, training=training, profile=profile, runtime=runtime, eff=eff, eng=eng, tp=tp, pp=pp,
+                   dp=f64(c.dp), vpp=f64(c.vpp), micro_batch_size=f64(c.micro_batch_size),
+                   grad_accum_steps=f64(c.grad_accum_steps), zero_stage=zero, recompute=np.asarray(c.recompute),
+                   sequence_parallel=np.asarray(c.sequence_parallel, dtype=bool), lf=lf, lm=lm, ll=ll,
+                   act_bytes=4 if training.precision == "fp32" else 2, weight_b=weight_b, grad_b=grad_b, opt_b=opt_b,
+                   comm_grad_b=comm_grad_b, cp=cp, s_local=float(training.seq_length) / cp, dpc=f64(c.dp) * cp,
+                   layer_params_local=layer_params_local, first_params=first_params, middle_params=middle_params,
+                   last_params=last_params, params_stage=params_stage)
 
 
 def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
     """Bytes per GPU on the binding pipeline stage: (weights, gradients, optimizer states,
     activations, communication buffers, framework, total, the entrypoint's part of the activations)."""
-    model, training, tp, pp, vpp, gas, zero = x.model, x.training, x.tp, x.pp, x.vpp, x.gas, x.zero
-    s, mbs, sp, rc = x.s_local, x.mbs, x.sp, x.rc  # with cp, each rank holds s/cp of every sequence
+    model, training, tp, pp, vpp, gas, zero = x.model, x.training, x.tp, x.pp, x.vpp, x.grad_accum_steps, x.zero_stage
+    s, mbs, sp, rc = x.s_local, x.micro_batch_size, x.sequence_parallel, x.recompute  # with cp, each rank holds s/cp of every sequence
     h, f, a, kv, V = (float(model.hidden_size), float(model.ffn_hidden_size), float(model.num_attention_heads),
                       float(model.kv_heads), float(model.vocab_size))
     act_bytes = x.act_bytes
@@ -399,8 +404,8 @@ def _compute(x: _Inputs) -> tuple[np.ndarray, ...]:
     """GEMMs, attention and element-wise work of the slowest stage: (seconds per micro-batch,
     seconds per step, FLOPs of the stage per step for the at-peak bound, seconds of one layer's
     attention per micro-batch, forward and backward)."""
-    model, training, eff, tp, rc, sp, gas = x.model, x.training, x.eff, x.tp, x.rc, x.sp, x.gas
-    s, mbs = float(training.seq_length), x.mbs
+    model, training, eff, tp, rc, sp, gas = x.model, x.training, x.eff, x.tp, x.recompute, x.sequence_parallel, x.grad_accum_steps
+    s, mbs = float(training.seq_length), x.micro_batch_size
     s_local = x.s_local  # tokens of each sequence on this rank (s / cp)
     h, f, a, kv, V = (float(model.hidden_size), float(model.ffn_hidden_size), float(model.num_attention_heads),
                       float(model.kv_heads), float(model.vocab_size))
@@ -499,10 +504,10 @@ def _communication(x: _Inputs, compute_mb: np.ndarray, compute: np.ndarray,
     communication: (TP per micro-batch exposed, TP per step before overlap, PP point-to-point, DP
     exposed, DP before overlap, CP exposed)."""
     profile, eff, eng, training = x.profile, x.eff, x.eng, x.training
-    tp, pp, vpp, gas, zero, rc, sp = x.tp, x.pp, x.vpp, x.gas, x.zero, x.rc, x.sp
+    tp, pp, vpp, gas, zero, rc, sp = x.tp, x.pp, x.vpp, x.grad_accum_steps, x.zero_stage, x.recompute, x.sequence_parallel
     h = float(x.model.hidden_size)
     e = float(x.act_bytes)
-    T = x.s_local * x.mbs
+    T = x.s_local * x.micro_batch_size
     cp, dpc = x.cp, x.dpc
     # Tensor-parallel collectives, per layer per micro-batch.
     nvlink = profile.intra_node.bandwidth_gbps * 1e9 / 2 * eff.intra_node_comm  # one direction
@@ -601,16 +606,16 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     ``efficiency`` overrides the profile's resolved efficiencies and ``engine`` the runtime's
     overlap settings (calibration uses both); plain callers pass neither.
     """
-    eff = _rates(per_layout(profile, runtime, c.zero)[0] if efficiency is None else efficiency.values())
+    eff = _rates(per_layout(profile, runtime, c.zero_stage)[0] if efficiency is None else efficiency.values())
     eng = runtime_engine(runtime, training) if engine is None else engine
     x = _inputs(model, training, profile, runtime, c, eff, eng)
     params_b, grads_b, opt_bytes, act_b, buffers, framework, total, entrypoint_act = _memory(x)
     compute_mb, compute, flops_step, attention_mb = _compute(x)
     tp_mb, tp_total, pp_comm, dp_comm, dp_total, cp_comm = _communication(x, compute_mb, compute, attention_mb)
-    tp_comm = x.gas * tp_mb
-    bubble = (x.pp - 1) / x.vpp * (compute_mb + tp_mb + cp_comm / x.gas)
+    tp_comm = x.grad_accum_steps * tp_mb
+    bubble = (x.pp - 1) / x.vpp * (compute_mb + tp_mb + cp_comm / x.grad_accum_steps)
     hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * eff.hbm
-    opt_params = x.params_stage / np.where(x.zero >= 1, x.dpc, 1.0)
+    opt_params = x.params_stage / np.where(x.zero_stage >= 1, x.dpc, 1.0)
     optimizer_step = opt_params * OPTIMIZER_BYTES_PER_PARAM / hbm
 
     step = compute + tp_comm + bubble + pp_comm + dp_comm + cp_comm + optimizer_step

@@ -1,4 +1,15 @@
-"""A parallel layout: degrees and batch arithmetic, nothing else (cf. torchtitan's ParallelDims).
+"""A parallel layout: degrees and batch arithmetic, nothing else (cf. torchtitan's ParallelDims),
+and the table of its axes.
+
+``Layout`` is the one field list. ``AXES`` says, for each field, what the rest of dsorch needs to
+know to carry it without naming it: its CLI pin flag, range and help (the click options of
+`dsorch plan`/`trial`/`replan` and the regenerate line in plan.yaml), how ``short()`` writes it,
+what a file written before the axis existed means by its absence, whether it splits the world,
+and how it is coded in the solver's arrays. ``Pins`` (every field optional), plan.yaml's and the
+calibration records' layout schemas (``layout_schema``) and the arrays' columns are made from it.
+
+A new axis is one ``Layout`` field, one ``AXES`` row, its legality rules (``orchestrator.plan.rules``),
+its cost terms (``orchestrator.costmodel``) and its flags (``orchestrator.render``).
 
 The solver produces Layouts; the renderers and the training entrypoint consume them. Legality
 rules that depend on the model, the cluster or the runtime live in ``orchestrator.plan.rules``.
@@ -6,9 +17,14 @@ rules that depend on the model, the cluster or the runtime live in ``orchestrato
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
+import pydantic
 
 RECOMPUTE_LEVELS: tuple[str, ...] = ("none", "selective", "full")
 RUNTIMES: tuple[str, ...] = ("deepspeed", "megatron")
@@ -27,7 +43,7 @@ def family_codes(tp, pp, zero_stage, cp):
     return np.select([cp > 1, pp > 1, zero_stage == 3, tp > 1], [0, 1, 2, 3], default=4)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Layout:
     tp: int
     pp: int
@@ -43,13 +59,12 @@ class Layout:
     cp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "vpp", "micro_batch_size", "grad_accum_steps", "cp"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
-        if self.recompute not in RECOMPUTE_LEVELS:
-            raise ValueError(f"recompute must be one of {RECOMPUTE_LEVELS}, got {self.recompute!r}")
+        for axis in AXES:
+            value = getattr(self, axis.name)
+            if axis.choices and value not in axis.choices:
+                raise ValueError(f"{axis.name} must be one of {axis.choices}, got {value!r}")
+            if axis.kind is int and not axis.low <= value <= axis.high:
+                raise ValueError(f"{axis.name} must be in {axis.low}..{axis.high}, got {value}")
 
     @property
     def family(self) -> str:
@@ -57,7 +72,7 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.cp * self.pp * self.dp
+        return world_of(self.as_dict())
 
     @property
     def global_batch_size(self) -> int:
@@ -67,11 +82,169 @@ class Layout:
         return asdict(self)
 
     def short(self) -> str:
-        sp = "+sp" if self.sequence_parallel else ""
-        v = f" vpp{self.vpp}" if self.vpp > 1 else ""
-        c = f" cp{self.cp}" if self.cp > 1 else ""
-        return (f"tp{self.tp}{sp}{c} pp{self.pp}{v} dp{self.dp} zero{self.zero_stage} "
-                f"mbs{self.micro_batch_size} gas{self.grad_accum_steps} rc={self.recompute}")
+        """One line, e.g. ``tp8+sp cp2 pp4 vpp2 dp8 zero1 mbs1 gas16 rc=selective``."""
+        return short_text(self.as_dict())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Axis:
+    """One field of ``Layout``: what every reader and writer of layouts needs to know of it."""
+
+    name: str  # the Layout field, the key in plan.yaml and in calibration records
+    help: str
+    label: str  # in prose (`dsorch diff`: "ZeRO stage 1 -> 3")
+    column: str  # its column in `dsorch plan`'s table
+    kind: type = int  # int, bool or str
+    low: int = 1  # int axes: the range a pin and a file may take
+    high: int = 1_000_000
+    choices: tuple[str, ...] = ()  # str axes: the values, in the order of their codes in the arrays
+    # The CLI pin (`dsorch plan --tp 8`); None for what follows from the other axes.
+    flag: str | None = None
+    # The value at which the axis is not used (tp 1, ZeRO 0, no recompute). A calibration record
+    # may leave such an axis out; ``since_0_1=False`` axes may be absent from plan directories and
+    # checkpoints written before they existed, and mean this value there.
+    neutral: Any = None
+    since_0_1: bool = True
+    short: str = "{}"  # how short() writes it
+    omit_neutral: bool = False  # short() leaves it out at its neutral value
+    splits_world: bool = False  # world size = the product of these
+
+    def code(self, value) -> int:
+        """The value in the solver's integer arrays."""
+        return self.choices.index(value) if self.choices else int(value)
+
+    def decode(self, code) -> Any:
+        return self.choices[int(code)] if self.choices else self.kind(code)
+
+    def pin_words(self, value) -> list[str]:
+        """The CLI words that pin this value (the regenerate line of plan.yaml)."""
+        if self.kind is bool:
+            on, off = self.flag.split("/")
+            return [on if value else off]
+        return [self.flag, str(value)]
+
+
+AXES: tuple[Axis, ...] = (
+    Axis(name="tp", label="tp", column="TP", flag="--tp", high=1024, neutral=1, short="tp{}", splits_world=True,
+         help="Pin the tensor-parallel degree."),
+    Axis(name="pp", label="pp", column="PP", flag="--pp", neutral=1, short="pp{}", splits_world=True,
+         help="Pin the pipeline-parallel degree."),
+    Axis(name="dp", label="dp", column="DP", flag="--dp", high=1_000_000_000, short="dp{}", splits_world=True,
+         help="Pin the data-parallel degree."),
+    Axis(name="vpp", label="vpp", column="VPP", flag="--vpp", neutral=1, short="vpp{}", omit_neutral=True,
+         help="Pin virtual pipeline stages per rank (interleaved schedule; megatron runtime only)."),
+    Axis(name="zero_stage", label="ZeRO stage", column="ZeRO", flag="--zero", low=0, high=3, neutral=0,
+         short="zero{}",
+         help="Pin the ZeRO stage (megatron runtime: 1 = distributed optimizer, 2 = Megatron-FSDP "
+              "optim_grads, gradients sharded too; 2 is searched only when pinned)."),
+    Axis(name="micro_batch_size", label="micro-batch", column="MBS", flag="--mbs", high=100_000_000, short="mbs{}",
+         help="Pin the micro-batch size (sequences)."),
+    Axis(name="grad_accum_steps", label="grad accumulation", column="GAS", high=100_000_000, short="gas{}",
+         help="Micro-batches per optimizer step: the global batch over micro-batch size x dp."),
+    Axis(name="recompute", label="recompute", column="recompute", kind=str, choices=RECOMPUTE_LEVELS,
+         flag="--recompute", neutral="none", short="rc={}", help="Pin activation recomputation."),
+    Axis(name="sequence_parallel", label="sequence parallel", column="SP", kind=bool, flag="--sp/--no-sp",
+         neutral=False, short="+sp", omit_neutral=True, help="Pin sequence parallelism on or off."),
+    Axis(name="cp", label="cp", column="CP", flag="--cp", neutral=1, since_0_1=False, short="cp{}",
+         omit_neutral=True, splits_world=True,
+         help="Pin the context-parallel degree (ring attention; megatron runtime only)."),
+)
+AXIS: dict[str, Axis] = {a.name: a for a in AXES}
+# The order of short(): sequence parallelism is a mode of tp, cp splits what tp leaves.
+SHORT_ORDER = ("tp", "sequence_parallel", "cp", "pp", "vpp", "dp", "zero_stage", "micro_batch_size",
+               "grad_accum_steps", "recompute")
+# Equal step time and memory: the layout with the smaller value of the first of these wins (the
+# search's lexsort keys; dp and grad_accum_steps follow from the others).
+TIEBREAK = ("tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "recompute", "sequence_parallel")
+# "tp*cp*pp*dp", for messages about the world size.
+WORLD_PRODUCT = "*".join(n for n in SHORT_ORDER if AXIS[n].splits_world)
+
+
+def world_of(values: Mapping[str, Any]) -> int:
+    """GPUs a layout takes: the product of the axes that split the world (tp x cp x pp x dp)."""
+    return math.prod(values[a.name] for a in AXES if a.splits_world)
+
+
+def short_text(values: Mapping[str, Any]) -> str:
+    """A layout in one line, the axes in ``SHORT_ORDER``, each as its ``short`` pattern, those that
+    omit it at their neutral value left out. ``values`` may hold a value no Layout takes (the
+    calibration's torchtitan recompute "op")."""
+    out = ""
+    for name in SHORT_ORDER:
+        axis, value = AXIS[name], values[name]
+        if axis.omit_neutral and value == axis.neutral:
+            continue
+        text = axis.short.format(value)
+        out += text if text.startswith("+") or not out else " " + text
+    return out
+
+
+def _pins_of(cls, layout: Layout) -> "Pins":
+    """The pins that make the search evaluate exactly ``layout`` (its trial, its re-plan)."""
+    return cls(**{f.name: getattr(layout, f.name) for f in dataclasses.fields(cls)})
+
+
+def _all_pinned(self) -> bool:
+    return all(getattr(self, f.name) is not None for f in dataclasses.fields(self))
+
+
+def _pinned(self) -> dict[str, Any]:
+    """The pinned axes and their values, in table order."""
+    return {a.name: getattr(self, a.name) for a in PINNABLE if getattr(self, a.name) is not None}
+
+
+def _pin_words(self) -> list[str]:
+    """The CLI words of the pinned axes, in table order (`dsorch plan ... --tp 8 --cp 2`)."""
+    return [w for a in PINNABLE if getattr(self, a.name) is not None for w in a.pin_words(getattr(self, a.name))]
+
+
+PINNABLE: tuple[Axis, ...] = tuple(a for a in AXES if a.flag is not None)
+
+if TYPE_CHECKING:  # the fields are the pinnable axes, made below: a type checker sees them as Any
+
+    class Pins:
+        def __init__(self, **pins: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
+        @classmethod
+        def of(cls, layout: Layout) -> Pins: ...
+        def all_pinned(self) -> bool: ...
+        def words(self) -> list[str]: ...
+        def pinned(self) -> dict[str, Any]: ...
+
+else:
+    # Layout fields fixed by the user; None means 'search it'. Pins.of(layout) pins a whole layout.
+    Pins = dataclasses.make_dataclass(
+        "Pins", [(a.name, a.kind | None, dataclasses.field(default=None)) for a in PINNABLE],
+        frozen=True, kw_only=True, slots=True,
+        namespace={"of": classmethod(_pins_of), "all_pinned": _all_pinned, "words": _pin_words,
+                   "pinned": _pinned,
+                   "__doc__": "Layout fields fixed by the user; None means 'search it'."})
+    Pins.__module__ = __name__
+
+
+def _field_type(axis: Axis):
+    if axis.choices:
+        return Literal[axis.choices]  # type: ignore[valid-type]
+    if axis.kind is int:
+        return Annotated[int, pydantic.Field(ge=axis.low, le=axis.high)]
+    return axis.kind
+
+
+def layout_schema(name: str, *, record: bool) -> type[pydantic.BaseModel]:
+    """The pydantic model of a layout in a file: plan.yaml's ``layout`` section (``record=False``:
+    every axis required but those added after 0.1) or a calibration record's (``record=True``:
+    axes at their neutral value may be left out; grad_accum_steps follows from the batch)."""
+    fields: dict[str, Any] = {}
+    for a in AXES:
+        t = _field_type(a)
+        if record and a.neutral is None and a.flag is None:
+            fields[a.name] = (t | None, None)
+        elif (record and a.neutral is not None) or not a.since_0_1:
+            fields[a.name] = (t, a.neutral)
+        else:
+            fields[a.name] = (t, ...)
+    config = pydantic.ConfigDict(extra="forbid", frozen=True)
+    return pydantic.create_model(name, __config__=config, __module__=__name__, **fields)
 
 
 def divisors(n: int) -> list[int]:

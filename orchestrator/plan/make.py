@@ -12,7 +12,8 @@ from orchestrator import __version__
 from orchestrator.errors import LayoutError, NoFeasibleLayout
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.rules import MEGATRON_FSDP_ZERO, check_model, check_training
-from orchestrator.plan.solver import Pins, Scored, SearchResult, explain_pins, minimum_nodes, search
+from orchestrator.plan.layout import Pins
+from orchestrator.plan.solver import Scored, SearchResult, explain_pins, minimum_nodes, search
 from orchestrator.spec.cluster import ClusterProfile, LoadedProfile
 from orchestrator.spec.model import SpecFile
 
@@ -56,7 +57,7 @@ def _nodes(n: int) -> str:
 
 
 def _pins_text(pins: Pins) -> str:
-    items = [f"{k}={v}" for k, v in vars(pins).items() if v is not None]
+    items = [f"{k}={v}" for k, v in pins.pinned().items()]
     return f" with {', '.join(items)} pinned" if items else ""
 
 

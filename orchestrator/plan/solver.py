@@ -7,15 +7,28 @@ nothing is skipped by heuristics. Pure: no I/O.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from orchestrator.costmodel import RECOMPUTE_CODES, Candidates, Evaluation, evaluate
+from orchestrator.costmodel import Candidates, Evaluation, evaluate
 from orchestrator.costmodel.calibration import engine_of, per_layout
 from orchestrator.costmodel.evaluate import invariant_violations, runtime_engine
 from orchestrator.costmodel.memory import GIB
-from orchestrator.plan.layout import FAMILIES, RECOMPUTE_LEVELS, Layout, divisors, family_codes
+from orchestrator.plan.layout import (
+    AXES,
+    AXIS,
+    FAMILIES,
+    PINNABLE,
+    RECOMPUTE_LEVELS,
+    SHORT_ORDER,
+    TIEBREAK,
+    Layout,
+    Pins,
+    divisors,
+    family_codes,
+)
 from orchestrator.plan.rules import (
     check_layout,
     cp_degrees,
@@ -30,27 +43,6 @@ from orchestrator.plan.rules import (
 )
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
-
-_RC_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
-
-
-@dataclass(frozen=True)
-class Pins:
-    """Layout fields fixed by the user; None means 'search it'."""
-
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    vpp: int | None = None
-    zero_stage: int | None = None
-    micro_batch_size: int | None = None
-    recompute: str | None = None
-    sequence_parallel: bool | None = None
-    cp: int | None = None
-
-    def all_pinned(self) -> bool:
-        return all(getattr(self, f) is not None for f in self.__dataclass_fields__)
-
 
 # The memory stack a Scored carries (GiB per GPU, binding pipeline stage); overhead is buffers +
 # framework, and what plan.yaml's memory section shows.
@@ -109,7 +101,7 @@ class FamilyBest:
 
 def _family_bests(cand: Candidates, ev: Evaluation, order: np.ndarray, fits: np.ndarray, capacity: float,
                   confidence) -> tuple[FamilyBest, ...]:
-    codes = family_codes(cand.tp, cand.pp, cand.zero, cand.cp)
+    codes = family_codes(cand.tp, cand.pp, cand.zero_stage, cand.cp)
     rank = np.empty(len(order), dtype=np.int64)
     feasible_order = order[fits[order]]
     rank[feasible_order] = np.arange(1, len(feasible_order) + 1)
@@ -156,7 +148,7 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, profile: Cluster
         if n:
             rejected[reason] = rejected.get(reason, 0) + n
 
-    rows: list[tuple] = []
+    rows: list[dict] = []
     legal_tp = tp_degrees(model, profile.gpus_per_node)
     reject(RULE_TP, len([t for t in _options(pins, "tp", divisors(profile.gpus_per_node)) if t not in legal_tp]))
     for tp in _options(pins, "tp", legal_tp):
@@ -176,7 +168,7 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, profile: Cluster
     return _candidates(rows), rejected
 
 
-def _layouts_at(tp, cp, pp, dp, split, model, training, runtime, pins, reject) -> list[tuple]:
+def _layouts_at(tp, cp, pp, dp, split, model, training, runtime, pins, reject) -> list[dict]:
     """Every (vpp, micro-batch, ZeRO stage, recompute, SP) at one (tp, cp, pp, dp), as rows."""
     gbs = training.global_batch_size
     rows = []
@@ -198,27 +190,35 @@ def _layouts_at(tp, cp, pp, dp, split, model, training, runtime, pins, reject) -
             for z, rc, sp in itertools.product([z for z in wanted if z in zeros],
                                                _options(pins, "recompute", RECOMPUTE_LEVELS),
                                                _options(pins, "sequence_parallel", sps)):
-                rows.append((tp, pp, dp, vpp, z, mbs, gas, RECOMPUTE_CODES[rc], sp,
-                             split.first, split.middle, split.last, cp))
+                rows.append(_row(dict(tp=tp, pp=pp, dp=dp, vpp=vpp, zero_stage=z, micro_batch_size=mbs,
+                                      grad_accum_steps=gas, recompute=rc, sequence_parallel=sp, cp=cp), split))
     return rows
 
 
-def _candidates(rows: list[tuple]) -> Candidates:
-    """Rows of (tp, pp, dp, vpp, zero, mbs, gas, rc code, sp, layers first/middle/last, cp) as arrays."""
-    cols = np.array(rows, dtype=np.int64).reshape(-1, 13).T
-    return Candidates(tp=cols[0], pp=cols[1], dp=cols[2], vpp=cols[3], zero=cols[4], mbs=cols[5], gas=cols[6],
-                      rc=cols[7], sp=cols[8].astype(bool), layers_first=cols[9], layers_middle=cols[10],
-                      layers_last=cols[11], cp=cols[12])
+# The columns of Candidates beyond the axes: decoder layers on the first, a middle and the last stage.
+_SPLIT_COLUMNS = ("layers_first", "layers_middle", "layers_last")
+
+
+def _row(layout: dict, split) -> dict:
+    """One layout (its axes by name) as a row of Candidates: every axis coded, the stage split."""
+    return {**{a.name: a.code(layout[a.name]) for a in AXES},
+            **dict(zip(_SPLIT_COLUMNS, (split.first, split.middle, split.last)))}
+
+
+def _candidates(rows: list[dict]) -> Candidates:
+    """Rows (``_row``) as one array per column."""
+    names = (*AXIS, *_SPLIT_COLUMNS)
+    cols = np.array([[r[n] for n in names] for r in rows], dtype=np.int64).reshape(-1, len(names)).T
+    arrays = dict(zip(names, cols))
+    for a in AXES:
+        if a.kind is bool:
+            arrays[a.name] = arrays[a.name].astype(bool)
+    return Candidates(**arrays)
 
 
 def candidates_of(model: ModelSpec, layouts: list[Layout]) -> Candidates:
     """Exactly these (legal) layouts as Candidates, for one vectorized evaluation."""
-    rows = []
-    for L in layouts:
-        split = stage_split(model.num_layers, L.pp)
-        rows.append((L.tp, L.pp, L.dp, L.vpp, L.zero_stage, L.micro_batch_size, L.grad_accum_steps,
-                     RECOMPUTE_CODES[L.recompute], L.sequence_parallel, split.first, split.middle, split.last, L.cp))
-    return _candidates(rows)
+    return _candidates([_row(L.as_dict(), stage_split(model.num_layers, L.pp)) for L in layouts])
 
 
 def _confidence(profile: ClusterProfile, runtime: str, training: TrainingSpec, zero_stages):
@@ -241,9 +241,7 @@ def _confidence(profile: ClusterProfile, runtime: str, training: TrainingSpec, z
 
 
 def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float, confidence, fits=None) -> Scored:
-    layout = Layout(tp=int(c.tp[i]), pp=int(c.pp[i]), dp=int(c.dp[i]), vpp=int(c.vpp[i]),
-                    zero_stage=int(c.zero[i]), micro_batch_size=int(c.mbs[i]), grad_accum_steps=int(c.gas[i]),
-                    recompute=_RC_NAMES[int(c.rc[i])], sequence_parallel=bool(c.sp[i]), cp=int(c.cp[i]))
+    layout = Layout(**{a.name: a.decode(getattr(c, a.name)[i]) for a in AXES})
     mem = {k: float(getattr(ev, k)[i]) / GIB for k in MEMORY_STACK}
     t = {"compute": float(ev.compute[i]), "tp_comm": float(ev.tp_comm[i]), "bubble": float(ev.bubble[i]),
          "pp_comm": float(ev.pp_comm[i]), "dp_comm": float(ev.dp_comm[i]), "cp_comm": float(ev.cp_comm[i]),
@@ -255,10 +253,7 @@ def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float, confiden
 
 def _index_of(c: Candidates, layout: Layout) -> np.ndarray:
     """The candidates that are ``layout`` (a boolean mask: none, or one)."""
-    rc = RECOMPUTE_CODES[layout.recompute]
-    return ((c.tp == layout.tp) & (c.pp == layout.pp) & (c.dp == layout.dp) & (c.vpp == layout.vpp)
-            & (c.zero == layout.zero_stage) & (c.mbs == layout.micro_batch_size) & (c.gas == layout.grad_accum_steps)
-            & (c.rc == rc) & (c.sp == layout.sequence_parallel) & (c.cp == layout.cp))
+    return np.logical_and.reduce([getattr(c, a.name) == a.code(getattr(layout, a.name)) for a in AXES])
 
 
 def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
@@ -284,10 +279,10 @@ def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, ru
     fits = total_gib <= capacity
     for layout, fit in (measured_fit or {}).items():
         fits[_index_of(cand, layout)] = fit
-    keys = (cand.sp, cand.rc, cand.zero, cand.mbs, cand.vpp, cand.cp, cand.pp, cand.tp, ev.total, ev.step_time)
+    keys = (*(getattr(cand, n) for n in reversed(TIEBREAK)), ev.total, ev.step_time)
     order = np.lexsort(keys)  # last key is primary
     feasible_order = order[fits[order]]
-    confidence = _confidence(profile, runtime, training, cand.zero)
+    confidence = _confidence(profile, runtime, training, cand.zero_stage)
     ranked = [_scored(cand, ev, int(i), capacity, confidence, fits) for i in feasible_order[:keep]]
     infeasible = np.flatnonzero(~fits)
     closest_idx = infeasible[np.lexsort((ev.step_time[infeasible], ev.total[infeasible]))][:keep]
@@ -296,26 +291,27 @@ def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, ru
     return SearchResult(ranked, n, int(fits.sum()), int((~fits).sum()), closest, capacity, rejected, families)
 
 
+# What a best-effort completion of the pins takes for an axis left to the search: its neutral value,
+# but the distributed optimizer (ZeRO-1) and one sequence per micro-batch.
+_COMPLETION = {"zero_stage": 1, "micro_batch_size": 1}
+
+
 def explain_pins(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
                  pins: Pins) -> list[str]:
     """Why pinned values admit no legal layout: the rules a best-effort completion breaks."""
     world = profile.world_size
-    tp = pins.tp or 1
-    pp = pins.pp or 1
-    cp = pins.cp or 1
-    if pins.dp is not None:
-        dp = pins.dp
-    else:
-        dp = max(1, world // (tp * cp * pp))
-        if world % (tp * cp * pp):
-            return [f"tp*cp*pp = {tp}*{cp}*{pp} = {tp * cp * pp} does not divide the cluster's {world} GPUs "
-                    f"({profile.nodes} x {profile.gpus_per_node}); choose degrees whose product divides {world}"]
-    mbs = pins.micro_batch_size or 1
-    gbs = training.global_batch_size
-    gas = max(1, gbs // (mbs * dp))
-    layout = Layout(tp=tp, pp=pp, dp=dp, vpp=pins.vpp or 1, zero_stage=pins.zero_stage if pins.zero_stage is not None else 1,
-                    micro_batch_size=mbs, grad_accum_steps=gas, recompute=pins.recompute or "none",
-                    sequence_parallel=bool(pins.sequence_parallel), cp=cp)
+    values = {a.name: getattr(pins, a.name) if getattr(pins, a.name) is not None else _COMPLETION.get(a.name, a.neutral)
+              for a in PINNABLE}
+    if values["dp"] is None:
+        split = [n for n in SHORT_ORDER if AXIS[n].splits_world and n != "dp"]
+        product = math.prod(values[n] for n in split)
+        if world % product:
+            return [f"{'*'.join(split)} = {'*'.join(str(values[n]) for n in split)} = {product} does not divide the "
+                    f"cluster's {world} GPUs ({profile.nodes} x {profile.gpus_per_node}); choose degrees whose product "
+                    f"divides {world}"]
+        values["dp"] = max(1, world // product)
+    gas = max(1, training.global_batch_size // (values["micro_batch_size"] * values["dp"]))
+    layout = Layout(**values, grad_accum_steps=gas)
     return check_layout(layout, model, training, profile, runtime)
 
 

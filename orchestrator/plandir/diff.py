@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from orchestrator.plan.layout import AXIS, Layout
 from orchestrator.plandir.reader import PlanDir
 
-LAYOUT_NAMES = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "vpp": "vpp", "zero_stage": "ZeRO stage",
-                "micro_batch_size": "micro-batch", "grad_accum_steps": "grad accumulation",
-                "recompute": "recompute", "sequence_parallel": "sequence parallel"}
 
 
 @dataclass
@@ -77,7 +75,7 @@ def diff_plans(a: PlanDir, b: PlanDir) -> PlanDiff:
              "memory margin GiB": db.inputs.memory_margin_gib}
     d.inputs = _changed(ins_a, ins_b, ordered=True)
     la, lb = da.layout.model_dump(), db.layout.model_dump()
-    d.layout = [(LAYOUT_NAMES.get(k, k), x, y) for k, x, y in _changed(la, lb, ordered=True)]
+    d.layout = [(AXIS[k].label if k in AXIS else k, x, y) for k, x, y in _changed(la, lb, ordered=True)]
     d.memory = _changed(da.memory_gib_per_gpu, db.memory_gib_per_gpu, ordered=True)
     keys = ("step_time_s", "tokens_per_s", "mfu", "model_tflops_per_gpu", "time_to_train_days")
     d.predicted = _changed({k: da.predicted.get(k) for k in keys}, {k: db.predicted.get(k) for k in keys},
@@ -168,8 +166,6 @@ def stale_inputs(plan_dir, the_plan) -> list[str]:
     if lines:
         now_layout = the_plan.layout.as_dict()
         if isinstance(old_layout, dict) and any(old_layout.get(k) != v for k, v in now_layout.items()):
-            from orchestrator.plan.layout import Layout
-
             try:
                 was = Layout(**old_layout).short()
             except (TypeError, ValueError):

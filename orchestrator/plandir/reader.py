@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.errors import ValidationError as PlanError
-from orchestrator.plan.layout import RECOMPUTE_LEVELS, RUNTIMES, Layout
+from orchestrator.plan.layout import RUNTIMES, WORLD_PRODUCT, Layout, layout_schema, world_of
 from orchestrator.spec.model import SpecFile
 
 PLAN_FILE = "plan.yaml"
@@ -75,18 +75,8 @@ class PlanCluster(BaseModel):
     executor: Literal["slurm", "local"] = "slurm"
 
 
-class PlanLayout(BaseModel):
-    model_config = _DOC
-    tp: int = Field(gt=0)
-    pp: int = Field(gt=0)
-    dp: int = Field(gt=0)
-    vpp: int = Field(gt=0)
-    zero_stage: int = Field(ge=0, le=3)
-    micro_batch_size: int = Field(gt=0)
-    grad_accum_steps: int = Field(gt=0)
-    recompute: Literal[RECOMPUTE_LEVELS]  # type: ignore[valid-type]
-    sequence_parallel: bool
-    cp: int = Field(default=1, gt=0)
+# plan.yaml's layout section: every axis of orchestrator.plan.layout.AXES.
+PlanLayout = layout_schema("PlanLayout", record=False)
 
 
 class PlanDoc(BaseModel):
@@ -231,8 +221,8 @@ def load_plan_dir(path: str | Path, *, strict: bool = True) -> PlanDir:
 def _check_consistent(doc: PlanDoc, plan_file: Path) -> None:
     L, c, t = doc.layout, doc.cluster, doc.spec.training
     problems = []
-    if L.tp * L.cp * L.pp * L.dp != c.world_size:
-        problems.append(f"layout tp*cp*pp*dp = {L.tp * L.cp * L.pp * L.dp} but cluster.world_size is {c.world_size}")
+    if world_of(L.model_dump()) != c.world_size:
+        problems.append(f"layout {WORLD_PRODUCT} = {world_of(L.model_dump())} but cluster.world_size is {c.world_size}")
     if c.nodes * c.gpus_per_node != c.world_size:
         problems.append(f"cluster.nodes x gpus_per_node = {c.nodes * c.gpus_per_node} but world_size is "
                         f"{c.world_size}")

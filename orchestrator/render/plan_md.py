@@ -158,7 +158,7 @@ def render_plan_md(plan: Plan, file_hashes: dict[str, str], regenerate: str) -> 
     out.append("")
     out.append(f"- model spec `{plan.spec_path}`, sha256 `{plan.spec_sha256}`")
     out.append(f"- cluster profile `{p.name}` ({plan.profile_origin}), sha256 `{plan.profile_sha256}`")
-    pins = {k: v for k, v in vars(plan.pins).items() if v is not None}
+    pins = {k: v for k, v in plan.pins.pinned().items()}
     out.append(f"- pinned: {', '.join(f'{k}={v}' for k, v in pins.items()) if pins else 'nothing'}; "
                f"memory margin {plan.memory_margin_gib:g} GiB")
     out.append(f"- regenerate: `{regenerate}`")

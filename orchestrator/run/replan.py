@@ -40,14 +40,13 @@ def find_run(project, ref: str) -> Path:
 
 def replan(project, run_dir: Path, nodes: int | None, gpus_per_node: int | None, pins, out: Path | None,
            profiles_dir: str | None) -> Replanned:
-    from orchestrator.plan.layout import Layout
+    from orchestrator.plan.layout import Layout, Pins
     from orchestrator.compose import plan_files
     from orchestrator.plandir.reader import load_plan_dir
     from orchestrator.plan.solver import search
     from orchestrator.spec.cluster import load_profile
     from orchestrator.spec.model import load_spec
     from orchestrator.train import checkpoint, reshard
-    from orchestrator.run.trial import pins_of
     from orchestrator.plandir.writer import spec_path_in, write_plan_dir
 
     ckpt_dir = run_dir / "checkpoints"
@@ -85,7 +84,7 @@ def replan(project, run_dir: Path, nodes: int | None, gpus_per_node: int | None,
                f"(`dsorch plan {spec_path} --cluster {profile.name} --nodes {profile.nodes}` says why)")
         raise DsorchError(f"cannot re-plan {run_dir} for {profile.nodes} node(s): {why}.")
     the_plan, files = plan_files(spec, spec_path_in(spec_path, out), loaded_spec.sha256, lp, "deepspeed",
-                                 pins_of(target), nodes=nodes, gpus_per_node=gpn,
+                                 Pins.of(target), nodes=nodes, gpus_per_node=gpn,
                                  memory_margin_gib=old.doc.inputs.memory_margin_gib, keep=8, shown_path=str(spec_path))
     write_plan_dir(out, files)
     universal = ckpt_dir / f"{reshard.UNIVERSAL_PREFIX}{native.name}"

@@ -32,8 +32,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.errors import DsorchError
-from orchestrator.plan.layout import Layout
-from orchestrator.plan.solver import Pins, Scored
+from orchestrator.plan.layout import Layout, Pins
+from orchestrator.plan.solver import Scored
 from orchestrator.train.stop import OOM_MARK
 
 
@@ -62,13 +62,6 @@ def select_trials(ranked: list[Scored], top: int) -> list[TrialPick]:
             covered.add(fam)
             seen.add(s.layout)
     return picks
-
-
-def pins_of(layout: Layout) -> Pins:
-    """Every field pinned: a trial's plan is exactly its layout."""
-    return Pins(tp=layout.tp, pp=layout.pp, dp=layout.dp, vpp=layout.vpp, zero_stage=layout.zero_stage,
-                micro_batch_size=layout.micro_batch_size, recompute=layout.recompute,
-                sequence_parallel=layout.sequence_parallel, cp=layout.cp)
 
 
 @dataclass(frozen=True)
@@ -242,7 +235,7 @@ def trial_plans(spec, spec_file, spec_sha256: str, loaded, runtime: str, picks: 
     for i, pick in enumerate(picks):
         d = Path(folder) / trial_dir_name(i, pick)
         _, files = plan_files(spec, spec_path_in(Path(spec_file), d), spec_sha256, loaded, runtime,
-                              pins_of(pick.scored.layout), nodes=nodes, gpus_per_node=gpus_per_node,
+                              Pins.of(pick.scored.layout), nodes=nodes, gpus_per_node=gpus_per_node,
                               memory_margin_gib=0.0, keep=1, shown_path=str(spec_file))
         out.append((d, files))
     return out
