@@ -167,26 +167,44 @@ class _Args:
 
 
 def _cross_checks(a: _Args, world_size: int) -> list[str]:
-    errors: list[str] = []
-    F = a.flag
+    tp = a.get("tensor_model_parallel_size", 1)
+    pp = a.get("pipeline_model_parallel_size", 1)
+    cp = a.get("context_parallel_size", 1)
+    errors = _deprecated_flag_checks(a)
+    size_errors, dp = _world_size_checks(a, world_size, tp, pp, cp)
+    errors += size_errors
+    errors += _batch_size_checks(a, dp)
+    errors += _required_model_size_checks(a)
+    errors += _seq_length_checks(a, cp)
+    errors += _pipeline_checks(a, pp)
+    errors += _attention_checks(a, tp)
+    errors += _precision_and_recompute_checks(a, tp)
+    errors += _megatron_fsdp_checks(a)
+    return errors
 
-    # --- deprecated flags validate_args rejects outright (megatron/training/arguments.py
-    # validate_args: "assert args.batch_size is None", warmup, model_parallel_size, and
-    # checkpoint_activations which prints and exit()s).
+
+def _deprecated_flag_checks(a: _Args) -> list[str]:
+    """Deprecated flags validate_args rejects outright (megatron/training/arguments.py
+    validate_args: "assert args.batch_size is None", warmup, model_parallel_size, and
+    checkpoint_activations which prints and exit()s)."""
+    errors, F = [], a.flag
     for dest, use in (("batch_size", "--micro-batch-size"), ("warmup", "--lr-warmup-fraction"),
                       ("model_parallel_size", "--tensor-model-parallel-size"),
                       ("checkpoint_activations", "--recompute-granularity")):
         if a.has(dest) and a.get(dest) not in (None, False):
             errors.append(f"{F(dest)} is no longer valid in Megatron-LM {megatron_version()}: "
                           f"use {use} instead")
+    return errors
 
-    # --- model-parallel size (validate_args: "world size is not divisible by
-    # total_model_size"; total = tp * pp * cp * gtp_weight_remat_size, the latter derived from
-    # --tensor-parallel-num-weight-shards by model_parallel_config.py
-    # resolve_tensor_parallel_weight_shards).
-    tp = a.get("tensor_model_parallel_size", 1)
-    pp = a.get("pipeline_model_parallel_size", 1)
-    cp = a.get("context_parallel_size", 1)
+
+def _world_size_checks(a: _Args, world_size: int, tp: int, pp: int,
+                       cp: int) -> tuple[list[str], int | None]:
+    """Errors for the model-parallel size, and the data-parallel size (None where it has none).
+
+    validate_args: "world size is not divisible by total_model_size"; total = tp * pp * cp *
+    gtp_weight_remat_size, the latter derived from --tensor-parallel-num-weight-shards by
+    model_parallel_config.py resolve_tensor_parallel_weight_shards."""
+    errors, F = [], a.flag
     gtp = 1
     shards = a.get("tensor_parallel_num_weight_shards")
     if shards is not None:
@@ -196,7 +214,6 @@ def _cross_checks(a: _Args, world_size: int) -> list[str]:
         else:
             gtp = shards // tp
     model_size = tp * pp * cp * gtp
-    dp = None
     if world_size <= 0:
         errors.append(f"world size {world_size} must be positive")
     elif world_size % model_size:
@@ -207,31 +224,41 @@ def _cross_checks(a: _Args, world_size: int) -> list[str]:
             + f" = {model_size}: choose sizes whose product divides {world_size}")
     else:
         # validate_args: args.data_parallel_size = args.world_size // total_model_size
-        dp = world_size // model_size
+        return errors, world_size // model_size
+    return errors, None
 
-    # --- batch sizes (validate_args asserts micro_batch_size is set and > 0;
-    # num_microbatches_calculator.py ConstantNumMicroBatchesCalculator asserts
-    # global_batch_size % (micro_batch_size * data_parallel_size) == 0 unless
-    # --decrease-batch-size-if-needed; the ramp-up calculator has its own schedule).
+
+def _batch_size_checks(a: _Args, dp: int | None) -> list[str]:
+    """validate_args asserts micro_batch_size is set and > 0; num_microbatches_calculator.py
+    ConstantNumMicroBatchesCalculator asserts global_batch_size % (micro_batch_size *
+    data_parallel_size) == 0 unless --decrease-batch-size-if-needed; the ramp-up calculator has
+    its own schedule."""
+    F = a.flag
     mbs, gbs = a.get("micro_batch_size"), a.get("global_batch_size")
     if mbs is None:
-        errors.append("--micro-batch-size is required by Megatron-LM: add '--micro-batch-size N'")
-    elif mbs <= 0:
-        errors.append(f"{F('micro_batch_size')} {mbs} must be positive")
-    elif (dp is not None and gbs is not None and not a.get("decrease_batch_size_if_needed")
-          and a.get("rampup_batch_size") is None and gbs % (mbs * dp)):
-        errors.append(
-            f"{F('global_batch_size')} {gbs} is not divisible by {F('micro_batch_size')} {mbs} x "
-            f"data-parallel size {dp} = {mbs * dp}: use a multiple of {mbs * dp}")
+        return ["--micro-batch-size is required by Megatron-LM: add '--micro-batch-size N'"]
+    if mbs <= 0:
+        return [f"{F('micro_batch_size')} {mbs} must be positive"]
+    if (dp is not None and gbs is not None and not a.get("decrease_batch_size_if_needed")
+            and a.get("rampup_batch_size") is None and gbs % (mbs * dp)):
+        return [f"{F('global_batch_size')} {gbs} is not divisible by {F('micro_batch_size')} "
+                f"{mbs} x data-parallel size {dp} = {mbs * dp}: use a multiple of {mbs * dp}"]
+    return []
 
-    # --- required model-size args (validate_args: required_args list).  A hybrid pattern
-    # derives num_layers, encoder_num_layers stands in for num_layers.
+
+def _required_model_size_checks(a: _Args) -> list[str]:
+    """validate_args: required_args list.  A hybrid pattern derives num_layers,
+    encoder_num_layers stands in for num_layers."""
+    F = a.flag
     hybrid = a.get("hybrid_layer_pattern") or a.get("hybrid_override_pattern")
-    for dest in ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings"):
-        if a.get(dest) is None and not (dest == "num_layers" and
-                                         (hybrid or a.get("encoder_num_layers"))):
-            errors.append(f"{F(dest)} is required by Megatron-LM: add '{F(dest)} N'")
+    required = ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings")
+    return [f"{F(dest)} is required by Megatron-LM: add '{F(dest)} N'" for dest in required
+            if a.get(dest) is None and not (dest == "num_layers" and
+                                             (hybrid or a.get("encoder_num_layers")))]
 
+
+def _seq_length_checks(a: _Args, cp: int) -> list[str]:
+    errors, F = [], a.flag
     seq, max_pos = a.get("seq_length"), a.get("max_position_embeddings")
     if seq is not None and max_pos is not None and max_pos < seq:
         # validate_args: "max_position_embeddings must be greater than or equal to seq_length"
@@ -241,11 +268,6 @@ def _cross_checks(a: _Args, world_size: int) -> list[str]:
         # validate_args: "seq-length should be a multiple of 2 * context-parallel-size"
         errors.append(f"{F('seq_length')} {seq} is not a multiple of 2 x "
                       f"{F('context_parallel_size')} {cp} = {2 * cp}: pick a multiple of {2 * cp}")
-
-    errors += _pipeline_checks(a, pp)
-    errors += _attention_checks(a, tp)
-    errors += _precision_and_recompute_checks(a, tp)
-    errors += _megatron_fsdp_checks(a)
     return errors
 
 
