@@ -192,6 +192,13 @@ def test_world_size_not_divisible_by_model_parallel():
                "--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 4", "= 32")
 
 
+@pytest.mark.parametrize("key", ["tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                 "context_parallel_size"])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_a_parallel_size_below_one_is_an_error_not_a_crash(key, value):
+    _one_error(_check(**{key: value}), "--" + key.replace("_", "-"), value, "must be at least 1")
+
+
 def test_context_parallel_counts_in_model_size():
     _one_error(_check(context_parallel_size="3"), "--context-parallel-size 3", "= 96")
 

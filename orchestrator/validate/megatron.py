@@ -171,6 +171,12 @@ def _cross_checks(a: _Args, world_size: int) -> list[str]:
     pp = a.get("pipeline_model_parallel_size", 1)
     cp = a.get("context_parallel_size", 1)
     errors = _deprecated_flag_checks(a)
+    # Megatron-LM's parser takes any int here and validate_args divides by them: 0 would end
+    # there in a ZeroDivisionError, a negative size in a nonsense model-parallel size.
+    degrees = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "context_parallel_size": cp}
+    bad = [f"{a.flag(k)} {v} must be at least 1" for k, v in degrees.items() if v < 1]
+    if bad:
+        return errors + bad
     size_errors, dp = _world_size_checks(a, world_size, tp, pp, cp)
     errors += size_errors
     errors += _batch_size_checks(a, dp)
