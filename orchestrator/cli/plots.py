@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.calibrate.records import read_steps
-from orchestrator.render.explain import MEMORY_KEYS, TIME_KEYS
 from orchestrator.plandir.reader import PlanDir
+from orchestrator.render.explain import MEMORY_KEYS, TIME_KEYS
 
 MEMORY_PARTS = tuple(k for k in MEMORY_KEYS if k != "total")
 MEMORY_LABELS = {"params": "weights", "grads": "gradients", "optimizer": "optimizer", "activations": "activations",

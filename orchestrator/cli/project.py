@@ -220,6 +220,20 @@ def ignore_lines(plans_dir: str, runs_dir: str) -> list[str]:
     return [".dsorch/", f"/{runs_dir.rstrip('/')}/", f"/{p}/*/run/", f"/{p}/*/checkpoints/", f"/{p}/*/slurm-*.out"]
 
 
+def missing_ignore_lines(directory: Path, plans_dir: str, runs_dir: str) -> tuple[Path, str, list[str]]:
+    """The repository's .gitignore, its text now ("" where there is none) and the lines of
+    ``ignore_lines`` it lacks."""
+    ignore = directory / ".gitignore"
+    old = ignore.read_text(encoding="utf-8", errors="replace") if ignore.is_file() else ""
+    return ignore, old, [line for line in ignore_lines(plans_dir, runs_dir) if line not in old.splitlines()]
+
+
+def merged_ignore(old: str, missing: list[str]) -> str:
+    """The .gitignore with dsorch's lines added under a comment of their own, the user's untouched."""
+    sep = "" if not old or old.endswith("\n") else "\n"
+    return old + sep + "\n".join(["# dsorch: job registry, checkpoints, logs", *missing]) + "\n"
+
+
 def render_config(cluster: str | None, profiles_dir: str | None, plans_dir: str, runs_dir: str) -> str:
     def scalar(v: str | None) -> str:
         return "null" if v is None else yaml.safe_dump(v, default_style=None).strip().removesuffix("\n...")
