@@ -10,7 +10,7 @@ every efficiency bounded to a physical range (orchestrator.calibrate.BOUNDS). Wh
 identify is taken from the entry that can (``borrow``): the 2021 SC21 runs overlapped nothing, and
 the FSDP runs exercise the links only through ZeRO-3's hidden all-gathers, so NCCL's link
 efficiencies come from the Megatron entry of the same hardware. The per-row tables printed at the
-end are the ones tests/test_calibration.py asserts on.
+end are the ones tests/unit/test_calibration.py asserts on.
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ garbled, deleted, replaced by directories, hashes edited), or a damaged job regi
   unparseable  a generated job.sbatch or launch.sh that `bash -n` rejects
   injection    a canary file appeared: a value ran as a command when job.sbatch ran (with FAKE
                srun, scontrol and torchrun that record and exec their arguments, as in
-               tests/test_hostile.py) or when dsorch ran
+               tests/system/test_hostile.py) or when dsorch ran
   leftover     a failed `plan` left its --out directory, a temporary file, or created parents
 
-and prints the counts per class with the first examples, exit 1 if any. tests/test_fuzz.py runs
+and prints the counts per class with the first examples, exit 1 if any. tests/system/test_fuzz.py runs
 a bounded number of cases of every kind in the test suite.
 """
 

@@ -13,5 +13,5 @@ if [[ "${1:-}" == "--dry-run" ]]; then
 fi
 "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "no CUDA GPU: use --dry-run")'
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-timeout 150 "$PY" -m pytest -q -m gpu tests/test_gpu.py || echo "gpu tests failed (above); measuring anyway"
+timeout 150 "$PY" -m pytest -q -m gpu tests/system/test_gpu.py || echo "gpu tests failed (above); measuring anyway"
 "$PY" scripts/gpu_check.py "$@"

@@ -57,7 +57,7 @@ DS_BF16_FP32_ACCUM = (2, 4, 12)
 # DeepSpeed's ZeRO optimizers keep an fp32 master partition of their own even when the model is
 # fp32 (stage_1_and_2.py single_partition_of_fp32_groups is a clone of the flat partition;
 # stage3.py fp32_partitioned_groups_flat): 4 + 8 bytes of optimizer state per parameter, sharded.
-# Measured by train/census.py (tests/test_census.py): 12 bytes per parameter over dp at ZeRO-1/2.
+# Measured by train/census.py (tests/system/test_census.py): 12 bytes per parameter over dp at ZeRO-1/2.
 DS_FP32_ZERO_OPTIMIZER = 12
 
 
@@ -129,7 +129,7 @@ def activation_bytes_per_layer(s, b, h, f, a, kv, t, sp, recompute, *, swiglu=Tr
     # Selective recomputation checkpoints the whole core attention (Megatron-LM attention.py
     # _checkpointed_attention_forward; the entrypoint's model.py likewise), so FlashAttention's
     # log-sum-exp is recomputed with the scores: nothing of it is kept (measured:
-    # tests/test_activation_census.py, none - selective = 4asb exactly).
+    # tests/system/test_activation_census.py, none - selective = 4asb exactly).
     kept = np.where(rc == 1, 0.0, scores)
     per_layer = np.where(sp, replicated / t, replicated) + sharded / t + kept / t
     # Full recompute keeps only the layer input: 2sbh, sharded along the sequence with SP.
@@ -143,7 +143,7 @@ def activation_bytes_per_layer(s, b, h, f, a, kv, t, sp, recompute, *, swiglu=Tr
 
 def entrypoint_extra_bytes_per_layer(s, b, d, t, sp, recompute, *, rmsnorm=True, rope=True, act_bytes=2):
     """What dsorch's bundled entrypoint keeps per layer and micro-batch beyond
-    ``activation_bytes_per_layer``, counted tensor by tensor by tests/test_activation_census.py
+    ``activation_bytes_per_layer``, counted tensor by tensor by tests/system/test_activation_census.py
     (train/census.py saved_activations), to the byte, at tp 1 and 2, with and without SP: the bf16
     cos/sin tables of RoPE, cast from the fp32 buffers in every forward (DeepSpeed casts parameters,
     not buffers) and kept by the rotations, 2 x s x head_dim; each RMSNorm's fp32 1/rms per token

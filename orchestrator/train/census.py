@@ -20,7 +20,7 @@ Run after the first optimizer step, when every lazily built state exists.
 
 ``saved_activations`` counts the other side of a rank's memory: the tensors one forward of a
 module leaves for its backward, against the cost model's ``activation_bytes_per_layer``
-(tests/test_activation_census.py).
+(tests/system/test_activation_census.py).
 """
 
 from __future__ import annotations

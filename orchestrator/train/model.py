@@ -229,7 +229,7 @@ class DecoderLayer(nn.Module):
         q, k = qk.split([self.heads, self.kv_heads], dim=2)
         q, k = q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3)  # [b, heads, s, d]
         # A copy, not a view: SDPA keeps v for backward, and a view would keep the whole fused QKV
-        # output alive beside the rotated q and k (measured by tests/test_activation_census.py).
+        # output alive beside the rotated q and k (measured by tests/system/test_activation_census.py).
         v = v.permute(1, 2, 0, 3).contiguous()
         # Selective recomputation (Korthikanti et al. 2022, Sec. 5): keep the GEMM outputs and
         # recompute only the attention core, whose activations grow with s^2.

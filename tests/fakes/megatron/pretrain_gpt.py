@@ -1,6 +1,6 @@
 """FAKE Megatron-LM `pretrain_gpt.py`, named as a fake: Megatron-LM needs CUDA, which this CPU
 machine lacks. It stands in for it in the test that a `--runtime megatron` plan's job.sbatch
-requeues itself before its time limit (tests/test_slurm.py), and behaves as Megatron-LM does there
+requeues itself before its time limit (tests/system/test_slurm.py), and behaves as Megatron-LM does there
 (megatron/training/training.py, checkpointing.py, dist_signal_handler.py at d98e8a6):
 
 - reads --save, --load, --train-iters, --save-interval, --exit-signal-handler, --exit-signal from

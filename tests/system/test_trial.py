@@ -12,7 +12,7 @@ from orchestrator.plan.layout import FAMILIES
 from orchestrator.plan.layout import Pins
 from orchestrator.run.trial import select_trials, trial_cost
 
-from .conftest import EXAMPLES
+from ..conftest import EXAMPLES
 
 
 @pytest.fixture(scope="module")

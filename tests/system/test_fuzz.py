@@ -12,7 +12,7 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from .conftest import ROOT
+from ..conftest import ROOT
 
 _spec = importlib.util.spec_from_file_location("dsorch_fuzz", ROOT / "scripts" / "fuzz.py")
 fuzz = importlib.util.module_from_spec(_spec)

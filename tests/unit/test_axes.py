@@ -22,7 +22,7 @@ from orchestrator.plandir.reader import PlanLayout, load_plan_dir
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import load_spec
 
-from .conftest import EXAMPLES
+from ..conftest import EXAMPLES
 
 # A layout with every axis away from its neutral value, legal for Llama 3 70B with Megatron-LM on
 # 16 DGX H100 nodes (128 GPUs = tp8 x cp2 x pp4 x dp2).

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import EXAMPLES, ROOT
+from ..conftest import EXAMPLES, ROOT
 
 pytestmark = pytest.mark.slurm
 
-PROFILES = Path(__file__).parent / "profiles"
+PROFILES = Path(__file__).parents[1] / "profiles"
 DSORCH = str(Path(sys.executable).with_name("dsorch"))
 CLUSTER_SCRIPT = ROOT / "scripts" / "slurm-test-cluster.sh"
 
@@ -255,7 +255,7 @@ def test_plain_sbatch_of_a_megatron_plan_requeues_through_megatrons_signal_handl
     needs CUDA) checkpoint and exit 0, and the job requeues while the tracker file has advanced and is
     below --train-iters."""
     env = dict(slurm_env, PATH=f"{Path(sys.executable).parent}:{slurm_env['PATH']}",
-               MEGATRON_LM=str(Path(__file__).parent / "fakes" / "megatron"), FAKE_MEGATRON_ITERATION_SECONDS="0.4")
+               MEGATRON_LM=str(Path(__file__).parents[1] / "fakes" / "megatron"), FAKE_MEGATRON_ITERATION_SECONDS="0.4")
     iters = 240
     plan = tmp_path / "plans" / "m"
     dsorch(env, tmp_path, "plan", _long_tiny_spec(tmp_path, iters), "--cluster", "loopback-short", "--runtime",
@@ -365,7 +365,7 @@ training:
 # of memory in a fresh clone.
 SMALL_MEMORY_PROFILE = """\
 name: loopback-smallmem
-description: the loopback cluster with 0.82 GiB "GPUs" (tests/test_slurm.py, dsorch trial)
+description: the loopback cluster with 0.82 GiB "GPUs" (tests/system/test_slurm.py, dsorch trial)
 extends: loopback
 gpu: {memory_gib: 0.82}
 memory_overhead_gib: 0.2

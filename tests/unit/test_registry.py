@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import sqlite3
 
 import pytest
@@ -58,24 +57,6 @@ def test_unknown_job_names_known_ones(tmp_path):
         insert(**_fields("77"))
     with pytest.raises(DsorchError, match="no job '78' .* known job ids: 77"):
         reg.get("78")
-
-
-def _racer(args):
-    path, i = args
-    reg = Registry(path)
-    try:
-        with reg.reserve("plans/same", force=False) as (insert, _):
-            insert(**_fields(f"job{i}", plan="plans/same"))
-        return "accepted"
-    except DsorchError:
-        return "refused"
-
-
-def test_concurrent_submits_of_one_plan_accept_exactly_one(tmp_path):
-    with mp.get_context("spawn").Pool(10) as pool:
-        results = pool.map(_racer, [(tmp_path, i) for i in range(10)])
-    assert results.count("accepted") == 1 and results.count("refused") == 9
-    assert len(Registry(tmp_path).all()) == 1
 
 
 def test_job_ids_may_repeat_and_name_their_newest_row(tmp_path):

@@ -15,9 +15,9 @@ import yaml
 from orchestrator.cli.main import main
 from orchestrator.validate.plan_dir import validate_path
 
-from .conftest import ROOT, profile_names, spec_paths
+from ..conftest import ROOT, profile_names, spec_paths
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 UPDATE_GOLDEN = os.environ.get("DSORCH_UPDATE_GOLDEN") == "1"
 
 
@@ -78,7 +78,7 @@ def test_outputs_are_byte_identical_across_runs_and_working_directories(runner, 
     assert doc["inputs"]["model_spec"]["path"] == "../../examples/llama3-70b.yaml"
 
 
-# Golden files: regenerate with DSORCH_UPDATE_GOLDEN=1 python -m pytest tests/test_cli.py -k golden
+# Golden files: regenerate with DSORCH_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_cli.py -k golden
 GOLDEN_CASES = {
     "llama3-70b-dgx16": ["examples/llama3-70b.yaml", "--cluster", "dgx16"],
     "llama3-405b-dgx16-n32-megatron": ["examples/llama3-405b.yaml", "--cluster", "dgx16", "--nodes", "32",
@@ -104,7 +104,7 @@ def test_golden_files(runner, in_tmp, case):
         new = (out / f.name).read_text()
         assert new == f.read_text(), (
             f"{case}/{f.name} changed. If intended, regenerate: "
-            f"DSORCH_UPDATE_GOLDEN=1 python -m pytest tests/test_cli.py -k golden")
+            f"DSORCH_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_cli.py -k golden")
 
 
 def test_check_passes_on_fresh_plan_and_fails_with_a_diff(runner, in_tmp):
@@ -333,7 +333,7 @@ def _surface(cmd, prefix=""):
 
 def test_cli_surface_snapshot():
     """A change to what users type must be deliberate: update tests/cli_surface.txt with it."""
-    snapshot = Path(__file__).parent / "cli_surface.txt"
+    snapshot = Path(__file__).parents[1] / "cli_surface.txt"
     current = "\n".join(_surface(main)) + "\n"
     if UPDATE_GOLDEN:
         snapshot.write_text(current)
@@ -353,7 +353,7 @@ def test_schema_keys_snapshot():
                 out += keys(ann, prefix + name + ".")
         return out
 
-    snapshot = Path(__file__).parent / "schema_keys.txt"
+    snapshot = Path(__file__).parents[1] / "schema_keys.txt"
     current = "\n".join(["# model spec", *keys(SpecFile), "# cluster profile", *keys(ClusterProfile)]) + "\n"
     if UPDATE_GOLDEN:
         snapshot.write_text(current)

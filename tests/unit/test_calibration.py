@@ -24,7 +24,7 @@ from orchestrator.plan.solver import enumerate_layouts, search
 from orchestrator.spec.cluster import ClusterProfile, load_profile
 from orchestrator.spec.model import load_spec
 
-from .conftest import EXAMPLES
+from ..conftest import EXAMPLES
 
 
 @pytest.fixture(scope="module")

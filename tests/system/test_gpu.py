@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.cli.main import main
 
-from .conftest import EXAMPLES
+from ..conftest import EXAMPLES
 
 torch = pytest.importorskip("torch")
 

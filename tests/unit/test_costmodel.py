@@ -15,7 +15,7 @@ from orchestrator.plan.solver import enumerate_layouts, search
 from orchestrator.spec.model import ModelSpec, TrainingSpec, load_spec
 from orchestrator.spec.cluster import load_profile
 
-from .conftest import EXAMPLES
+from ..conftest import EXAMPLES
 
 
 # ---- ZeRO paper, Fig. 1: 7.5B parameters, N_d = 64, K = 12 -> 120 / 31.4 / 16.6 / 1.9 GB per device.

@@ -50,7 +50,7 @@ def test_hostile_profile_and_spec_values_stay_data(runner, tmp_path, fakes, monk
             EVIL: "$(touch CANARY1); `touch CANARY2`; echo 'it''s' \\"q\\" && touch CANARY3"
         """))
     spec = tmp_path / "spec.yaml"
-    spec.write_text((Path(__file__).resolve().parent.parent / "examples" / "tiny.yaml").read_text()
+    spec.write_text((Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml").read_text()
                     .replace("name: tiny", "name: \"tiny $(touch CANARY8); rm -rf x\""))
     workdir = tmp_path / "dir with spaces $(touch CANARY9)"
     workdir.mkdir()
@@ -85,14 +85,14 @@ def test_hostile_profile_and_spec_values_stay_data(runner, tmp_path, fakes, monk
 ])
 def test_line_breaks_and_bad_env_names_are_refused(runner, tmp_path, yaml_text, message):
     (tmp_path / "bad.yaml").write_text(yaml_text)
-    r = runner.invoke(main, ["plan", str(Path(__file__).resolve().parent.parent / "examples" / "tiny.yaml"),
+    r = runner.invoke(main, ["plan", str(Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"),
                              "--cluster", "bad", "--profiles-dir", str(tmp_path)])
     assert r.exit_code == 2 and message in r.output, r.output
 
 
 def test_spec_name_with_line_break_is_refused(runner, tmp_path):
     spec = tmp_path / "s.yaml"
-    spec.write_text((Path(__file__).resolve().parent.parent / "examples" / "tiny.yaml").read_text()
+    spec.write_text((Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml").read_text()
                     .replace("name: tiny", "name: \"tiny\\nrm -rf /\""))
     r = runner.invoke(main, ["plan", str(spec), "--cluster", "local"])
     assert r.exit_code == 2 and "key 'name'" in r.output

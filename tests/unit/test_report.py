@@ -243,7 +243,7 @@ def test_diff_says_what_changed_in_the_users_terms(runner, in_tmp):
 def test_check_names_the_profile_fields_that_changed_and_the_new_best(runner, in_tmp):
     prof = in_tmp / "prof"
     prof.mkdir()
-    shipped = (Path(__file__).parents[1] / "cluster_profiles" / "dgx16.yaml").read_text()
+    shipped = (Path(__file__).parents[2] / "cluster_profiles" / "dgx16.yaml").read_text()
     (prof / "dgx16.yaml").write_text(shipped)
     args = ["plan", "examples/llama3-70b.yaml", "--cluster", "dgx16", "--profiles-dir", prof, "--out", in_tmp / "p"]
     assert run(runner, *args).exit_code == 0

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from orchestrator.cli.main import main
 from orchestrator.spec.model import load_spec
 
-FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "hf"
 
 # Published parameter totals of the checkpoints (tests/fixtures/hf/SOURCES.md). An int is the exact
 # total the hub gives; Falcon-40B's is "about 41.3B". The extra arguments are what it takes to import.

@@ -35,7 +35,7 @@ from orchestrator.train.census import saved_activations
 from orchestrator.train.model import DecoderLayer, DenseModel, Pipeline, recompute
 from orchestrator.train.tensor_parallel import TPContext
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # A small Llama-shaped layer: RMSNorm, RoPE, SwiGLU, GQA (8 heads, 4 kv heads), no bias, no dropout
 # (the entrypoint has none), bf16 weights and activations.
@@ -224,7 +224,7 @@ def test_gated_activation_gradients_are_autograds(kind):
 
 
 def _rank_main(out_dir: Path) -> None:
-    """One rank of the two-rank run (``python -m torch.distributed.run ... -m tests.test_activation_census``):
+    """One rank of the two-rank run (``python -m torch.distributed.run ... -m tests.system.test_activation_census``):
     every case on this rank, written to out_dir/rankN.json."""
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
 
@@ -270,7 +270,7 @@ def two_ranks(tmp_path_factory) -> list[dict]:
                         "SLURM_NTASKS")}
     env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(T),
-                        "-m", "tests.test_activation_census", str(out)],
+                        "-m", "tests.system.test_activation_census", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(T)]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
+from ..conftest import ROOT
 
 PACKAGE = ROOT / "orchestrator"
 

@@ -1,5 +1,5 @@
 """`dsorch submit` refuses bad input with one paragraph, exit code 2 and nothing submitted.
-(The jobs themselves run in tests/test_slurm.py and, for --cluster local, there too.)"""
+(The jobs themselves run in tests/system/test_slurm.py and, for --cluster local, there too.)"""
 
 from __future__ import annotations
 

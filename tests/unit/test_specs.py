@@ -10,7 +10,7 @@ from orchestrator.errors import ProfileNotFound, SpecError
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import load_spec
 
-from .conftest import EXAMPLES, spec_paths
+from ..conftest import EXAMPLES, spec_paths
 
 
 def write(tmp_path, name, text):

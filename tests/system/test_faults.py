@@ -1,7 +1,7 @@
 """Faults in the middle of a run, on real CPU ranks: a rank killed mid-step ends the job FAILED,
 `dsorch status` names the rank and the signal, and `dsorch submit --resume` continues from the
 newest intact checkpoint with every step exactly once. (The SLURM controller being unreachable
-during a submit is in tests/test_slurm.py, against a real sbatch.)"""
+during a submit is in tests/system/test_slurm.py, against a real sbatch.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from .conftest import EXAMPLES
+from ..conftest import EXAMPLES
 
 DSORCH = str(Path(sys.executable).with_name("dsorch"))
 STEPS = 60

@@ -23,9 +23,9 @@ from orchestrator.plan.layout import Pins
 from orchestrator.plan.solver import search
 from orchestrator.spec.cluster import load_profile
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
-WIDE = {"name": "census-wide", "source": "tests/test_census.py: a model wide enough that the states dominate",
+WIDE = {"name": "census-wide", "source": "tests/system/test_census.py: a model wide enough that the states dominate",
         "model": {"num_layers": 2, "hidden_size": 256, "ffn_hidden_size": 704, "num_attention_heads": 8,
                   "num_kv_heads": 4, "vocab_size": 512, "activation": "swiglu", "tied_embeddings": False,
                   "max_position_embeddings": 64},

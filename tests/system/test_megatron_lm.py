@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.cli.main import main
 
-from .conftest import ROOT, spec_paths
+from ..conftest import ROOT, spec_paths
 
 MEGATRON_LM = os.environ.get("MEGATRON_LM")
 MEGATRON_LM_PYTHON = os.environ.get("MEGATRON_LM_PYTHON") or sys.executable

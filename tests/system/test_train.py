@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny.yaml"
 CORPUS = ROOT / "examples" / "data" / "pydoc"
 STEPS = 6

@@ -1,6 +1,6 @@
 """Issue 11's modern layouts: context parallelism, FP8, uneven interleaved pipelines, TP and p2p
 overlap, Megatron's DP bucket rule. Each is searched (or applied) by the planner, priced by the cost
-model, emitted as Megatron-LM flags and checked by dsorch's Megatron validation (tests/test_megatron_lm.py
+model, emitted as Megatron-LM flags and checked by dsorch's Megatron validation (tests/system/test_megatron_lm.py
 runs Megatron-LM's own parser and validate_args on the same examples)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from orchestrator.spec.model import load_spec
 from orchestrator.validate.megatron import check_megatron_args, parse_args_lines
 from orchestrator.validate.plan_dir import validate_path
 
-from .conftest import EXAMPLES
+from ..conftest import EXAMPLES
 
 
 def plan(runner, *args):
