@@ -17,9 +17,9 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
   "$VPY" -m pip install --quiet --upgrade pip
   "$VPY" -m pip install --quiet "torch==${DSORCH_TORCH_VERSION:-2.13.0}"
 fi
-if ! "$VPY" -c "import orchestrator, deepspeed, pytest, hypothesis" 2>/dev/null \
+if ! "$VPY" -c "import orchestrator, deepspeed, pytest, hypothesis, ruff, mypy" 2>/dev/null \
    || [[ pyproject.toml -nt .venv/.dsorch-installed ]]; then
-  "$VPY" -m pip install --quiet -e ".[test]"
+  "$VPY" -m pip install --quiet -e ".[test,lint]"
   touch .venv/.dsorch-installed
 fi
 echo "dsorch $("$VPY" -c 'import orchestrator; print(orchestrator.__version__)') ready in .venv (activate: source .venv/bin/activate)"
