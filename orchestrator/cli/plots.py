@@ -16,14 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.calibrate.records import read_steps
+from orchestrator.costmodel.stacks import MEMORY_LABELS, MEMORY_PARTS, TIME_LABELS, TIME_PARTS, Label
 from orchestrator.plandir.reader import PlanDir
-from orchestrator.render.explain import MEMORY_KEYS, TIME_KEYS
 
-MEMORY_PARTS = tuple(k for k in MEMORY_KEYS if k != "total")
-MEMORY_LABELS = {"params": "weights", "grads": "gradients", "optimizer": "optimizer", "activations": "activations",
-                 "comm_buffers": "comm buffers", "framework": "framework"}
-TIME_LABELS = {"compute": "compute", "tp_comm_exposed": "TP comm", "bubble": "bubble", "pp_comm": "PP sends",
-               "dp_comm_exposed": "DP comm", "cp_comm_exposed": "CP comm", "optimizer": "optimizer"}
 # Colour-blind-safe (Okabe & Ito 2008), one per part, fixed so every plan reads the same.
 _COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#999999")
 _RC = {"svg.fonttype": "none", "svg.hashsalt": "dsorch", "font.family": "DejaVu Sans", "font.size": 9,
@@ -48,7 +43,7 @@ def memory_rows(pd: PlanDir) -> tuple[list[Row], float]:
 
 def time_rows(pd: PlanDir) -> list[Row]:
     """One row per ranked layout: its step's time stack (exposed communication only)."""
-    return [Row(L["layout"], L["chosen"], {k: L["time_s"][k] for k in TIME_KEYS}, L["step_time_s"])
+    return [Row(L["layout"], L["chosen"], {k: L["time_s"][k] for k in TIME_PARTS}, L["step_time_s"])
             for L in pd.doc.explain["layouts"]]
 
 
@@ -177,7 +172,7 @@ def _save(fig, path: Path) -> None:
     write_text_atomic(path, buf.getvalue())
 
 
-def _stacked(path: Path, rows: list[Row], parts: tuple[str, ...], labels: dict[str, str], title: str,
+def _stacked(path: Path, rows: list[Row], parts: tuple[str, ...], labels: dict[str, Label], title: str,
              unit: str, prefix: str, fmt: str, limit: float | None = None) -> None:
     fig = _figure(9.0, 1.2 + 0.42 * len(rows))
     ax = fig.add_subplot()
@@ -186,7 +181,7 @@ def _stacked(path: Path, rows: list[Row], parts: tuple[str, ...], labels: dict[s
     for j, key in enumerate(parts):
         left = [sum(r.parts[k] for k in parts[:j]) for r in rows]
         bars = ax.barh(ys, [r.parts[key] for r in rows], left=left, height=0.62, color=_COLOURS[j % len(_COLOURS)],
-                       label=labels[key])
+                       label=labels[key].column)
         for i, bar in enumerate(bars):
             bar.set_gid(f"{prefix}-{i}-{key}")
     for i, (y, r) in enumerate(zip(ys, rows)):
@@ -210,7 +205,7 @@ def draw_memory(pd: PlanDir, path: Path) -> None:
 
 
 def draw_time(pd: PlanDir, path: Path) -> None:
-    _stacked(path, time_rows(pd), TIME_KEYS, TIME_LABELS,
+    _stacked(path, time_rows(pd), TIME_PARTS, TIME_LABELS,
              f"{pd.doc.model.name} on {pd.doc.cluster.name}: time per step, exposed communication (* chosen)", "s",
              "time", ".4g")
 

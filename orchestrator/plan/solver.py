@@ -45,14 +45,11 @@ from orchestrator.plan.rules import (
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
-# What plan.yaml's memory section shows; overhead is buffers + framework.
-PLAN_MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "overhead", "total")
-
 
 @dataclass(frozen=True)
 class Scored:
-    """A layout with its predicted memory (GiB per GPU, keyed by ``MEMORY_KEYS`` and overhead) and time
-    (s, keyed by ``TIME_PARTS``; the step apart) stacks: all that renderers and --explain show, computed once
+    """A layout with its predicted memory (GiB per GPU, keyed by ``MEMORY_KEYS``) and time (s, keyed
+    by ``TIME_PARTS``; the step apart) stacks: all that renderers and --explain show, computed once
     by the search."""
 
     layout: Layout
@@ -243,7 +240,6 @@ def _confidence(profile: ClusterProfile, runtime: str, training: TrainingSpec, z
 def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float, confidence, fits=None) -> Scored:
     layout = Layout(**{a.name: a.decode(getattr(c, a.name)[i]) for a in AXES})
     mem = {k: float(getattr(ev.memory, k)[i]) / GIB for k in MEMORY_KEYS}
-    mem["overhead"] = float(ev.memory.framework[i] + ev.memory.comm_buffers[i]) / GIB
     t = {k: float(getattr(ev.time, k)[i]) for k in TIME_PARTS}
     interval, basis = confidence(layout)
     return Scored(layout, mem, t, float(ev.time.step[i]), float(ev.tokens_per_s[i]), float(ev.mfu[i]),

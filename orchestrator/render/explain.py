@@ -8,27 +8,18 @@ deterministic) and ``explain_text`` (what ``dsorch plan --explain`` prints).
 from __future__ import annotations
 
 from orchestrator.costmodel.calibration import engine_of, resolve_efficiency
+from orchestrator.costmodel.stacks import MEMORY_KEYS, MEMORY_LABELS, TIME_KEYS, TIME_LABELS, TIME_PARTS
 from orchestrator.plan.make import Plan
 from orchestrator.plan.solver import Scored
-
-MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "comm_buffers", "framework", "total")
-TIME_KEYS = ("compute", "tp_comm_exposed", "bubble", "pp_comm", "dp_comm_exposed", "cp_comm_exposed", "optimizer")
 
 
 def _r(x: float, nd: int = 3) -> float:
     return float(round(float(x), nd))
 
 
-# Scored.time_s key -> the name --explain shows (only the exposed part of TP and DP communication
-# is in the step).
-_TIME_NAMES = {"compute": "compute", "tp_comm": "tp_comm_exposed", "bubble": "bubble", "pp_comm": "pp_comm",
-               "dp_comm": "dp_comm_exposed", "cp_comm": "cp_comm_exposed", "optimizer": "optimizer"}
-
-
 def stacks(s: Scored) -> tuple[dict, dict]:
     """The stacks the search computed, rounded: nothing is evaluated again here."""
-    return ({k: _r(s.memory_gib[k]) for k in MEMORY_KEYS},
-            {_TIME_NAMES[k]: _r(v, 4) for k, v in s.time_s.items()})
+    return ({k: _r(s.memory_gib[k]) for k in MEMORY_KEYS}, {k: _r(s.time_s[k], 4) for k in TIME_PARTS})
 
 
 def _chosen_efficiency(plan: Plan):
@@ -102,16 +93,16 @@ def explain_text(plan: Plan) -> str:
     out.append(f"Chosen layout's step time: {err['confidence']}")
     out.append("")
     out.append(f"Memory per GPU (GiB, binding pipeline stage; capacity {doc['capacity_gib']:g} GiB):")
-    mh = ["layout", "params", "grads", "optim", "activ", "buffers", "framework", "total"]
+    mh = ["layout", *(MEMORY_LABELS[k].column for k in MEMORY_KEYS)]
     rows = [[("* " if L["chosen"] else "  ") + L["layout"],
              *[f"{L['memory_gib_per_gpu'][k]:.1f}" for k in MEMORY_KEYS]] for L in doc["layouts"]]
     widths = [max(len(r[i]) for r in [mh, *rows]) for i in range(len(mh))]
     out += [_fmt_row(mh, widths), *[_fmt_row(r, widths) for r in rows]]
     out.append("")
     out.append("Time per step (s; exposed communication only):")
-    th = ["layout", "compute", "tp comm", "bubble", "pp comm", "dp comm", "cp comm", "optim", "step", "vs best"]
+    th = ["layout", *(TIME_LABELS[k].column for k in TIME_KEYS), "vs best"]
     rows = [[("* " if L["chosen"] else "  ") + L["layout"],
-             *[f"{L['time_s'][k]:.3f}" for k in TIME_KEYS], f"{L['step_time_s']:.3f}",
+             *[f"{L['time_s'][k]:.3f}" for k in TIME_PARTS], f"{L['step_time_s']:.3f}",
              f"{100 * L['vs_chosen']:+.1f}%"] for L in doc["layouts"]]
     widths = [max(len(r[i]) for r in [th, *rows]) for i in range(len(th))]
     out += [_fmt_row(th, widths), *[_fmt_row(r, widths) for r in rows]]

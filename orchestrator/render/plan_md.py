@@ -10,7 +10,8 @@ like the other files; plan.yaml records its sha256.
 
 from __future__ import annotations
 
-from orchestrator.render.explain import MEMORY_KEYS, TIME_KEYS, explain_doc, stacks
+from orchestrator.costmodel.stacks import MEMORY_KEYS, MEMORY_LABELS, MEMORY_PARTS, TIME_KEYS, TIME_LABELS, TIME_PARTS
+from orchestrator.render.explain import explain_doc, stacks
 from orchestrator.plan.make import Plan
 from orchestrator.plan.solver import Scored
 
@@ -22,13 +23,6 @@ FAMILY_WORDS = {
     "pipeline": "Pipeline parallelism: layers split in stages across GPUs, 1F1B schedule",
     "context-parallel": "Context parallelism: the sequence split across GPUs, ring attention",
 }
-
-_TIME_WORDS = {"compute": "compute", "tp_comm_exposed": "exposed TP communication", "bubble": "pipeline bubble",
-               "pp_comm": "pipeline sends", "dp_comm_exposed": "exposed DP communication",
-               "cp_comm_exposed": "exposed CP communication", "optimizer": "optimizer step"}
-_MEMORY_WORDS = {"params": "weights", "grads": "gradients", "optimizer": "optimizer state",
-                 "activations": "activations", "comm_buffers": "communication buffers",
-                 "framework": "framework overhead"}
 
 
 def _params(n: int) -> str:
@@ -50,8 +44,8 @@ def _pct(x: float) -> str:
 def _why_slower(chosen: Scored, other: Scored, n: int = 3) -> str:
     """Where ``other``'s step differs from the chosen layout's, the largest differences first."""
     a, b = stacks(chosen)[1], stacks(other)[1]
-    deltas = sorted(((b[k] - a[k], k) for k in TIME_KEYS), key=lambda d: (-abs(d[0]), d[1]))
-    parts = [f"{_TIME_WORDS[k]} {'+' if d >= 0 else '-'}{_s(abs(d))}" for d, k in deltas[:n] if abs(d) >= 5e-4]
+    deltas = sorted(((b[k] - a[k], k) for k in TIME_PARTS), key=lambda d: (-abs(d[0]), d[1]))
+    parts = [f"{TIME_LABELS[k].words} {'+' if d >= 0 else '-'}{_s(abs(d))}" for d, k in deltas[:n] if abs(d) >= 5e-4]
     return ", ".join(parts) if parts else "the same time stack"
 
 
@@ -60,10 +54,10 @@ def _family_line(plan: Plan, fb) -> str:
     cap = plan.result.capacity_gib
     words = FAMILY_WORDS[fb.family]
     if fb.rank is None:
-        top = max((k for k in _MEMORY_WORDS), key=lambda k: (s.memory_gib[k], k))
+        top = max(MEMORY_PARTS, key=lambda k: (s.memory_gib[k], k))
         return (f"- **{words}.** Does not fit: its leanest layout, `{s.layout.short()}`, needs "
                 f"{_gib(s.memory_gib['total'])} of {_gib(cap)} per GPU, {_gib(s.memory_gib['total'] - cap)} over; "
-                f"the largest part is {_MEMORY_WORDS[top]} ({_gib(s.memory_gib[top])}). "
+                f"the largest part is {MEMORY_LABELS[top].words} ({_gib(s.memory_gib[top])}). "
                 f"({fb.evaluated:,} layouts of this family evaluated.)")
     if fb.rank == 1:
         return (f"- **{words}.** Chosen: `{s.layout.short()}`, {_s(s.step_time_s)} per step, "
@@ -132,16 +126,15 @@ def render_plan_md(plan: Plan, file_hashes: dict[str, str], regenerate: str) -> 
     out.append("")
     out.append(f"## Memory per GPU (GiB; capacity {doc['capacity_gib']:g})")
     out.append("")
-    out += _table(["layout", "weights", "grads", "optimizer", "activations", "buffers", "framework", "total"],
+    out += _table(["layout", *(MEMORY_LABELS[k].column for k in MEMORY_KEYS)],
                   [[("**" + L["layout"] + "**") if L["chosen"] else L["layout"],
                     *[f"{L['memory_gib_per_gpu'][k]:.1f}" for k in MEMORY_KEYS]] for L in doc["layouts"]])
     out.append("")
     out.append("## Time per step (s; exposed communication only)")
     out.append("")
-    out += _table(["layout", "compute", "TP comm", "bubble", "PP sends", "DP comm", "CP comm", "optimizer", "step",
-                   "vs chosen"],
+    out += _table(["layout", *(TIME_LABELS[k].column for k in TIME_KEYS), "vs chosen"],
                   [[("**" + L["layout"] + "**") if L["chosen"] else L["layout"],
-                    *[f"{L['time_s'][k]:.3f}" for k in TIME_KEYS], f"{L['step_time_s']:.3f}",
+                    *[f"{L['time_s'][k]:.3f}" for k in TIME_PARTS], f"{L['step_time_s']:.3f}",
                     # from the search's own times, as the prose above: plan.yaml's rounded gap would
                     # round a second time (2.446 % -> 0.0245 -> "+2.5 %")
                     _pct(s.step_time_s / c.step_time_s - 1.0)] for L, s in zip(doc["layouts"], plan.result.ranked)])

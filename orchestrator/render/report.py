@@ -10,9 +10,10 @@ import json
 import yaml
 
 from orchestrator.costmodel.flops import model_flops_per_step
+from orchestrator.costmodel.stacks import MEMORY_KEYS
 from orchestrator.render.explain import explain_doc
 from orchestrator.plan.make import Plan
-from orchestrator.plan.solver import PLAN_MEMORY_KEYS, Scored
+from orchestrator.plan.solver import Scored
 
 
 def _r(x: float, nd: int = 3) -> float:
@@ -25,7 +26,7 @@ def scored_doc(plan: Plan, s: Scored) -> dict:
     flops = model_flops_per_step(plan.spec.model, t.seq_length, t.global_batch_size)
     return {
         "layout": s.layout.as_dict(),
-        "memory_gib_per_gpu": {k: _r(s.memory_gib[k]) for k in PLAN_MEMORY_KEYS},
+        "memory_gib_per_gpu": {k: _r(s.memory_gib[k]) for k in MEMORY_KEYS},
         "predicted": {
             "step_time_s": _r(s.step_time_s, 4),
             "tokens_per_s": _r(s.tokens_per_s, 1),

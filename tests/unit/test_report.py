@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from orchestrator.cli.main import main
-from orchestrator.render.explain import MEMORY_KEYS, TIME_KEYS
+from orchestrator.costmodel.stacks import MEMORY_KEYS, MEMORY_PARTS, TIME_PARTS
 from orchestrator.cli.plots import schedule
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -61,7 +61,7 @@ def test_plan_md_states_the_decision_with_the_plans_numbers(runner, in_tmp):
         name = f"**{L['layout']}**" if L["chosen"] else L["layout"]
         mem_row = "| " + " | ".join([name, *[f"{L['memory_gib_per_gpu'][k]:.1f}" for k in MEMORY_KEYS]]) + " |"
         assert mem_row in md
-        assert f"| {name} | " + " | ".join(f"{L['time_s'][k]:.3f}" for k in TIME_KEYS) in md
+        assert f"| {name} | " + " | ".join(f"{L['time_s'][k]:.3f}" for k in TIME_PARTS) in md
     # The inputs and the other files, with the hashes plan.yaml records.
     assert doc["inputs"]["model_spec"]["sha256"] in md and doc["inputs"]["cluster_profile"]["sha256"] in md
     for name, digest in doc["files"].items():
@@ -157,11 +157,10 @@ def test_plot_draws_the_plans_stacks_and_schedule(runner, in_tmp):
     # within and across rows), the totals are written at the bar ends, the capacity line is drawn.
     bars = _bars(out / "plots" / "memory.svg", "memory-")
     texts = _texts(out / "plots" / "memory.svg")
-    parts = [k for k in MEMORY_KEYS if k != "total"]
     scale = None
     for i, L in enumerate(layouts):
         mem = L["memory_gib_per_gpu"]
-        for k in parts:
+        for k in MEMORY_PARTS:
             w = bars[f"memory-{i}-{k}"]
             scale = scale or w / mem[k] if mem[k] else scale
             if mem[k] > 0.5:
@@ -173,7 +172,7 @@ def test_plot_draws_the_plans_stacks_and_schedule(runner, in_tmp):
     texts = _texts(out / "plots" / "time.svg")
     scale = None
     for i, L in enumerate(layouts):
-        for k in TIME_KEYS:
+        for k in TIME_PARTS:
             if L["time_s"][k] > 0.01 * L["step_time_s"]:
                 w = bars[f"time-{i}-{k}"]
                 scale = scale or w / L["time_s"][k]
