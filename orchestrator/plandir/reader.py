@@ -79,6 +79,17 @@ class PlanCluster(BaseModel):
 PlanLayout = layout_schema("PlanLayout", record=False)
 
 
+class ScoredDoc(BaseModel):
+    """A ranked layout with its stacks (``render.report.scored_doc``): the chosen one is plan.yaml's top
+    level, the others its ``alternatives``; plan.yaml states the stacks there and nowhere else."""
+
+    model_config = _DOC
+    layout: PlanLayout
+    memory_gib_per_gpu: dict[str, float]  # keyed by costmodel.stacks.MEMORY_KEYS
+    predicted: dict[str, float | str | None]  # numbers, and the interval's basis in words
+    time_breakdown_s: dict[str, float]  # keyed by costmodel.stacks.TIME_PARTS
+
+
 class PlanDoc(BaseModel):
     """plan.yaml. The report sections (memory, predictions, alternatives, explain) are for people;
     readers use the typed ones."""
@@ -97,7 +108,7 @@ class PlanDoc(BaseModel):
     predicted: dict[str, float | str | None]  # numbers, and the interval's basis in words
     time_breakdown_s: dict[str, float]
     search: dict[str, Any]
-    alternatives: list[dict[str, Any]]
+    alternatives: list[ScoredDoc]
     explain: dict[str, Any]
     evidence: dict[str, Any] | None = None  # `dsorch trial`: the measurements behind the choice
 
@@ -120,6 +131,14 @@ class PlanDir:
     @property
     def layout(self) -> Layout:
         return Layout(**self.doc.layout.model_dump())
+
+    @property
+    def ranked(self) -> list[ScoredDoc]:
+        """The ranked layouts with their stacks, the chosen one first (the order of ``explain.layouts``)."""
+        d = self.doc
+        chosen = ScoredDoc(layout=d.layout, memory_gib_per_gpu=d.memory_gib_per_gpu, predicted=d.predicted,
+                           time_breakdown_s=d.time_breakdown_s)
+        return [chosen, *d.alternatives]
 
     @property
     def ds_config(self) -> dict | None:

@@ -11,7 +11,7 @@ like the other files; plan.yaml records its sha256.
 from __future__ import annotations
 
 from orchestrator.costmodel.stacks import MEMORY_KEYS, MEMORY_LABELS, MEMORY_PARTS, TIME_KEYS, TIME_LABELS, TIME_PARTS
-from orchestrator.render.explain import explain_doc, stacks
+from orchestrator.render.explain import explain_doc, ranked_layouts, stacks
 from orchestrator.plan.make import Plan
 from orchestrator.plan.solver import Scored
 
@@ -127,17 +127,17 @@ def render_plan_md(plan: Plan, file_hashes: dict[str, str], regenerate: str) -> 
     out.append(f"## Memory per GPU (GiB; capacity {doc['capacity_gib']:g})")
     out.append("")
     out += _table(["layout", *(MEMORY_LABELS[k].column for k in MEMORY_KEYS)],
-                  [[("**" + L["layout"] + "**") if L["chosen"] else L["layout"],
-                    *[f"{L['memory_gib_per_gpu'][k]:.1f}" for k in MEMORY_KEYS]] for L in doc["layouts"]])
+                  [[f"**{L.layout}**" if L.chosen else L.layout, *[f"{L.memory_gib[k]:.1f}" for k in MEMORY_KEYS]]
+                   for L in ranked_layouts(plan)])
     out.append("")
     out.append("## Time per step (s; exposed communication only)")
     out.append("")
     out += _table(["layout", *(TIME_LABELS[k].column for k in TIME_KEYS), "vs chosen"],
-                  [[("**" + L["layout"] + "**") if L["chosen"] else L["layout"],
-                    *[f"{L['time_s'][k]:.3f}" for k in TIME_PARTS], f"{L['step_time_s']:.3f}",
+                  [[f"**{L.layout}**" if L.chosen else L.layout, *[f"{L.time_s[k]:.3f}" for k in TIME_PARTS],
+                    f"{L.step_time_s:.3f}",
                     # from the search's own times, as the prose above: plan.yaml's rounded gap would
                     # round a second time (2.446 % -> 0.0245 -> "+2.5 %")
-                    _pct(s.step_time_s / c.step_time_s - 1.0)] for L, s in zip(doc["layouts"], plan.result.ranked)])
+                    _pct(L.scored.step_time_s / c.step_time_s - 1.0)] for L in ranked_layouts(plan)])
     out.append("")
     out.append("## Pictures")
     out.append("")

@@ -57,7 +57,7 @@ def test_long_context_plans_with_context_parallelism(runner, in_tmp):
     assert flags["--transformer-impl"] == "transformer_engine"
     assert check_megatron_args(_flags(out), doc["cluster"]["world_size"]) == []
     assert validate_path(out) == []
-    assert "cp_comm" in doc["explain"]["layouts"][0]["time_s"]
+    assert "cp_comm" in doc["time_breakdown_s"]
     # Beyond the runs the Megatron entry was fitted on (all cp 1): no interval, and it says why.
     assert doc["predicted"]["step_time_interval"] is None and "cp " in doc["predicted"]["confidence"]
 
