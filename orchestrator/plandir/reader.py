@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator.costmodel.stacks import MEMORY_KEYS, TIME_PARTS
 from orchestrator.errors import ValidationError as PlanError
 from orchestrator.plan.layout import RUNTIMES, WORLD_PRODUCT, Layout, layout_schema, world_of
 from orchestrator.spec.model import SpecFile
@@ -138,6 +139,13 @@ class PlanDir:
         d = self.doc
         chosen = ScoredDoc(layout=d.layout, memory_gib_per_gpu=d.memory_gib_per_gpu, predicted=d.predicted,
                            time_breakdown_s=d.time_breakdown_s)
+        # A plan.yaml written before each stack was stated once has 'overhead' in place of comm_buffers
+        # and framework (those were in explain.layouts only): it still loads for every other reader.
+        missing = [k for k in MEMORY_KEYS if k not in d.memory_gib_per_gpu]
+        missing += [k for k in TIME_PARTS if k not in d.time_breakdown_s]
+        if missing:
+            raise PlanError(f"{self.path / PLAN_FILE}: its stacks have no {', '.join(missing)} (an older dsorch wrote "
+                            f"it); regenerate it with the command in its first lines.")
         return [chosen, *d.alternatives]
 
     @property

@@ -91,6 +91,18 @@ def test_plan_yaml_states_each_stack_once(runner, in_tmp):
                                                abs=1e-4)
 
 
+def test_plot_of_a_plan_from_before_the_stacks_were_stated_once_says_to_regenerate(runner, in_tmp):
+    out = in_tmp / "p"
+    assert run(runner, "plan", "examples/tiny.yaml", "--cluster", "local", "--out", out).exit_code == 0
+    text = (out / "plan.yaml").read_text()
+    old = re.sub(r"comm_buffers: [\d.]+\n *framework: ", "overhead: ", text)  # the memory section of 0.1
+    assert old != text
+    (out / "plan.yaml").write_text(old)
+    assert run(runner, "validate", out).exit_code == 0  # every other reader still takes it
+    r = run(runner, "plot", out)
+    assert r.exit_code == 2 and "have no comm_buffers, framework (an older dsorch wrote it); regenerate" in r.output
+
+
 def test_plan_md_is_deterministic_and_checked(runner, in_tmp):
     a, b = in_tmp / "a", in_tmp / "b"
     for out in (a, b):
