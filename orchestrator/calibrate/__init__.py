@@ -136,7 +136,7 @@ def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: P
         if row.measured_peak_gib is not None:
             p = _prepare(row)
             ev = evaluate(row.model, row.training, row.profile, row.runtime, p.cand, efficiency=fitted)
-            total = float(ev.total[0]) / GIB
+            total = float(ev.memory.total[0]) / GIB
             allocator_only = row.note == "cuda_max_allocated"
             predicted = total - overhead if allocator_only else total
             kind = ("allocator (no CUDA context / NCCL)" if allocator_only else

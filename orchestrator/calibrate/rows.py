@@ -54,7 +54,7 @@ def predicted_peak_gib(row: Row) -> float:
     from orchestrator.costmodel.memory import state_bytes
 
     ev = evaluate(row.model, row.training, row.profile, row.runtime, _prepare(row).cand)
-    total = float(ev.total[0])
+    total = float(ev.memory.total[0])
     if row.note == "fsdp":
         total -= ZERO_BUCKET_ELEMENTS * state_bytes(row.runtime, row.training.precision, 3)[0]
         total -= float(ev.entrypoint_activations[0])
@@ -82,17 +82,17 @@ def _prepare(row: Row) -> _Prepared:
     if op_sac:
         cand = dataclasses.replace(cand, recompute=np.full_like(cand.recompute, RC_TORCHTITAN_OP))
     ev = evaluate(row.model, row.training, row.profile, row.runtime, cand, engine=row.engine)
-    fits = ev.total / GIB <= row.profile.gpu.memory_gib
+    fits = ev.memory.total / GIB <= row.profile.gpu.memory_gib
     if not fits.any():  # a published run did fit: keep the smallest rather than nothing
-        fits = ev.total == ev.total.min()
+        fits = ev.memory.total == ev.memory.total.min()
     return _Prepared(row, cand.take(np.flatnonzero(fits)), fits)
 
 
 def _predict(p: _Prepared, eff: Resolved) -> tuple[float, int]:
     ev = evaluate(p.row.model, p.row.training, p.row.profile, p.row.runtime, p.cand, efficiency=eff,
                   engine=p.row.engine)
-    i = int(np.argmin(ev.step_time))
-    return float(ev.step_time[i]), i
+    i = int(np.argmin(ev.time.step))
+    return float(ev.time.step[i]), i
 
 
 def _resolved(values: dict[str, float], like: Resolved | None = None) -> Resolved:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 
+from orchestrator.costmodel.stacks import MEMORY_LABELS, MEMORY_PARTS
 from orchestrator.plan.layout import AXIS, SHORT_ORDER
 
 
@@ -50,9 +51,9 @@ def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], 
                   "beyond them): no interval", markup=False)
     best = the_plan.chosen
     mem = best.memory_gib
-    con.print(f"* chosen: {best.layout.short()}: {mem['total']:.1f} GiB per GPU (params {mem['params']:.1f}, grads "
-              f"{mem['grads']:.1f}, optimizer {mem['optimizer']:.1f}, activations {mem['activations']:.1f}, overhead "
-              f"{mem['overhead']:.1f}), {best.step_time_s:.3g} s per step ({best.basis})", markup=False)
+    parts = ", ".join(f"{MEMORY_LABELS[k].column} {mem[k]:.1f}" for k in MEMORY_PARTS)
+    con.print(f"* chosen: {best.layout.short()}: {mem['total']:.1f} GiB per GPU ({parts}), {best.step_time_s:.3g} s "
+              f"per step ({best.basis})", markup=False)
     tight = memory_tight(best)
     if tight:
         con.print(f"  note: {tight}", markup=False)

@@ -1,6 +1,6 @@
 """Pictures of a plan: memory per GPU, time per step, the pipeline schedule, and measured runs.
 
-Drawn from plan.yaml alone (the stacks the search computed, ``explain.layouts``), so that
+Drawn from plan.yaml alone (the stacks the search computed: the chosen layout and the alternatives), so that
 ``dsorch plot`` needs no search and draws what the plan says. Byte-deterministic SVG: text kept as
 text (``svg.fonttype: none``, no embedded font), a fixed ``svg.hashsalt`` for the ids matplotlib
 makes up, no date or creator in the metadata, and an id (``gid``) on every bar, so that a test or a
@@ -16,14 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.calibrate.records import read_steps
-from orchestrator.plandir.reader import PlanDir
-from orchestrator.render.explain import MEMORY_KEYS, TIME_KEYS
+from orchestrator.costmodel.stacks import MEMORY_LABELS, MEMORY_PARTS, TIME_LABELS, TIME_PARTS, Label
+from orchestrator.plan.layout import Layout
+from orchestrator.plandir.reader import PlanDir, ScoredDoc
 
-MEMORY_PARTS = tuple(k for k in MEMORY_KEYS if k != "total")
-MEMORY_LABELS = {"params": "weights", "grads": "gradients", "optimizer": "optimizer", "activations": "activations",
-                 "comm_buffers": "comm buffers", "framework": "framework"}
-TIME_LABELS = {"compute": "compute", "tp_comm_exposed": "TP comm", "bubble": "bubble", "pp_comm": "PP sends",
-               "dp_comm_exposed": "DP comm", "cp_comm_exposed": "CP comm", "optimizer": "optimizer"}
 # Colour-blind-safe (Okabe & Ito 2008), one per part, fixed so every plan reads the same.
 _COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#999999")
 _RC = {"svg.fonttype": "none", "svg.hashsalt": "dsorch", "font.family": "DejaVu Sans", "font.size": 9,
@@ -38,18 +34,21 @@ class Row:
     total: float
 
 
+def _label(s: ScoredDoc) -> str:
+    return Layout(**s.layout.model_dump()).short()
+
+
 def memory_rows(pd: PlanDir) -> tuple[list[Row], float]:
     """One row per ranked layout (the chosen first): its memory stack per GPU, and the capacity."""
-    ex = pd.doc.explain
-    rows = [Row(L["layout"], L["chosen"], {k: L["memory_gib_per_gpu"][k] for k in MEMORY_PARTS},
-                L["memory_gib_per_gpu"]["total"]) for L in ex["layouts"]]
-    return rows, float(ex["capacity_gib"])
+    rows = [Row(_label(s), i == 0, {k: s.memory_gib_per_gpu[k] for k in MEMORY_PARTS}, s.memory_gib_per_gpu["total"])
+            for i, s in enumerate(pd.ranked)]
+    return rows, float(pd.doc.explain["capacity_gib"])
 
 
 def time_rows(pd: PlanDir) -> list[Row]:
     """One row per ranked layout: its step's time stack (exposed communication only)."""
-    return [Row(L["layout"], L["chosen"], {k: L["time_s"][k] for k in TIME_KEYS}, L["step_time_s"])
-            for L in pd.doc.explain["layouts"]]
+    return [Row(_label(s), i == 0, {k: s.time_breakdown_s[k] for k in TIME_PARTS}, float(s.predicted["step_time_s"]))
+            for i, s in enumerate(pd.ranked)]
 
 
 @dataclass(frozen=True)
@@ -135,8 +134,7 @@ def schedule_of(pd: PlanDir) -> tuple[list[Block], str]:
     """The chosen layout's schedule, timed by its predicted compute and sends, and a caption."""
     L = pd.doc.layout
     pp, v, m = L.pp, L.vpp, L.grad_accum_steps
-    chosen = next(x for x in pd.doc.explain["layouts"] if x["chosen"])
-    compute, send_total = chosen["time_s"]["compute"], chosen["time_s"]["pp_comm"]
+    compute, send_total = pd.doc.time_breakdown_s["compute"], pd.doc.time_breakdown_s["pp_comm"]
     # Backward is about twice the forward (Narayanan et al. 2021, sec. 3.5); full recomputation
     # adds one more forward to it (Korthikanti et al. 2022, sec. 4).
     back = 3.0 if L.recompute == "full" else 2.0
@@ -177,7 +175,7 @@ def _save(fig, path: Path) -> None:
     write_text_atomic(path, buf.getvalue())
 
 
-def _stacked(path: Path, rows: list[Row], parts: tuple[str, ...], labels: dict[str, str], title: str,
+def _stacked(path: Path, rows: list[Row], parts: tuple[str, ...], labels: dict[str, Label], title: str,
              unit: str, prefix: str, fmt: str, limit: float | None = None) -> None:
     fig = _figure(9.0, 1.2 + 0.42 * len(rows))
     ax = fig.add_subplot()
@@ -186,7 +184,7 @@ def _stacked(path: Path, rows: list[Row], parts: tuple[str, ...], labels: dict[s
     for j, key in enumerate(parts):
         left = [sum(r.parts[k] for k in parts[:j]) for r in rows]
         bars = ax.barh(ys, [r.parts[key] for r in rows], left=left, height=0.62, color=_COLOURS[j % len(_COLOURS)],
-                       label=labels[key])
+                       label=labels[key].column)
         for i, bar in enumerate(bars):
             bar.set_gid(f"{prefix}-{i}-{key}")
     for i, (y, r) in enumerate(zip(ys, rows)):
@@ -210,7 +208,7 @@ def draw_memory(pd: PlanDir, path: Path) -> None:
 
 
 def draw_time(pd: PlanDir, path: Path) -> None:
-    _stacked(path, time_rows(pd), TIME_KEYS, TIME_LABELS,
+    _stacked(path, time_rows(pd), TIME_PARTS, TIME_LABELS,
              f"{pd.doc.model.name} on {pd.doc.cluster.name}: time per step, exposed communication (* chosen)", "s",
              "time", ".4g")
 

@@ -47,7 +47,7 @@ Engine; attention and the output layer stay bf16) and adds the casts' HBM traffi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -64,6 +64,7 @@ from orchestrator.costmodel.memory import (
     model_state_bytes,
     state_bytes,
 )
+from orchestrator.costmodel.stacks import MEMORY_PARTS, TIME_PARTS, MemoryStack, TimeStack
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 # Not a level dsorch plans: torchtitan's per-op selective checkpointing, which published FSDP runs
@@ -128,6 +129,12 @@ def runtime_engine(runtime: str, training: TrainingSpec) -> Engine:
     return replace(eng, tp_overlap=training.tp_comm_overlap, p2p_overlap=training.overlap_p2p_comm)
 
 
+def _take(obj, idx):
+    """A dataclass of arrays (nested ones included) cut down to the entries ``idx``."""
+    return type(obj)(**{f.name: _take(v, idx) if is_dataclass(v := getattr(obj, f.name)) else np.asarray(v)[idx]
+                        for f in fields(obj)})
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Candidates:
     """One entry per layout: a column per axis the cost model reads, named as the ``Layout`` field
@@ -152,35 +159,19 @@ class Candidates:
         return int(np.asarray(self.tp).size)
 
     def take(self, idx) -> "Candidates":
-        return Candidates(**{f.name: np.asarray(getattr(self, f.name))[idx] for f in fields(self)})
+        return _take(self, idx)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Evaluation:
-    # memory, bytes per GPU on the binding stage
-    params: np.ndarray
-    grads: np.ndarray
-    optimizer: np.ndarray
-    activations: np.ndarray
-    overhead: np.ndarray  # comm_buffers + framework
-    total: np.ndarray
-    # time, seconds per step
-    compute: np.ndarray
-    tp_comm: np.ndarray  # exposed
-    bubble: np.ndarray
-    pp_comm: np.ndarray
-    dp_comm: np.ndarray  # exposed
-    cp_comm: np.ndarray  # exposed
-    optimizer_step: np.ndarray
-    step_time: np.ndarray
-    # derived
+    """The stacks of every layout, and what is derived from them or explains them."""
+
+    memory: MemoryStack  # bytes per GPU on the binding stage
+    time: TimeStack  # seconds per step
     tokens_per_s: np.ndarray
     mfu: np.ndarray
     compute_at_peak: np.ndarray  # FLOPs the binding stage executes (recompute included) at 100% of peak
-    # splits, for explanations
-    comm_buffers: np.ndarray  # DeepSpeed's reduce/all-gather buckets, ZeRO-3 gathered layers
-    framework: np.ndarray  # the profile's memory_overhead_gib (CUDA context, NCCL, fragmentation)
-    tp_comm_total: np.ndarray  # before overlap
+    tp_comm_total: np.ndarray  # before overlap; time.tp_comm is what stays exposed
     dp_comm_total: np.ndarray  # before overlap
     # Of the activations, what only dsorch's bundled entrypoint keeps (its plain-PyTorch layer;
     # memory.entrypoint_extra_bytes_per_layer); 0 on Megatron-LM. Published runs of other PyTorch
@@ -188,7 +179,7 @@ class Evaluation:
     entrypoint_activations: np.ndarray
 
     def take(self, idx) -> "Evaluation":
-        return Evaluation(**{f.name: np.asarray(getattr(self, f.name))[idx] for f in fields(self)})
+        return _take(self, idx)
 
 
 def _peak_flops(profile: ClusterProfile, precision: str) -> float:
@@ -258,6 +249,11 @@ class _Inputs:
     last_params: np.ndarray
     params_stage: np.ndarray  # of the largest stage
 
+    @property
+    def stage_layers(self) -> np.ndarray:
+        """Decoder layers of the largest stage."""
+        return np.maximum(np.maximum(self.lf, self.lm), self.ll)
+
 
 def _rates(values) -> SimpleNamespace:
     """The efficiencies (``calibration.FIELDS``) of every layout as attributes: floats when one
@@ -305,13 +301,20 @@ def _inputs(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, r
                    last_params=last_params, params_stage=params_stage)
 
 
-def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
-    """Bytes per GPU on the binding pipeline stage: (weights, gradients, optimizer states,
-    activations, communication buffers, framework, total, the entrypoint's part of the activations)."""
-    model, training, tp, pp, vpp, gas, zero = x.model, x.training, x.tp, x.pp, x.vpp, x.grad_accum_steps, x.zero_stage
-    s, mbs, sp, rc = x.s_local, x.micro_batch_size, x.sequence_parallel, x.recompute  # with cp, each rank holds s/cp of every sequence
-    h, f, a, kv, V = (float(model.hidden_size), float(model.ffn_hidden_size), float(model.num_attention_heads),
-                      float(model.kv_heads), float(model.vocab_size))
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _LayerActivations:
+    """Activation bytes of one decoder layer and micro-batch on one GPU."""
+
+    saved: np.ndarray  # what the forward keeps for the backward, at the layout's recompute level
+    working: np.ndarray  # the backward's working set of the layer being back-propagated
+    saved_entrypoint: np.ndarray  # of ``saved`` and ``working``, what only dsorch's entrypoint keeps
+    working_entrypoint: np.ndarray
+
+
+def _layer_activations(x: _Inputs) -> _LayerActivations:
+    model, training, tp, rc = x.model, x.training, x.tp, x.recompute
+    s, mbs, sp = x.s_local, x.micro_batch_size, x.sequence_parallel  # with cp, each rank holds s/cp of every sequence
+    h, f, a, kv = float(model.hidden_size), float(model.ffn_hidden_size), float(model.num_attention_heads), float(model.kv_heads)
     act_bytes = x.act_bytes
     fp8 = training.fp8 is not None
     act_layer = activation_bytes_per_layer(
@@ -335,8 +338,60 @@ def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
         layer_extra, working_extra = extra(rc), extra(np.zeros_like(rc))
     else:
         layer_extra = working_extra = np.zeros_like(tp)
-    act_layer = act_layer + layer_extra
-    working_layer = working_layer + working_extra
+    return _LayerActivations(saved=act_layer + layer_extra, working=working_layer + working_extra,
+                             saved_entrypoint=layer_extra, working_entrypoint=working_extra)
+
+
+def _comm_buffers(x: _Inputs) -> np.ndarray:
+    """Communication buffers. Megatron's DDP and distributed optimizer reduce in place in their grad
+    buffer; DeepSpeed and Megatron-FSDP have buffers of their own."""
+    zero = x.zero_stage
+    if x.runtime == "deepspeed":
+        bucket = np.minimum(ZERO_BUCKET_ELEMENTS, x.params_stage) * x.comm_grad_b
+        # ZeRO-1/2 keep two reduce buckets (overlap_comm's double buffering); bf16 ZeRO-1 runs in
+        # BF16_Optimizer, which reduces its flat buffer in place and keeps none.
+        has_buckets = (zero == 2) | ((zero == 1) & (x.training.precision != "bf16"))
+        buffers = np.where(has_buckets, 2 * bucket, 0.0)
+        # ZeRO-3 gathers one layer ahead (prefetch) besides the one in use, and with
+        # contiguous_gradients allocates its reduce bucket whole at start, whatever the model's size
+        # (stage3.py: ipg bucket.buffer = torch.empty(reduce_bucket_size, dtype=grad dtype);
+        # measured by train/census.py: 2e8 fp32 elements, 800 MB, on the tiny model).
+        gathered = np.minimum(ZERO3_MAX_LIVE_PARAMETERS, 2 * x.layer_params_local) * x.weight_b
+        zero3_bucket = ZERO_BUCKET_ELEMENTS * x.weight_b
+        return buffers + np.where(zero == 3, gathered + zero3_bucket, 0.0)
+    # Megatron-FSDP optim_grads (zero 2): autograd writes each layer's gradient full size in the
+    # weights' dtype, which is reduce-scattered into the sharded fp32 main gradient and released
+    # after that layer's backward (mfsdp_design.md, "During backward" / "Post-backward"); with
+    # the next layer's gradient computed while one is reduced, two layers' worth are live.
+    return np.where(zero == 2, 2 * x.layer_params_local * x.weight_b, 0.0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _StageMemory:
+    """Bytes per GPU of one pipeline stage (first, a middle one, last), before the buffers and the
+    framework, which every stage has alike."""
+
+    params: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+    activations: np.ndarray
+    entrypoint_activations: np.ndarray  # of the activations, what only dsorch's entrypoint keeps
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Memory:
+    stack: MemoryStack
+    entrypoint_activations: np.ndarray
+
+
+def _memory(x: _Inputs) -> _Memory:
+    """Bytes per GPU on the binding pipeline stage: the stage whose states and activations are
+    largest."""
+    model, training, tp, pp, vpp, gas, zero = x.model, x.training, x.tp, x.pp, x.vpp, x.grad_accum_steps, x.zero_stage
+    s, mbs, sp = x.s_local, x.micro_batch_size, x.sequence_parallel
+    h, V = float(model.hidden_size), float(model.vocab_size)
+    act_bytes = x.act_bytes
+    layer = _layer_activations(x)
     # Loss working set per logit element on the last stage. Megatron-LM's vocab-parallel
     # cross-entropy works in place (core/tensor_parallel/cross_entropy.py: the fp32 copy of the
     # logits becomes exp, then softmax, then the gradient), so the 16-bit output plus one fp32
@@ -356,196 +411,248 @@ def _memory(x: _Inputs) -> tuple[np.ndarray, ...]:
 
     # Transformer Engine keeps an FP8 copy of each layer weight and of its transpose across the
     # micro-batches of a step (Megatron passes is_first_microbatch, so the casts are cached).
-    fp8_weights = 2.0 * x.layer_params_local if fp8 else 0.0
+    fp8_weights = 2.0 * x.layer_params_local if training.fp8 is not None else 0.0
 
-    def stage_memory(layers, params_local, stage_index, extra_act, outputs=True):
+    def stage_memory(layers, params_local, stage_index, extra_act, outputs=True) -> _StageMemory:
         w, g, o = model_state_bytes(params_local, x.dpc, zero, x.weight_b, x.grad_b, x.opt_b)
-        w = w + layers * fp8_weights
         inflight = in_flight_micro_batches(pp, vpp, gas, stage_index)
-        act = layers * act_layer * inflight + working_layer + extra_act + (out_buf * inflight if outputs else 0.0)
-        return w, g, o, act, layers * layer_extra * inflight + working_extra
+        act = layers * layer.saved * inflight + layer.working + extra_act + (out_buf * inflight if outputs else 0.0)
+        return _StageMemory(params=w + layers * fp8_weights, grads=g, optimizer=o, activations=act,
+                            entrypoint_activations=layers * layer.saved_entrypoint * inflight + layer.working_entrypoint)
 
-    first = stage_memory(x.lf, x.first_params, 0.0, np.where(pp == 1, logits, 0.0))
-    middle = stage_memory(x.lm, x.middle_params, np.minimum(1.0, pp - 1), 0.0)
-    last = stage_memory(x.ll, x.last_params, pp - 1, logits, outputs=False)
-
-    # Communication buffers. Megatron's DDP and distributed optimizer reduce in place in their
-    # grad buffer; DeepSpeed and Megatron-FSDP have buffers of their own.
-    if x.runtime == "deepspeed":
-        bucket = np.minimum(ZERO_BUCKET_ELEMENTS, x.params_stage) * x.comm_grad_b
-        # ZeRO-1/2 keep two reduce buckets (overlap_comm's double buffering); bf16 ZeRO-1 runs in
-        # BF16_Optimizer, which reduces its flat buffer in place and keeps none.
-        has_buckets = (zero == 2) | ((zero == 1) & (training.precision != "bf16"))
-        buffers = np.where(has_buckets, 2 * bucket, 0.0)
-        # ZeRO-3 gathers one layer ahead (prefetch) besides the one in use, and with
-        # contiguous_gradients allocates its reduce bucket whole at start, whatever the model's size
-        # (stage3.py: ipg bucket.buffer = torch.empty(reduce_bucket_size, dtype=grad dtype);
-        # measured by train/census.py: 2e8 fp32 elements, 800 MB, on the tiny model).
-        gathered = np.minimum(ZERO3_MAX_LIVE_PARAMETERS, 2 * x.layer_params_local) * x.weight_b
-        zero3_bucket = ZERO_BUCKET_ELEMENTS * x.weight_b
-        buffers = buffers + np.where(zero == 3, gathered + zero3_bucket, 0.0)
-    else:
-        # Megatron-FSDP optim_grads (zero 2): autograd writes each layer's gradient full size in the
-        # weights' dtype, which is reduce-scattered into the sharded fp32 main gradient and released
-        # after that layer's backward (mfsdp_design.md, "During backward" / "Post-backward"); with
-        # the next layer's gradient computed while one is reduced, two layers' worth are live.
-        buffers = np.where(zero == 2, 2 * x.layer_params_local * x.weight_b, 0.0)
+    stages = (stage_memory(x.lf, x.first_params, 0.0, np.where(pp == 1, logits, 0.0)),
+              stage_memory(x.lm, x.middle_params, np.minimum(1.0, pp - 1), 0.0),
+              stage_memory(x.ll, x.last_params, pp - 1, logits, outputs=False))
+    buffers = _comm_buffers(x)
     framework = np.full_like(tp, x.profile.memory_overhead_gib * GIB)
 
-    totals = [st[0] + st[1] + st[2] + st[3] for st in (first, middle, last)]
+    totals = [st.params + st.grads + st.optimizer + st.activations for st in stages]
     which = np.argmax(np.stack(totals), axis=0)
-    pick = lambda k: np.choose(which, [first[k], middle[k], last[k]])  # noqa: E731
-    params_b, grads_b, opt_bytes, act_b = pick(0), pick(1), pick(2), pick(3)
+    pick = lambda name: np.choose(which, [getattr(st, name) for st in stages])  # noqa: E731
+    params_b, grads_b, opt_bytes, act_b = pick("params"), pick("grads"), pick("optimizer"), pick("activations")
     total = params_b + grads_b + opt_bytes + act_b + (framework + buffers)
-    return params_b, grads_b, opt_bytes, act_b, buffers, framework, total, pick(4)
+    return _Memory(stack=MemoryStack(params=params_b, grads=grads_b, optimizer=opt_bytes, activations=act_b,
+                                     comm_buffers=buffers, framework=framework, total=total),
+                   entrypoint_activations=pick("entrypoint_activations"))
 
 
-def _compute(x: _Inputs) -> tuple[np.ndarray, ...]:
-    """GEMMs, attention and element-wise work of the slowest stage: (seconds per micro-batch,
-    seconds per step, FLOPs of the stage per step for the at-peak bound, seconds of one layer's
-    attention per micro-batch, forward and backward)."""
-    model, training, eff, tp, rc, sp, gas = x.model, x.training, x.eff, x.tp, x.recompute, x.sequence_parallel, x.grad_accum_steps
-    s, mbs = float(training.seq_length), x.micro_batch_size
-    s_local = x.s_local  # tokens of each sequence on this rank (s / cp)
-    h, f, a, kv, V = (float(model.hidden_size), float(model.ffn_hidden_size), float(model.num_attention_heads),
-                      float(model.kv_heads), float(model.vocab_size))
-    d_head = float(model.head_dim)
-    swiglu = model.gated
-    peak = _peak_flops(x.profile, training.precision)
-    flop_rate = peak * eff.gemm
-    fp8 = training.fp8 is not None
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Work:
+    """Seconds and FLOPs of some GEMMs (of one micro-batch on one GPU)."""
+
+    seconds: np.ndarray
+    flops: np.ndarray
+
+    def __add__(self, other: _Work) -> _Work:
+        return _Work(seconds=self.seconds + other.seconds, flops=self.flops + other.flops)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Roofline:
+    """The rates a layout's work runs at: GEMM FLOPs at the peak of their precision x ``gemm``,
+    bytes at HBM bandwidth x ``hbm``."""
+
+    peak: float  # dense FLOP/s of the training precision
+    flop_rate: np.ndarray  # 16-bit GEMMs
+    layer_rate: np.ndarray  # the layers' linear GEMMs: FP8 where the training asks for it
+    hbm: np.ndarray  # bytes/s
+    act_bytes: float  # bytes of a 16-bit (or fp32) activation element
+    fp8: bool
+
+    def gemm(self, m, n, k, count=1.0, *, linear: bool = False) -> _Work:
+        """``count`` GEMMs (m x k) @ (k x n): FLOPs at the GEMM rate plus operand and result bytes at
+        the HBM rate. Symmetric in m, n, k, so the two backward GEMMs of a linear layer (dgrad,
+        wgrad: the same three dimensions permuted) cost what its forward does. ``linear``: a
+        layer's linear GEMM, in FP8 (1-byte operands) with training.fp8."""
+        rate = self.layer_rate if linear else self.flop_rate
+        operand_bytes = 1.0 if linear and self.fp8 else self.act_bytes
+        flops = 2.0 * m * n * k * count
+        return _Work(seconds=flops / rate + (m * k + k * n + m * n) * operand_bytes * count / self.hbm, flops=flops)
+
+
+def _roofline(x: _Inputs) -> _Roofline:
+    peak = _peak_flops(x.profile, x.training.precision)
+    flop_rate = peak * x.eff.gemm
+    fp8 = x.training.fp8 is not None
     # The layers' linear GEMMs in FP8 (Transformer Engine's Linear modules); attention and the output
     # layer stay in bf16. Their fraction of peak is bf16's: no published FP8 run was fitted.
     fp8_peak = fp8_peak_flops(x.profile)
     if fp8 and fp8_peak is None:  # rules.check_training refuses this before planning
         raise ValueError(f"training.fp8 needs gpu.peak_tflops.fp8 in profile '{x.profile.name}'")
-    layer_rate = fp8_peak * eff.gemm if fp8 else flop_rate
-    hbm = x.profile.gpu.hbm_bandwidth_gbps * 1e9 * eff.hbm
-    e = float(x.act_bytes)
-    T = s_local * mbs  # tokens per micro-batch on this rank
+    return _Roofline(peak=peak, flop_rate=flop_rate, layer_rate=fp8_peak * x.eff.gemm if fp8 else flop_rate,
+                     hbm=x.profile.gpu.hbm_bandwidth_gbps * 1e9 * x.eff.hbm, act_bytes=float(x.act_bytes), fp8=fp8)
 
-    def gemm(m, n, k, count=1.0, rate=flop_rate, operand_bytes=e):
-        """(time, FLOPs) of ``count`` GEMMs (m x k) @ (k x n): FLOPs at the GEMM rate plus operand
-        and result bytes at the HBM rate. Symmetric in m, n, k, so the two backward GEMMs of a
-        linear layer (dgrad, wgrad: the same three dimensions permuted) cost what its forward does."""
-        flops = 2.0 * m * n * k * count
-        return flops / rate + (m * k + k * n + m * n) * operand_bytes * count / hbm, flops
 
-    kv_dim = kv * d_head
-    lin = {"rate": layer_rate, "operand_bytes": 1.0 if fp8 else e}
-    dense = [gemm(T, (h + 2 * kv_dim) / tp, h, **lin),  # QKV (column parallel)
-             gemm(T, h, h / tp, **lin),  # attention output projection (row parallel)
-             gemm(T, (2 * f if swiglu else f) / tp, h, **lin),  # MLP up (+gate)
-             gemm(T, h, f / tp, **lin)]  # MLP down
-    dense_t = sum(g[0] for g in dense)
-    dense_flops = sum(g[1] for g in dense)
-    heads_local = a / tp
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Attention:
+    """One layer's attention scores (QK^T, softmax, PV) per micro-batch."""
+
+    forward: _Work
+    backward: _Work
+    elementwise: np.ndarray  # seconds of the forward's memory-bound work on the scores (none with FlashAttention)
+
+
+def _attention(x: _Inputs, roof: _Roofline) -> _Attention:
+    model, training = x.model, x.training
+    s, s_local, mbs, e = float(training.seq_length), x.s_local, x.micro_batch_size, roof.act_bytes
+    h, kv_dim, d_head = float(model.hidden_size), float(model.kv_heads) * float(model.head_dim), float(model.head_dim)
+    heads_local = float(model.num_attention_heads) / x.tp
     if training.flash_attention:
         # FlashAttention: QK^T and PV of the causal half on chip; only Q, K, V, O cross HBM.
         # Backward recomputes S and runs 5 GEMMs to the forward's 2 (Dao 2023, Sec. 3.1.2).
         # With cp, each rank's s/cp queries against the whole sequence, the causal half of it on
         # every rank (the 2 x cp chunk assignment balances it).
         sc_flops_f = 0.5 * 4.0 * mbs * heads_local * s_local * s * d_head
-        sc_bytes_f = T * (2 * h + 2 * kv_dim) / tp * e
-        score_f = sc_flops_f / (peak * eff.attention) + sc_bytes_f / hbm
-        score_b, sc_flops_b = 2.5 * score_f, 2.5 * sc_flops_f
-        score_elem_f = 0.0
-    else:
-        # Batched per head: (s x d) @ (d x s) and (s x s) @ (s x d), full s x s computed.
-        t1, fl1 = gemm(s, s, d_head, mbs * heads_local)
-        t2, fl2 = gemm(s, d_head, s, mbs * heads_local)
-        score_f, sc_flops_f = t1 + t2, fl1 + fl2
-        score_b, sc_flops_b = 2 * score_f, 2 * sc_flops_f
-        # Fused scale-mask-softmax reads and writes the scores; attention dropout reads them,
-        # writes its output and a 1-byte mask (Korthikanti et al. 2022, Sec. 4.1).
-        drop = (2 * e + 1) if training.attention_dropout > 0 else 0.0
-        score_elem_f = mbs * heads_local * s * s * (2 * e + drop) / hbm
-    # Element-wise bytes per token of a layer's forward: two norms (read + write h), two residual
-    # adds (read 2h, write h), rotary on Q and K, the activation (GeLU reads and writes f, SwiGLU
-    # reads 2f and writes f), dropout masks. Norms and residuals are sharded by SP only.
+        sc_bytes_f = s_local * mbs * (2 * h + 2 * kv_dim) / x.tp * e
+        score_f = sc_flops_f / (roof.peak * x.eff.attention) + sc_bytes_f / roof.hbm
+        return _Attention(forward=_Work(seconds=score_f, flops=sc_flops_f),
+                          backward=_Work(seconds=2.5 * score_f, flops=2.5 * sc_flops_f), elementwise=0.0)
+    # Batched per head: (s x d) @ (d x s) and (s x s) @ (s x d), full s x s computed.
+    forward = roof.gemm(s, s, d_head, mbs * heads_local) + roof.gemm(s, d_head, s, mbs * heads_local)
+    # Fused scale-mask-softmax reads and writes the scores; attention dropout reads them,
+    # writes its output and a 1-byte mask (Korthikanti et al. 2022, Sec. 4.1).
+    drop = (2 * e + 1) if training.attention_dropout > 0 else 0.0
+    return _Attention(forward=forward, backward=_Work(seconds=2 * forward.seconds, flops=2 * forward.flops),
+                      elementwise=mbs * heads_local * s * s * (2 * e + drop) / roof.hbm)
+
+
+def _elementwise_forward(x: _Inputs, roof: _Roofline) -> np.ndarray:
+    """Seconds of a layer's forward element-wise work per micro-batch, at HBM bandwidth: bytes per
+    token of two norms (read + write h), two residual adds (read 2h, write h), rotary on Q and K,
+    the activation (GeLU reads and writes f, SwiGLU reads 2f and writes f), dropout masks. Norms and
+    residuals are sharded by SP only."""
+    model, training, tp, e = x.model, x.training, x.tp, roof.act_bytes
+    h, f = float(model.hidden_size), float(model.ffn_hidden_size)
+    kv_dim = float(model.kv_heads) * float(model.head_dim)
+    swiglu = model.gated
     replicated = (2 * 2 * h + 2 * 3 * h) * e + (2 * h if training.hidden_dropout > 0 else 0.0)
     rotary = 2 * (h + kv_dim) * e if model.position_embedding == "rope" else 0.0
     sharded = ((3 * f if swiglu else 2 * f) * e + rotary) / tp
     # FP8: every linear layer casts its input forward and its output gradient backward (read 16-bit,
     # write 8-bit), counted with the forward's element-wise traffic.
-    fp8_cast = 3.0 * ((h + h + h + f) + ((h + 2 * kv_dim) / tp + h + (2 * f if swiglu else f) / tp + h)) if fp8 else 0.0
-    elem_f = T * (np.where(sp, replicated / tp, replicated) + sharded + fp8_cast / 2) / hbm + score_elem_f
+    fp8_cast = (3.0 * ((h + h + h + f) + ((h + 2 * kv_dim) / tp + h + (2 * f if swiglu else f) / tp + h))
+                if roof.fp8 else 0.0)
+    T = x.s_local * x.micro_batch_size
+    return T * (np.where(x.sequence_parallel, replicated / tp, replicated) + sharded + fp8_cast / 2) / roof.hbm
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Compute:
+    per_micro_batch: np.ndarray  # seconds of the slowest stage
+    per_step: np.ndarray
+    flops_step: np.ndarray  # FLOPs of that stage per step, for the at-peak bound
+    attention_layer_mb: np.ndarray  # seconds of one layer's attention per micro-batch, forward and backward
+
+
+def _compute(x: _Inputs) -> _Compute:
+    """GEMMs, attention and element-wise work of the slowest stage."""
+    model, tp, rc, gas = x.model, x.tp, x.recompute, x.grad_accum_steps
+    h, f, V = float(model.hidden_size), float(model.ffn_hidden_size), float(model.vocab_size)
+    kv_dim = float(model.kv_heads) * float(model.head_dim)
+    roof = _roofline(x)
+    T = x.s_local * x.micro_batch_size  # tokens per micro-batch on this rank
+    qkv, proj = roof.gemm(T, (h + 2 * kv_dim) / tp, h, linear=True), roof.gemm(T, h, h / tp, linear=True)
+    dense = (qkv + proj  # QKV (column parallel), attention output projection (row parallel)
+             + roof.gemm(T, (2 * f if model.gated else f) / tp, h, linear=True)  # MLP up (+gate)
+             + roof.gemm(T, h, f / tp, linear=True))  # MLP down
+    att = _attention(x, roof)
+    elem_f = _elementwise_forward(x, roof) + att.elementwise
     # Backward: about twice the forward's traffic (gradient in and out, saved input read).
-    layer_f = dense_t + score_f + elem_f
-    layer_b = 2 * dense_t + score_b + 2 * elem_f
-    full_rc = rc == 2
-    sel_rc = rc == 1
+    layer_f = dense.seconds + att.forward.seconds + elem_f
+    layer_b = 2 * dense.seconds + att.backward.seconds + 2 * elem_f
+    full_rc, sel_rc, op_rc = rc == 2, rc == 1, rc == RC_TORCHTITAN_OP
     # torchtitan's op SAC counts the mms of each layer and recomputes every second one (wk, wo and
     # the MLP's w3 in Llama's order wq, wk, wv, wo, w1, w3, w2) and every non-mm op; attention
     # (SDPA) is saved.
-    op_gemms = [gemm(T, kv_dim / tp, h), dense[1], gemm(T, f / tp, h)]
-    op_t, op_flops = sum(g[0] for g in op_gemms), sum(g[1] for g in op_gemms)
-    op_rc = rc == RC_TORCHTITAN_OP
-    layer_rc = np.where(full_rc, layer_f, np.where(sel_rc, score_f + score_elem_f,
-                                                   np.where(op_rc, op_t + elem_f, 0.0)))
+    op = roof.gemm(T, kv_dim / tp, h) + proj + roof.gemm(T, f / tp, h)
+    layer_rc = np.where(full_rc, layer_f, np.where(sel_rc, att.forward.seconds + att.elementwise,
+                                                   np.where(op_rc, op.seconds + elem_f, 0.0)))
     layer_time_mb = layer_f + layer_b + layer_rc
-    layer_flops_mb = (3 * dense_flops + sc_flops_f + sc_flops_b
-                      + np.where(full_rc, dense_flops + sc_flops_f,
-                                 np.where(sel_rc, sc_flops_f, np.where(op_rc, op_flops, 0.0))))
+    sc_flops_f = att.forward.flops
+    layer_flops_mb = (3 * dense.flops + sc_flops_f + att.backward.flops
+                      + np.where(full_rc, dense.flops + sc_flops_f,
+                                 np.where(sel_rc, sc_flops_f, np.where(op_rc, op.flops, 0.0))))
     # Logits on the last stage (vocab-parallel): one GEMM three times, and the fused cross-entropy
     # reading the 16-bit logits and writing fp32 softmax and its gradient.
-    logit_t, logit_flops = gemm(T, V / tp, h)
-    logit_time_mb = 3 * logit_t + T * V / tp * (e + 3 * 4) / hbm
-    logit_flops_mb = 3 * logit_flops
+    logit = roof.gemm(T, V / tp, h)
+    logit_time_mb = 3 * logit.seconds + T * V / tp * (roof.act_bytes + 3 * 4) / roof.hbm
     lf, lm, ll = x.lf, x.lm, x.ll
     compute_mb = np.maximum(lm * layer_time_mb, np.maximum(lf * layer_time_mb, ll * layer_time_mb + logit_time_mb))
-    flops_step = gas * np.maximum(np.maximum(lm, lf) * layer_flops_mb, ll * layer_flops_mb + logit_flops_mb)
-    return compute_mb, gas * compute_mb, flops_step, score_f + score_b
+    flops_step = gas * np.maximum(np.maximum(lm, lf) * layer_flops_mb, ll * layer_flops_mb + 3 * logit.flops)
+    return _Compute(per_micro_batch=compute_mb, per_step=gas * compute_mb, flops_step=flops_step,
+                    attention_layer_mb=att.forward.seconds + att.backward.seconds)
 
 
-def _communication(x: _Inputs, compute_mb: np.ndarray, compute: np.ndarray,
-                   attention_layer_mb: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Exposed seconds per step of tensor-parallel, pipeline, data-parallel and context-parallel
-    communication: (TP per micro-batch exposed, TP per step before overlap, PP point-to-point, DP
-    exposed, DP before overlap, CP exposed)."""
-    profile, eff, eng, training = x.profile, x.eff, x.eng, x.training
-    tp, pp, vpp, gas, zero, rc, sp = x.tp, x.pp, x.vpp, x.grad_accum_steps, x.zero_stage, x.recompute, x.sequence_parallel
-    h = float(x.model.hidden_size)
-    e = float(x.act_bytes)
-    T = x.s_local * x.micro_batch_size
-    cp, dpc = x.cp, x.dpc
-    # Tensor-parallel collectives, per layer per micro-batch.
-    nvlink = profile.intra_node.bandwidth_gbps * 1e9 / 2 * eff.intra_node_comm  # one direction
-    lat_intra = profile.intra_node.latency_us * 1e-6
-    n_coll = 4 + 2 * (rc == 2)
-    tp_layer_mb = n_coll * _ring_time(T * h * e, tp, nvlink, lat_intra, 2.0)
-    stage_layers = np.maximum(np.maximum(x.lf, x.lm), x.ll)
-    tp_total_mb = stage_layers * tp_layer_mb
-    # --tp-comm-overlap needs sequence parallelism (validate_args), so it hides TP traffic only there.
-    tp_mb = tp_total_mb * (1.0 - np.where(sp & eng.tp_overlap, eff.tp_overlap, 0.0))
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Links:
+    """One GPU's share of the two fabrics: bytes/s in one direction, and seconds of latency."""
 
-    # Pipeline point-to-point: neighbouring stages are tp*cp*dp ranks apart (Megatron's rank order
-    # tp-cp-dp-pp, parallel_state.py), so they sit on different nodes once that reaches a node.
+    nvlink: np.ndarray
+    nvlink_latency: float
+    ib: np.ndarray  # its share of the node's NICs
+    ib_latency: float
+
+
+def _links(x: _Inputs) -> _Links:
+    profile, eff = x.profile, x.eff
     g = profile.gpus_per_node
-    ib_per_gpu = (profile.inter_node.bandwidth_gbps / 8 * 1e9 * profile.inter_node.nics_per_node / g
-                  * eff.inter_node_comm)
-    lat_inter = profile.inter_node.latency_us * 1e-6
-    cross = (tp * dpc >= g) & (profile.nodes > 1)
-    p2p_bw = np.where(cross, ib_per_gpu, nvlink)
-    p2p_lat = np.where(cross, lat_inter, lat_intra)
-    p2p_bytes = np.where(sp | eng.p2p_scatter_gather, T * h / tp, T * h) * e
-    # Overlapped sends (interleaved schedule) leave only the fill and drain ones exposed.
-    sends = np.where(eng.p2p_overlap & (vpp > 1), pp - 1, gas * vpp + pp - 1)
-    pp_comm = np.where(pp > 1, 2 * sends * (p2p_bytes / p2p_bw + p2p_lat), 0.0)
+    return _Links(nvlink=profile.intra_node.bandwidth_gbps * 1e9 / 2 * eff.intra_node_comm,  # one direction
+                  nvlink_latency=profile.intra_node.latency_us * 1e-6,
+                  ib=(profile.inter_node.bandwidth_gbps / 8 * 1e9 * profile.inter_node.nics_per_node / g
+                      * eff.inter_node_comm),
+                  ib_latency=profile.inter_node.latency_us * 1e-6)
 
-    # Data-parallel collectives. A DP group strides over tp ranks: g/tp of its members share a
-    # node, the rest are on other nodes (hierarchical collective, see _hierarchical_time).
-    # With cp the group is dp x cp ranks (the weights are replicated over the cp ranks), still
-    # strided by tp.
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Overlapped:
+    exposed: np.ndarray  # what the step waits for
+    total: np.ndarray  # before the engine overlaps any of it with compute
+
+
+def _tp_comm_mb(x: _Inputs, links: _Links) -> _Overlapped:
+    """Tensor-parallel collectives of the largest stage, per micro-batch."""
+    T = x.s_local * x.micro_batch_size
+    n_coll = 4 + 2 * (x.recompute == 2)
+    tp_layer_mb = n_coll * _ring_time(T * float(x.model.hidden_size) * float(x.act_bytes), x.tp, links.nvlink,
+                                      links.nvlink_latency, 2.0)
+    tp_total_mb = x.stage_layers * tp_layer_mb
+    # --tp-comm-overlap needs sequence parallelism (validate_args), so it hides TP traffic only there.
+    hidden = np.where(x.sequence_parallel & x.eng.tp_overlap, x.eff.tp_overlap, 0.0)
+    return _Overlapped(exposed=tp_total_mb * (1.0 - hidden), total=tp_total_mb)
+
+
+def _pp_comm(x: _Inputs, links: _Links) -> np.ndarray:
+    """Pipeline point-to-point: neighbouring stages are tp*cp*dp ranks apart (Megatron's rank order
+    tp-cp-dp-pp, parallel_state.py), so they sit on different nodes once that reaches a node."""
+    profile, eng, tp, pp, vpp = x.profile, x.eng, x.tp, x.pp, x.vpp
+    T, h, e = x.s_local * x.micro_batch_size, float(x.model.hidden_size), float(x.act_bytes)
+    cross = (tp * x.dpc >= profile.gpus_per_node) & (profile.nodes > 1)
+    p2p_bw = np.where(cross, links.ib, links.nvlink)
+    p2p_lat = np.where(cross, links.ib_latency, links.nvlink_latency)
+    p2p_bytes = np.where(x.sequence_parallel | eng.p2p_scatter_gather, T * h / tp, T * h) * e
+    # Overlapped sends (interleaved schedule) leave only the fill and drain ones exposed.
+    sends = np.where(eng.p2p_overlap & (vpp > 1), pp - 1, x.grad_accum_steps * vpp + pp - 1)
+    return np.where(pp > 1, 2 * sends * (p2p_bytes / p2p_bw + p2p_lat), 0.0)
+
+
+def _dp_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
+    """Data-parallel collectives per step. A DP group strides over tp ranks: g/tp of its members
+    share a node, the rest are on other nodes (hierarchical collective, see _hierarchical_time).
+    With cp the group is dp x cp ranks (the weights are replicated over the cp ranks), still
+    strided by tp."""
+    profile, eff, eng, training = x.profile, x.eff, x.eng, x.training
+    tp, pp, gas, zero, dpc = x.tp, x.pp, x.grad_accum_steps, x.zero_stage, x.dpc
+    g = profile.gpus_per_node
     per_node = np.maximum(1.0, np.floor(g / tp))
     in_node = np.minimum(dpc, per_node)
     one_node = (profile.nodes == 1) | (tp * dpc <= g)
     k = np.where(one_node, dpc, in_node)
 
     def coll(nbytes, factor, buckets):
-        t = _hierarchical_time(nbytes, dpc, k, nvlink, lat_intra, ib_per_gpu, lat_inter, factor)
+        t = _hierarchical_time(nbytes, dpc, k, links.nvlink, links.nvlink_latency, links.ib, links.ib_latency,
+                               factor)
         # One latency chain per bucket (DeepSpeed reduce_bucket_size, Megatron's DDP buckets).
-        lat = np.where(one_node, lat_intra, lat_inter) * factor * np.maximum(dpc - 1, 0.0)
+        lat = np.where(one_node, links.nvlink_latency, links.ib_latency) * factor * np.maximum(dpc - 1, 0.0)
         return t + np.maximum(buckets - 1, 0.0) * np.where(dpc > 1, lat, 0.0)
 
     # Megatron sizes its buckets by the dp-cp group (training.py resolve_ddp_bucket_size).
@@ -573,6 +680,7 @@ def _communication(x: _Inputs, compute_mb: np.ndarray, compute: np.ndarray,
     # last micro-batch); the weight all-gather overlaps the first forward (1/3) with Megatron's
     # --overlap-param-gather; DeepSpeed's ZeRO-2 reduces during every backward pass and ZeRO-3
     # prefetches over the whole step.
+    compute, compute_mb = comp.per_step, comp.per_micro_batch
     can_overlap = eng.dp_overlap & ((pp == 1) | eng.dp_overlap_with_pp) & ~bf16_optimizer
     window = np.where(zero == 3, compute, np.where(zero == 2, compute * 2.0 / 3.0,
                       compute_mb * (2.0 / 3.0 + np.where((zero == 1) & eng.param_gather_overlap, 1.0 / 3.0, 0.0))))
@@ -581,21 +689,45 @@ def _communication(x: _Inputs, compute_mb: np.ndarray, compute: np.ndarray,
     # is its own collective per micro-batch, issued from the host between layers; what no bandwidth
     # term gives (launch, stream waits, FSDP's rate limiter) is a fitted stall per collective
     # (calibration.yaml, engine deepspeed-zero3, fitted to the published FSDP runs).
-    stall = np.where(zero == 3, gas * stage_layers * 3.0 * eff.zero3_stall_us * 1e-6, 0.0)
-    dp_comm = np.maximum(0.0, dp_total - hide) + stall
+    stall = np.where(zero == 3, gas * x.stage_layers * 3.0 * eff.zero3_stall_us * 1e-6, 0.0)
+    return _Overlapped(exposed=np.maximum(0.0, dp_total - hide) + stall, total=dp_total + stall)
 
-    # Context parallelism: the cp ring of a layer spans tp*cp consecutive ranks (stride tp), inside
-    # the node while that fits in it. Per layer and micro-batch, cp - 1 steps each way of this
-    # rank's K and V chunk (its kv heads, 1/tp of them), backward twice the volume; each step hides
-    # behind one block of attention (Liu et al. 2023, Ring Attention, Sec. 3).
+
+def _cp_comm(x: _Inputs, links: _Links, comp: _Compute) -> np.ndarray:
+    """Context parallelism, exposed seconds per step: the cp ring of a layer spans tp*cp consecutive
+    ranks (stride tp), inside the node while that fits in it. Per layer and micro-batch, cp - 1
+    steps each way of this rank's K and V chunk (its kv heads, 1/tp of them), backward twice the
+    volume; each step hides behind one block of attention (Liu et al. 2023, Ring Attention, Sec. 3)."""
+    profile, tp, cp = x.profile, x.tp, x.cp
+    T, e = x.s_local * x.micro_batch_size, float(x.act_bytes)
     kv_bytes = 2 * T * float(x.model.kv_heads * x.model.head_dim) / tp * e
-    cp_inside = tp * cp <= g
-    cp_bw = np.where(cp_inside | (profile.nodes == 1), nvlink, ib_per_gpu)
-    cp_lat = np.where(cp_inside | (profile.nodes == 1), lat_intra, lat_inter)
+    cp_inside = tp * cp <= profile.gpus_per_node
+    cp_bw = np.where(cp_inside | (profile.nodes == 1), links.nvlink, links.ib)
+    cp_lat = np.where(cp_inside | (profile.nodes == 1), links.nvlink_latency, links.ib_latency)
     ring = 3 * (cp - 1) * (kv_bytes / cp_bw + cp_lat)
-    cp_layer = np.where(cp > 1, np.maximum(0.0, ring - attention_layer_mb), 0.0)
-    cp_comm = gas * stage_layers * cp_layer
-    return tp_mb, gas * tp_total_mb, pp_comm, dp_comm, dp_total + stall, cp_comm
+    cp_layer = np.where(cp > 1, np.maximum(0.0, ring - comp.attention_layer_mb), 0.0)
+    return x.grad_accum_steps * x.stage_layers * cp_layer
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Communication:
+    tp_comm_mb: np.ndarray  # exposed, per micro-batch: the bubble's micro-batch time holds it
+    tp_comm_total: np.ndarray  # per step, before overlap
+    pp_comm: np.ndarray
+    dp_comm: np.ndarray  # exposed
+    dp_comm_total: np.ndarray  # before overlap
+    cp_comm: np.ndarray  # exposed
+
+
+def _communication(x: _Inputs, comp: _Compute) -> _Communication:
+    """Seconds per step of tensor-parallel, pipeline, data-parallel and context-parallel
+    communication."""
+    links = _links(x)
+    tp = _tp_comm_mb(x, links)
+    dp = _dp_comm(x, links, comp)
+    return _Communication(tp_comm_mb=tp.exposed, tp_comm_total=x.grad_accum_steps * tp.total,
+                          pp_comm=_pp_comm(x, links), dp_comm=dp.exposed, dp_comm_total=dp.total,
+                          cp_comm=_cp_comm(x, links, comp))
 
 
 def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
@@ -609,26 +741,27 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     eff = _rates(per_layout(profile, runtime, c.zero_stage)[0] if efficiency is None else efficiency.values())
     eng = runtime_engine(runtime, training) if engine is None else engine
     x = _inputs(model, training, profile, runtime, c, eff, eng)
-    params_b, grads_b, opt_bytes, act_b, buffers, framework, total, entrypoint_act = _memory(x)
-    compute_mb, compute, flops_step, attention_mb = _compute(x)
-    tp_mb, tp_total, pp_comm, dp_comm, dp_total, cp_comm = _communication(x, compute_mb, compute, attention_mb)
-    tp_comm = x.grad_accum_steps * tp_mb
-    bubble = (x.pp - 1) / x.vpp * (compute_mb + tp_mb + cp_comm / x.grad_accum_steps)
+    mem = _memory(x)
+    comp = _compute(x)
+    comm = _communication(x, comp)
+    tp_comm = x.grad_accum_steps * comm.tp_comm_mb
+    bubble = (x.pp - 1) / x.vpp * (comp.per_micro_batch + comm.tp_comm_mb + comm.cp_comm / x.grad_accum_steps)
     hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * eff.hbm
     opt_params = x.params_stage / np.where(x.zero_stage >= 1, x.dpc, 1.0)
     optimizer_step = opt_params * OPTIMIZER_BYTES_PER_PARAM / hbm
 
-    step = compute + tp_comm + bubble + pp_comm + dp_comm + cp_comm + optimizer_step
+    step = comp.per_step + tp_comm + bubble + comm.pp_comm + comm.dp_comm + comm.cp_comm + optimizer_step
     tokens = training.global_batch_size * float(training.seq_length)
     mflops = model_flops_per_step(model, training.seq_length, training.global_batch_size)
     peak = _peak_flops(profile, training.precision)
     mfu = mflops / (step * (x.tp * x.cp * x.pp * x.dp) * peak)
     # The at-peak bound: the stage's FLOPs at the fastest rate any of them runs at.
     best_peak = max(peak, fp8_peak_flops(profile) or 0.0) if training.fp8 else peak
-    return Evaluation(params_b, grads_b, opt_bytes, act_b, framework + buffers, total,
-                      compute, tp_comm, bubble, pp_comm, dp_comm, cp_comm, optimizer_step, step,
-                      tokens / step, mfu, flops_step / best_peak, buffers, framework, tp_total, dp_total,
-                      entrypoint_act)
+    time = TimeStack(compute=comp.per_step, tp_comm=tp_comm, bubble=bubble, pp_comm=comm.pp_comm,
+                     dp_comm=comm.dp_comm, cp_comm=comm.cp_comm, optimizer=optimizer_step, step=step)
+    return Evaluation(memory=mem.stack, time=time, tokens_per_s=tokens / step, mfu=mfu,
+                      compute_at_peak=comp.flops_step / best_peak, tp_comm_total=comm.tp_comm_total,
+                      dp_comm_total=comm.dp_comm_total, entrypoint_activations=mem.entrypoint_activations)
 
 
 def invariant_violations(c: Candidates, ev: Evaluation) -> list[str]:
@@ -637,18 +770,18 @@ def invariant_violations(c: Candidates, ev: Evaluation) -> list[str]:
     Checked by the solver after each evaluation (cheap: a few array comparisons).
     """
     bad: list[str] = []
+    mem, time = ev.memory, ev.time
     tp = np.asarray(c.tp)
-    if np.any(ev.tp_comm[tp == 1] != 0):
+    if np.any(time.tp_comm[tp == 1] != 0):
         bad.append("tensor-parallel traffic with tp = 1")
-    if np.any(ev.cp_comm[np.asarray(c.cp) == 1] != 0):
+    if np.any(time.cp_comm[np.asarray(c.cp) == 1] != 0):
         bad.append("context-parallel traffic with cp = 1")
-    if np.any(ev.total < ev.params):
+    if np.any(mem.total < mem.params):
         bad.append("total memory below the local parameter shard")
-    for name in ("params", "grads", "optimizer", "activations", "overhead", "compute", "tp_comm", "bubble",
-                 "pp_comm", "dp_comm", "cp_comm", "optimizer_step"):
-        arr = getattr(ev, name)
+    parts = [(f"memory {k}", getattr(mem, k)) for k in MEMORY_PARTS] + [(f"time {k}", getattr(time, k)) for k in TIME_PARTS]
+    for name, arr in parts:
         if np.any(~np.isfinite(arr)) or np.any(arr < 0):
             bad.append(f"{name} negative or not finite")
-    if np.any(ev.step_time < ev.compute_at_peak * (1 - 1e-9)):
+    if np.any(time.step < ev.compute_at_peak * (1 - 1e-9)):
         bad.append("step time below compute at peak")
     return bad

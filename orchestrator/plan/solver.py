@@ -16,6 +16,7 @@ from orchestrator.costmodel import Candidates, Evaluation, evaluate
 from orchestrator.costmodel.calibration import engine_of, per_layout
 from orchestrator.costmodel.evaluate import invariant_violations, runtime_engine
 from orchestrator.costmodel.memory import GIB
+from orchestrator.costmodel.stacks import MEMORY_KEYS, TIME_PARTS
 from orchestrator.plan.layout import (
     AXES,
     AXIS,
@@ -44,16 +45,12 @@ from orchestrator.plan.rules import (
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
-# The memory stack a Scored carries (GiB per GPU, binding pipeline stage); overhead is buffers +
-# framework, and what plan.yaml's memory section shows.
-MEMORY_STACK = ("params", "grads", "optimizer", "activations", "comm_buffers", "framework", "overhead", "total")
-PLAN_MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "overhead", "total")
-
 
 @dataclass(frozen=True)
 class Scored:
-    """A layout with its predicted memory (GiB per GPU, MEMORY_STACK) and time (s) stacks: all that
-    renderers and --explain show, computed once by the search."""
+    """A layout with its predicted memory (GiB per GPU, keyed by ``MEMORY_KEYS``) and time (s, keyed
+    by ``TIME_PARTS``; the step apart) stacks: all that renderers and --explain show, computed once
+    by the search."""
 
     layout: Layout
     memory_gib: dict[str, float]
@@ -117,7 +114,7 @@ def _family_bests(cand: Candidates, ev: Evaluation, order: np.ndarray, fits: np.
                                   int(members.sum())))
         else:
             idx = np.flatnonzero(members)
-            i = int(idx[np.lexsort((ev.step_time[idx], ev.total[idx]))][0])
+            i = int(idx[np.lexsort((ev.time.step[idx], ev.memory.total[idx]))][0])
             out.append(FamilyBest(name, _scored(cand, ev, i, capacity, confidence, fits), None, int(members.sum())))
     return tuple(out)
 
@@ -242,12 +239,10 @@ def _confidence(profile: ClusterProfile, runtime: str, training: TrainingSpec, z
 
 def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float, confidence, fits=None) -> Scored:
     layout = Layout(**{a.name: a.decode(getattr(c, a.name)[i]) for a in AXES})
-    mem = {k: float(getattr(ev, k)[i]) / GIB for k in MEMORY_STACK}
-    t = {"compute": float(ev.compute[i]), "tp_comm": float(ev.tp_comm[i]), "bubble": float(ev.bubble[i]),
-         "pp_comm": float(ev.pp_comm[i]), "dp_comm": float(ev.dp_comm[i]), "cp_comm": float(ev.cp_comm[i]),
-         "optimizer": float(ev.optimizer_step[i])}
+    mem = {k: float(getattr(ev.memory, k)[i]) / GIB for k in MEMORY_KEYS}
+    t = {k: float(getattr(ev.time, k)[i]) for k in TIME_PARTS}
     interval, basis = confidence(layout)
-    return Scored(layout, mem, t, float(ev.step_time[i]), float(ev.tokens_per_s[i]), float(ev.mfu[i]),
+    return Scored(layout, mem, t, float(ev.time.step[i]), float(ev.tokens_per_s[i]), float(ev.mfu[i]),
                   bool(mem["total"] <= capacity_gib) if fits is None else bool(fits[i]), capacity_gib, interval, basis)
 
 
@@ -275,17 +270,17 @@ def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, ru
     violations = invariant_violations(cand, ev)
     if violations:  # a bug, never the user's input
         raise RuntimeError(f"cost model invariant broken for {model}: {'; '.join(violations)}")
-    total_gib = ev.total / GIB
+    total_gib = ev.memory.total / GIB
     fits = total_gib <= capacity
     for layout, fit in (measured_fit or {}).items():
         fits[_index_of(cand, layout)] = fit
-    keys = (*(getattr(cand, n) for n in reversed(TIEBREAK)), ev.total, ev.step_time)
+    keys = (*(getattr(cand, n) for n in reversed(TIEBREAK)), ev.memory.total, ev.time.step)
     order = np.lexsort(keys)  # last key is primary
     feasible_order = order[fits[order]]
     confidence = _confidence(profile, runtime, training, cand.zero_stage)
     ranked = [_scored(cand, ev, int(i), capacity, confidence, fits) for i in feasible_order[:keep]]
     infeasible = np.flatnonzero(~fits)
-    closest_idx = infeasible[np.lexsort((ev.step_time[infeasible], ev.total[infeasible]))][:keep]
+    closest_idx = infeasible[np.lexsort((ev.time.step[infeasible], ev.memory.total[infeasible]))][:keep]
     closest = [_scored(cand, ev, int(i), capacity, confidence, fits) for i in closest_idx]
     families = _family_bests(cand, ev, order, fits, capacity, confidence)
     return SearchResult(ranked, n, int(fits.sum()), int((~fits).sum()), closest, capacity, rejected, families)

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator.costmodel.stacks import MEMORY_KEYS, TIME_PARTS
 from orchestrator.errors import ValidationError as PlanError
 from orchestrator.plan.layout import RUNTIMES, WORLD_PRODUCT, Layout, layout_schema, world_of
 from orchestrator.spec.model import SpecFile
@@ -79,6 +80,17 @@ class PlanCluster(BaseModel):
 PlanLayout = layout_schema("PlanLayout", record=False)
 
 
+class ScoredDoc(BaseModel):
+    """A ranked layout with its stacks (``render.report.scored_doc``): the chosen one is plan.yaml's top
+    level, the others its ``alternatives``; plan.yaml states the stacks there and nowhere else."""
+
+    model_config = _DOC
+    layout: PlanLayout
+    memory_gib_per_gpu: dict[str, float]  # keyed by costmodel.stacks.MEMORY_KEYS
+    predicted: dict[str, float | str | None]  # numbers, and the interval's basis in words
+    time_breakdown_s: dict[str, float]  # keyed by costmodel.stacks.TIME_PARTS
+
+
 class PlanDoc(BaseModel):
     """plan.yaml. The report sections (memory, predictions, alternatives, explain) are for people;
     readers use the typed ones."""
@@ -97,7 +109,7 @@ class PlanDoc(BaseModel):
     predicted: dict[str, float | str | None]  # numbers, and the interval's basis in words
     time_breakdown_s: dict[str, float]
     search: dict[str, Any]
-    alternatives: list[dict[str, Any]]
+    alternatives: list[ScoredDoc]
     explain: dict[str, Any]
     evidence: dict[str, Any] | None = None  # `dsorch trial`: the measurements behind the choice
 
@@ -120,6 +132,21 @@ class PlanDir:
     @property
     def layout(self) -> Layout:
         return Layout(**self.doc.layout.model_dump())
+
+    @property
+    def ranked(self) -> list[ScoredDoc]:
+        """The ranked layouts with their stacks, the chosen one first (the order of ``explain.layouts``)."""
+        d = self.doc
+        chosen = ScoredDoc(layout=d.layout, memory_gib_per_gpu=d.memory_gib_per_gpu, predicted=d.predicted,
+                           time_breakdown_s=d.time_breakdown_s)
+        # A plan.yaml written before each stack was stated once has 'overhead' in place of comm_buffers
+        # and framework (those were in explain.layouts only): it still loads for every other reader.
+        missing = [k for k in MEMORY_KEYS if k not in d.memory_gib_per_gpu]
+        missing += [k for k in TIME_PARTS if k not in d.time_breakdown_s]
+        if missing:
+            raise PlanError(f"{self.path / PLAN_FILE}: its stacks have no {', '.join(missing)} (an older dsorch wrote "
+                            f"it); regenerate it with the command in its first lines.")
+        return [chosen, *d.alternatives]
 
     @property
     def ds_config(self) -> dict | None:

@@ -2,33 +2,52 @@
 memory rejected and by how much, and whether the top two are closer than the model can tell.
 
 Pure functions of a ``Plan``: ``explain_doc`` (the ``explain:`` section of plan.yaml, rounded and
-deterministic) and ``explain_text`` (what ``dsorch plan --explain`` prints).
+deterministic) and ``explain_text`` (what ``dsorch plan --explain`` prints). plan.yaml states each
+layout's stacks once, in its chosen and ``alternatives`` sections (``report.scored_doc``); the
+``explain:`` section names the ranked layouts in the same order, with what only it says of them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from orchestrator.costmodel.calibration import engine_of, resolve_efficiency
+from orchestrator.costmodel.stacks import MEMORY_KEYS, MEMORY_LABELS, TIME_KEYS, TIME_LABELS, TIME_PARTS
 from orchestrator.plan.make import Plan
 from orchestrator.plan.solver import Scored
-
-MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "comm_buffers", "framework", "total")
-TIME_KEYS = ("compute", "tp_comm_exposed", "bubble", "pp_comm", "dp_comm_exposed", "cp_comm_exposed", "optimizer")
 
 
 def _r(x: float, nd: int = 3) -> float:
     return float(round(float(x), nd))
 
 
-# Scored.time_s key -> the name --explain shows (only the exposed part of TP and DP communication
-# is in the step).
-_TIME_NAMES = {"compute": "compute", "tp_comm": "tp_comm_exposed", "bubble": "bubble", "pp_comm": "pp_comm",
-               "dp_comm": "dp_comm_exposed", "cp_comm": "cp_comm_exposed", "optimizer": "optimizer"}
-
-
 def stacks(s: Scored) -> tuple[dict, dict]:
-    """The stacks the search computed, rounded: nothing is evaluated again here."""
-    return ({k: _r(s.memory_gib[k]) for k in MEMORY_KEYS},
-            {_TIME_NAMES[k]: _r(v, 4) for k, v in s.time_s.items()})
+    """The stacks the search computed, rounded as plan.yaml states them: nothing is evaluated again here."""
+    return ({k: _r(s.memory_gib[k]) for k in MEMORY_KEYS}, {k: _r(s.time_s[k], 4) for k in TIME_PARTS})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ranked:
+    """A ranked layout as --explain's and plan.md's tables show it, with plan.yaml's numbers."""
+
+    scored: Scored
+    layout: str  # the short form
+    chosen: bool
+    memory_gib: dict[str, float]
+    time_s: dict[str, float]
+    step_time_s: float
+    vs_chosen: float  # step time over the chosen layout's, minus 1
+
+
+def ranked_layouts(plan: Plan) -> list[Ranked]:
+    """The ranked layouts, the chosen one first (plan.yaml's chosen section, then its alternatives)."""
+    best = plan.chosen.step_time_s
+    out = []
+    for s in plan.result.ranked:
+        mem, t = stacks(s)
+        out.append(Ranked(scored=s, layout=s.layout.short(), chosen=s.layout == plan.chosen.layout, memory_gib=mem,
+                          time_s=t, step_time_s=_r(s.step_time_s, 4), vs_chosen=_r(s.step_time_s / best - 1.0, 4)))
+    return out
 
 
 def _chosen_efficiency(plan: Plan):
@@ -56,15 +75,10 @@ def _close_call(plan: Plan) -> dict | None:
 
 
 def explain_doc(plan: Plan) -> dict:
-    """The ``explain:`` section of plan.yaml: stacks per layout, rejections, model error."""
+    """The ``explain:`` section of plan.yaml: the ranking (its stacks are in the chosen and alternatives
+    sections), rejections, model error."""
     res = plan.result
-    best = plan.chosen.step_time_s
-    layouts = []
-    for s in res.ranked:
-        mem, t = stacks(s)
-        layouts.append({"layout": s.layout.short(), "chosen": s.layout == plan.chosen.layout,
-                        "step_time_s": _r(s.step_time_s, 4), "vs_chosen": _r(s.step_time_s / best - 1.0, 4),
-                        "memory_gib_per_gpu": mem, "time_s": t})
+    layouts = [{"layout": r.layout, "chosen": r.chosen, "vs_chosen": r.vs_chosen} for r in ranked_layouts(plan)]
     rejected = [{"layout": s.layout.short(), "needs_gib": _r(s.memory_gib["total"]), "over_gib": _r(s.over_gib)}
                 for s in res.closest]
     eff = _chosen_efficiency(plan)
@@ -102,17 +116,16 @@ def explain_text(plan: Plan) -> str:
     out.append(f"Chosen layout's step time: {err['confidence']}")
     out.append("")
     out.append(f"Memory per GPU (GiB, binding pipeline stage; capacity {doc['capacity_gib']:g} GiB):")
-    mh = ["layout", "params", "grads", "optim", "activ", "buffers", "framework", "total"]
-    rows = [[("* " if L["chosen"] else "  ") + L["layout"],
-             *[f"{L['memory_gib_per_gpu'][k]:.1f}" for k in MEMORY_KEYS]] for L in doc["layouts"]]
+    mh = ["layout", *(MEMORY_LABELS[k].column for k in MEMORY_KEYS)]
+    rows = [[("* " if L.chosen else "  ") + L.layout, *[f"{L.memory_gib[k]:.1f}" for k in MEMORY_KEYS]]
+            for L in ranked_layouts(plan)]
     widths = [max(len(r[i]) for r in [mh, *rows]) for i in range(len(mh))]
     out += [_fmt_row(mh, widths), *[_fmt_row(r, widths) for r in rows]]
     out.append("")
     out.append("Time per step (s; exposed communication only):")
-    th = ["layout", "compute", "tp comm", "bubble", "pp comm", "dp comm", "cp comm", "optim", "step", "vs best"]
-    rows = [[("* " if L["chosen"] else "  ") + L["layout"],
-             *[f"{L['time_s'][k]:.3f}" for k in TIME_KEYS], f"{L['step_time_s']:.3f}",
-             f"{100 * L['vs_chosen']:+.1f}%"] for L in doc["layouts"]]
+    th = ["layout", *(TIME_LABELS[k].column for k in TIME_KEYS), "vs best"]
+    rows = [[("* " if L.chosen else "  ") + L.layout, *[f"{L.time_s[k]:.3f}" for k in TIME_PARTS],
+             f"{L.step_time_s:.3f}", f"{100 * L.vs_chosen:+.1f}%"] for L in ranked_layouts(plan)]
     widths = [max(len(r[i]) for r in [th, *rows]) for i in range(len(th))]
     out += [_fmt_row(th, widths), *[_fmt_row(r, widths) for r in rows]]
     if doc["ruled_out"]:

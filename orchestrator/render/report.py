@@ -10,9 +10,9 @@ import json
 import yaml
 
 from orchestrator.costmodel.flops import model_flops_per_step
-from orchestrator.render.explain import explain_doc
+from orchestrator.render.explain import explain_doc, stacks
 from orchestrator.plan.make import Plan
-from orchestrator.plan.solver import PLAN_MEMORY_KEYS, Scored
+from orchestrator.plan.solver import Scored
 
 
 def _r(x: float, nd: int = 3) -> float:
@@ -20,12 +20,15 @@ def _r(x: float, nd: int = 3) -> float:
 
 
 def scored_doc(plan: Plan, s: Scored) -> dict:
+    """A ranked layout with its stacks: plan.yaml's chosen section and each of its alternatives, the one
+    place plan.yaml states them (``explain.layouts`` names the same layouts in the same order)."""
     t = plan.spec.training
     world = plan.profile.world_size
     flops = model_flops_per_step(plan.spec.model, t.seq_length, t.global_batch_size)
+    memory, time = stacks(s)
     return {
         "layout": s.layout.as_dict(),
-        "memory_gib_per_gpu": {k: _r(s.memory_gib[k]) for k in PLAN_MEMORY_KEYS},
+        "memory_gib_per_gpu": memory,
         "predicted": {
             "step_time_s": _r(s.step_time_s, 4),
             "tokens_per_s": _r(s.tokens_per_s, 1),
@@ -36,7 +39,7 @@ def scored_doc(plan: Plan, s: Scored) -> dict:
             "step_time_interval": None if s.interval is None else _r(s.interval, 4),
             "confidence": s.basis,
         },
-        "time_breakdown_s": {k: _r(v, 4) for k, v in s.time_s.items()},
+        "time_breakdown_s": time,
     }
 
 

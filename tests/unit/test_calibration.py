@@ -100,10 +100,10 @@ def test_not_a_lookup_table():
     twice the GPUs for the same work is faster, and a smaller GEMM runs below peak."""
     row = next(r for r in published_rows() if r.id == "megatron_sc21_t1_39.1B")
     c, _ = enumerate_layouts(row.model, row.training, row.profile, row.runtime, row.pins)
-    base = float(evaluate(row.model, row.training, row.profile, row.runtime, c, engine=row.engine).step_time[0])
+    base = float(evaluate(row.model, row.training, row.profile, row.runtime, c, engine=row.engine).time.step[0])
     big = row.training.model_copy(update={"global_batch_size": 2 * row.training.global_batch_size})
     c2, _ = enumerate_layouts(row.model, big, row.profile, row.runtime, row.pins)
-    double = float(evaluate(row.model, big, row.profile, row.runtime, c2, engine=row.engine).step_time[0])
+    double = float(evaluate(row.model, big, row.profile, row.runtime, c2, engine=row.engine).time.step[0])
     assert 1.8 < double / base < 2.05
     # Shipped examples plan at MFUs real runs report (between 15 % and 75 %).
     for name, prof, nodes in [("llama3-8b", "dgx16", 1), ("llama3-70b", "dgx16", 16), ("llama3-405b", "dgx16", 2048),
@@ -155,7 +155,7 @@ def test_deepspeed_runtime_uses_each_layouts_engine():
         eng = "deepspeed-zero3" if z == 3 else "deepspeed"
         one = evaluate(spec.model, spec.training, profile, "deepspeed", c.take([i]),
                        efficiency=resolve_efficiency(profile, eng))
-        assert float(one.step_time[0]) == pytest.approx(float(mixed.step_time[i]), rel=1e-12)
+        assert float(one.time.step[0]) == pytest.approx(float(mixed.time.step[i]), rel=1e-12)
     assert isinstance(resolve_efficiency(profile, "deepspeed"), Resolved)
 
 
@@ -171,7 +171,7 @@ def test_deepspeed_zero2_estimator_agrees(nodes):
     ev = evaluate(spec.model, spec.training, profile, "deepspeed", c)
     psi = spec.model.num_params
     _, gpu = estimate_zero2_model_states_mem_needs(psi, num_gpus_per_node=8, num_nodes=nodes, cpu_offload=False)
-    ours = float(ev.params[0] + ev.grads[0] + ev.optimizer[0])
+    ours = float(ev.memory.params[0] + ev.memory.grads[0] + ev.memory.optimizer[0])
     # DeepSpeed's estimator (2 + 18/N bytes per parameter) counts a 16-bit gradient partition beside
     # the fp32 one (2/N); with fp32 accumulation (dsorch's ds_config) stage 2 accumulates straight
     # into the fp32 partition (measured: no lasting 16-bit gradient), dsorch's 2 + (4 + 12)/N.
@@ -197,10 +197,10 @@ def test_deepspeed_zero3_estimator_agrees_term_by_term():
     # contiguous_gradients (reduce_bucket_size 16-bit elements), which dsorch counts.
     from orchestrator.costmodel.evaluate import ZERO_BUCKET_ELEMENTS
 
-    states = float(ev.params[0] + ev.grads[0] + ev.optimizer[0])
+    states = float(ev.memory.params[0] + ev.memory.grads[0] + ev.memory.optimizer[0])
     assert states == pytest.approx(gpu - largest, rel=1e-9)
     assert n > 1
-    assert float(ev.comm_buffers[0]) == pytest.approx(largest + 2 * ZERO_BUCKET_ELEMENTS, rel=1e-12)
+    assert float(ev.memory.comm_buffers[0]) == pytest.approx(largest + 2 * ZERO_BUCKET_ELEMENTS, rel=1e-12)
 
 
 # ---- calibrate: recover known efficiencies from runs the model itself generated

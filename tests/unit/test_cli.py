@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from orchestrator.cli.main import main
+from orchestrator.costmodel.stacks import MEMORY_KEYS, TIME_PARTS
 from orchestrator.validate.plan_dir import validate_path
 
 from ..conftest import ROOT, profile_names, spec_paths
@@ -130,7 +131,7 @@ def test_json_output_shape(runner, in_tmp):
     doc = json.loads(r.output)
     assert set(doc["layout"]) == {"tp", "pp", "dp", "vpp", "zero_stage", "micro_batch_size", "grad_accum_steps",
                                   "recompute", "sequence_parallel", "cp"}
-    assert set(doc["memory_gib_per_gpu"]) == {"params", "grads", "optimizer", "activations", "overhead", "total"}
+    assert tuple(doc["memory_gib_per_gpu"]) == MEMORY_KEYS and tuple(doc["time_breakdown_s"]) == TIME_PARTS
     assert {"step_time_s", "tokens_per_s", "mfu"} <= set(doc["predicted"])
     assert doc["layout"]["recompute"] in ("none", "selective", "full")
     assert len(doc["alternatives"]) >= 3

@@ -11,6 +11,14 @@ from hypothesis import strategies as st
 
 from orchestrator.costmodel import Candidates, evaluate
 from orchestrator.costmodel.memory import activation_bytes_per_layer, model_state_bytes
+from orchestrator.costmodel.stacks import (
+    MEMORY_KEYS,
+    MEMORY_LABELS,
+    MEMORY_PARTS,
+    TIME_KEYS,
+    TIME_LABELS,
+    TIME_PARTS,
+)
 from orchestrator.plan.solver import enumerate_layouts, search
 from orchestrator.spec.model import ModelSpec, TrainingSpec, load_spec
 from orchestrator.spec.cluster import load_profile
@@ -84,6 +92,24 @@ def _vary(c: Candidates, **changes) -> Candidates:
     return dataclasses.replace(c, **{k: np.full_like(getattr(c, k), v) for k, v in changes.items()})
 
 
+def _states(ev):
+    """Model states per GPU: weights, gradients, optimizer states."""
+    return ev.memory.params + ev.memory.grads + ev.memory.optimizer
+
+
+def test_each_stack_is_its_parts_and_their_sum_and_every_field_has_a_label():
+    """The stacks' fields are the one list every reader shows (plan.yaml, --explain, plan.md, plots):
+    the last field of each is the sum of the others, and each has a label."""
+    spec, _ = load_spec(EXAMPLES / "llama3-70b.yaml")
+    profile = _profile(4)
+    c, _ = enumerate_layouts(spec.model, spec.training, profile, "deepspeed")
+    ev = evaluate(spec.model, spec.training, profile, "deepspeed", c)
+    assert MEMORY_KEYS == (*MEMORY_PARTS, "total") and TIME_KEYS == (*TIME_PARTS, "step")
+    assert np.allclose(sum(getattr(ev.memory, k) for k in MEMORY_PARTS), ev.memory.total, rtol=1e-12)
+    assert np.allclose(sum(getattr(ev.time, k) for k in TIME_PARTS), ev.time.step, rtol=1e-12)
+    assert list(MEMORY_LABELS) == list(MEMORY_KEYS) and list(TIME_LABELS) == list(TIME_KEYS)
+
+
 @settings(max_examples=25, deadline=None)
 @given(model_and_training(), st.sampled_from([1, 2, 4]), st.sampled_from(["deepspeed", "megatron"]))
 def test_invariants(mt, nodes, runtime):
@@ -94,23 +120,23 @@ def test_invariants(mt, nodes, runtime):
         return
     ev = evaluate(model, training, profile, runtime, c)
     # Step time is never below the compute of the binding stage at 100% of peak.
-    assert np.all(ev.step_time >= ev.compute_at_peak * (1 - 1e-9))
+    assert np.all(ev.time.step >= ev.compute_at_peak * (1 - 1e-9))
     # tp = 1 means no tensor-parallel traffic.
-    assert np.all(ev.tp_comm[c.tp == 1] == 0)
-    assert np.all(ev.pp_comm[c.pp == 1] == 0) and np.all(ev.bubble[c.pp == 1] == 0)
+    assert np.all(ev.time.tp_comm[c.tp == 1] == 0)
+    assert np.all(ev.time.pp_comm[c.pp == 1] == 0) and np.all(ev.time.bubble[c.pp == 1] == 0)
     # Memory is at least the local parameter shard, and every component is non-negative.
-    for k in ("params", "grads", "optimizer", "activations", "overhead"):
-        assert np.all(getattr(ev, k) >= 0)
-    assert np.all(ev.total >= ev.params)
+    for k in MEMORY_PARTS:
+        assert np.all(getattr(ev.memory, k) >= 0)
+    assert np.all(ev.memory.total >= ev.memory.params)
     # Memory is monotone in ZeRO stage (for stages the runtime allows with that pp).
     base = c.take(c.pp == 1)
     if len(base):
         stages = (0, 1, 2, 3) if runtime == "deepspeed" else (0, 1)
         states = [evaluate(model, training, profile, runtime, _vary(base, zero_stage=z)) for z in stages]
         for lo, hi in zip(states, states[1:]):
-            assert np.all(hi.params + hi.grads + hi.optimizer <= lo.params + lo.grads + lo.optimizer + 1e-6)
+            assert np.all(_states(hi) <= _states(lo) + 1e-6)
     # ... and in recompute level: none >= selective >= full.
-    acts = [evaluate(model, training, profile, runtime, _vary(c, recompute=r)).activations for r in (0, 1, 2)]
+    acts = [evaluate(model, training, profile, runtime, _vary(c, recompute=r)).memory.activations for r in (0, 1, 2)]
     assert np.all(acts[0] >= acts[1] - 1e-6) and np.all(acts[1] >= acts[2] - 1e-6)
 
 
@@ -128,7 +154,7 @@ def test_activation_memory_monotone_in_micro_batch(mt, runtime):
     for k in np.unique(key, axis=0):
         idx = np.flatnonzero((key == k).all(axis=1))
         idx = idx[np.argsort(c.micro_batch_size[idx])]
-        assert np.all(np.diff(ev.activations[idx]) >= -1e-6)
+        assert np.all(np.diff(ev.memory.activations[idx]) >= -1e-6)
 
 
 @pytest.mark.parametrize("name", ["llama3-70b", "llama3-405b", "gpt3-175b"])
@@ -150,8 +176,7 @@ def test_zero3_state_below_zero1_state():
     c = c.take(c.pp == 1)
     z1 = evaluate(spec.model, spec.training, profile, "deepspeed", _vary(c, zero_stage=1))
     z3 = evaluate(spec.model, spec.training, profile, "deepspeed", _vary(c, zero_stage=3))
-    s1 = z1.params + z1.grads + z1.optimizer
-    s3 = z3.params + z3.grads + z3.optimizer
+    s1, s3 = _states(z1), _states(z3)
     assert np.all(s3[c.dp > 1] < s1[c.dp > 1])
 
 
@@ -163,7 +188,8 @@ def test_invariant_checker_catches_a_broken_evaluation():
     c, _ = enumerate_layouts(spec.model, spec.training, profile, "deepspeed")
     ev = evaluate(spec.model, spec.training, profile, "deepspeed", c)
     assert invariant_violations(c, ev) == []
-    broken = dataclasses.replace(ev, tp_comm=ev.tp_comm + 1.0, total=ev.params * 0.5)
+    broken = dataclasses.replace(ev, time=dataclasses.replace(ev.time, tp_comm=ev.time.tp_comm + 1.0),
+                                 memory=dataclasses.replace(ev.memory, total=ev.memory.params * 0.5))
     found = invariant_violations(c, broken)
     assert "tensor-parallel traffic with tp = 1" in found
     assert "total memory below the local parameter shard" in found
@@ -190,7 +216,7 @@ def test_small_gemms_run_below_peak():
                       vocab_size=32000)
         t = TrainingSpec(seq_length=1024, global_batch_size=64)
         c, ev = _one(m, t, profile, "megatron", tp=1, pp=1, dp=8, micro_batch_size=1, **ALL_PINNED)
-        rates.append(float(ev.compute_at_peak[0] / ev.compute[0]))
+        rates.append(float(ev.compute_at_peak[0] / ev.time.compute[0]))
     assert rates[0] < rates[1] < rates[2] <= 1.0
     assert rates[0] < 0.6 * rates[2]
 
@@ -215,21 +241,20 @@ def test_engine_overlaps_follow_the_runtime():
     pins = dict(tp=8, pp=2, dp=2, micro_batch_size=1, vpp=1, zero_stage=1, recompute="full", sequence_parallel=True)
     c, ds = _one(spec.model, spec.training, profile, "deepspeed", **pins)
     # DeepSpeed's pipeline engine reduces after the flush: nothing of the reduction is hidden.
-    assert float(ds.dp_comm[0]) == pytest.approx(float(ds.dp_comm_total[0]))
+    assert float(ds.time.dp_comm[0]) == pytest.approx(float(ds.dp_comm_total[0]))
     c, mg = _one(spec.model, spec.training, profile, "megatron", **pins)
-    assert float(mg.dp_comm[0]) < float(mg.dp_comm_total[0])
+    assert float(mg.time.dp_comm[0]) < float(mg.dp_comm_total[0])
     overlapped = dataclasses.replace(ENGINES["megatron"], tp_overlap=True)
     tpo = evaluate(spec.model, spec.training, profile, "megatron", c, engine=overlapped)
-    assert float(tpo.tp_comm[0]) < float(mg.tp_comm[0]) and float(tpo.tp_comm_total[0]) == float(mg.tp_comm_total[0])
-    assert float(tpo.step_time[0]) >= float(tpo.compute_at_peak[0])
+    assert float(tpo.time.tp_comm[0]) < float(mg.time.tp_comm[0]) and float(tpo.tp_comm_total[0]) == float(mg.tp_comm_total[0])
+    assert float(tpo.time.step[0]) >= float(tpo.compute_at_peak[0])
 
 
-def test_overhead_is_buffers_plus_framework():
+def test_buffers_and_framework():
     spec, _ = load_spec(EXAMPLES / "llama3-8b.yaml")
     profile = _profile(1)
     c, _ = enumerate_layouts(spec.model, spec.training, profile, "deepspeed")
     ev = evaluate(spec.model, spec.training, profile, "deepspeed", c)
-    assert np.allclose(ev.overhead, ev.comm_buffers + ev.framework)
-    assert np.all(ev.framework == profile.memory_overhead_gib * 2**30)
+    assert np.all(ev.memory.framework == profile.memory_overhead_gib * 2**30)
     # bf16: ZeRO-1 runs in DeepSpeed's BF16_Optimizer (fp32 accumulation), which keeps no reduce buckets.
-    assert np.all(ev.comm_buffers[c.zero_stage <= 1] == 0) and np.all(ev.comm_buffers[c.zero_stage >= 2] > 0)
+    assert np.all(ev.memory.comm_buffers[c.zero_stage <= 1] == 0) and np.all(ev.memory.comm_buffers[c.zero_stage >= 2] > 0)

@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from orchestrator.cli.main import main
-from orchestrator.render.explain import MEMORY_KEYS, TIME_KEYS
+from orchestrator.costmodel.stacks import MEMORY_KEYS, MEMORY_PARTS, TIME_PARTS
 from orchestrator.cli.plots import schedule
+from orchestrator.plan.layout import Layout
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -26,6 +27,11 @@ def run(runner, *args):
 
 def _doc(plan_dir: Path) -> dict:
     return yaml.safe_load((plan_dir / "plan.yaml").read_text())
+
+
+def _ranked(doc: dict) -> list[dict]:
+    """plan.yaml's ranked layouts with their stacks: the chosen one (the top level), then the alternatives."""
+    return [doc, *doc["alternatives"]]
 
 
 # ---- plan.md ---------------------------------------------------------------------------------
@@ -57,17 +63,44 @@ def test_plan_md_states_the_decision_with_the_plans_numbers(runner, in_tmp):
     need = float(re.search(r"needs ([\d.]+) GiB of 80.0 GiB", dp_line).group(1))
     assert need > 80 and f"{need - 80:.1f} GiB over" in dp_line
     # The stacks: one table row per ranked layout, with the plan.yaml numbers.
-    for L in doc["explain"]["layouts"]:
+    for L, s in zip(doc["explain"]["layouts"], _ranked(doc), strict=True):
         name = f"**{L['layout']}**" if L["chosen"] else L["layout"]
-        mem_row = "| " + " | ".join([name, *[f"{L['memory_gib_per_gpu'][k]:.1f}" for k in MEMORY_KEYS]]) + " |"
+        mem_row = "| " + " | ".join([name, *[f"{s['memory_gib_per_gpu'][k]:.1f}" for k in MEMORY_KEYS]]) + " |"
         assert mem_row in md
-        assert f"| {name} | " + " | ".join(f"{L['time_s'][k]:.3f}" for k in TIME_KEYS) in md
+        assert f"| {name} | " + " | ".join(f"{s['time_breakdown_s'][k]:.3f}" for k in TIME_PARTS) in md
     # The inputs and the other files, with the hashes plan.yaml records.
     assert doc["inputs"]["model_spec"]["sha256"] in md and doc["inputs"]["cluster_profile"]["sha256"] in md
     for name, digest in doc["files"].items():
         if name != "plan.md":
             assert f"- `{name}` `{digest}`" in md
     assert "plan.md" in doc["files"]
+
+
+def test_plan_yaml_states_each_stack_once(runner, in_tmp):
+    """The chosen section and the alternatives carry the stacks; explain.layouts names the same
+    layouts in the same order with what only it says (chosen, vs_chosen), and no stack again."""
+    out = in_tmp / "p"
+    assert run(runner, "plan", "examples/llama3-70b.yaml", "--cluster", "dgx16", "--out", out).exit_code == 0
+    doc = _doc(out)
+    text = (out / "plan.yaml").read_text()
+    assert text.count("memory_gib_per_gpu:") == text.count("time_breakdown_s:") == len(_ranked(doc))
+    for L, s in zip(doc["explain"]["layouts"], _ranked(doc), strict=True):
+        assert set(L) == {"layout", "chosen", "vs_chosen"}
+        assert L["layout"] == Layout(**s["layout"]).short() and L["chosen"] == (s is doc)
+        assert L["vs_chosen"] == pytest.approx(s["predicted"]["step_time_s"] / doc["predicted"]["step_time_s"] - 1,
+                                               abs=1e-4)
+
+
+def test_plot_of_a_plan_from_before_the_stacks_were_stated_once_says_to_regenerate(runner, in_tmp):
+    out = in_tmp / "p"
+    assert run(runner, "plan", "examples/tiny.yaml", "--cluster", "local", "--out", out).exit_code == 0
+    text = (out / "plan.yaml").read_text()
+    old = re.sub(r"comm_buffers: [\d.]+\n *framework: ", "overhead: ", text)  # the memory section of 0.1
+    assert old != text
+    (out / "plan.yaml").write_text(old)
+    assert run(runner, "validate", out).exit_code == 0  # every other reader still takes it
+    r = run(runner, "plot", out)
+    assert r.exit_code == 2 and "have no comm_buffers, framework (an older dsorch wrote it); regenerate" in r.output
 
 
 def test_plan_md_is_deterministic_and_checked(runner, in_tmp):
@@ -150,18 +183,17 @@ def test_plot_draws_the_plans_stacks_and_schedule(runner, in_tmp):
             "--runtime", "megatron", "--pp", "8", "--vpp", "2", "--out", out, "--plot")
     assert r.exit_code == 0, r.output
     doc = _doc(out)
-    layouts = doc["explain"]["layouts"]
+    layouts = _ranked(doc)
     for name in ("memory.svg", "time.svg", "schedule.svg"):
         assert (out / "plots" / name).is_file()
     # Memory: one bar per part per ranked layout; the widths encode the numbers (proportional
     # within and across rows), the totals are written at the bar ends, the capacity line is drawn.
     bars = _bars(out / "plots" / "memory.svg", "memory-")
     texts = _texts(out / "plots" / "memory.svg")
-    parts = [k for k in MEMORY_KEYS if k != "total"]
     scale = None
     for i, L in enumerate(layouts):
         mem = L["memory_gib_per_gpu"]
-        for k in parts:
+        for k in MEMORY_PARTS:
             w = bars[f"memory-{i}-{k}"]
             scale = scale or w / mem[k] if mem[k] else scale
             if mem[k] > 0.5:
@@ -173,12 +205,13 @@ def test_plot_draws_the_plans_stacks_and_schedule(runner, in_tmp):
     texts = _texts(out / "plots" / "time.svg")
     scale = None
     for i, L in enumerate(layouts):
-        for k in TIME_KEYS:
-            if L["time_s"][k] > 0.01 * L["step_time_s"]:
+        t, step = L["time_breakdown_s"], L["predicted"]["step_time_s"]
+        for k in TIME_PARTS:
+            if t[k] > 0.01 * step:
                 w = bars[f"time-{i}-{k}"]
-                scale = scale or w / L["time_s"][k]
-                assert w / L["time_s"][k] == pytest.approx(scale, rel=2e-3), (i, k)
-        assert texts[f"time-{i}-total"] == format(L["step_time_s"], ".4g")
+                scale = scale or w / t[k]
+                assert w / t[k] == pytest.approx(scale, rel=2e-3), (i, k)
+        assert texts[f"time-{i}-total"] == format(step, ".4g")
     # The schedule: a row of forward and backward bars for every stage of the chosen layout.
     ids = {g.get("id") for g in ET.parse(out / "plots" / "schedule.svg").getroot().iter(f"{SVG}g")}
     pp = doc["layout"]["pp"]
