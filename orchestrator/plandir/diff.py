@@ -1,6 +1,8 @@
-"""What changed between two plan directories, in the user's terms: the inputs, the layout, memory
-per GPU, the prediction, the Megatron-LM flags and the ds_config.json keys, then which other
-files differ. For pull requests that change a plan (`dsorch diff A B`)."""
+"""What changed between two plan directories, in the user's terms: the inputs (and the fields of
+the cluster profile and the model spec that changed), the layout, memory per GPU, the prediction,
+the Megatron-LM flags and the ds_config.json keys, then which other files differ. For pull
+requests that change a plan (`dsorch diff A B`); ``stale_inputs`` says the same of a plan that
+`dsorch plan --check` finds stale."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ from orchestrator.plandir.reader import PlanDir
 @dataclass
 class PlanDiff:
     inputs: list[tuple[str, object, object]] = field(default_factory=list)
+    # The fields of the cluster profile and of the model spec as planned that differ (field_changes).
+    profile: list[tuple[str, object, object]] = field(default_factory=list)
+    spec: list[tuple[str, object, object]] = field(default_factory=list)
     layout: list[tuple[str, object, object]] = field(default_factory=list)
     memory: list[tuple[str, float, float]] = field(default_factory=list)
     predicted: list[tuple[str, float, float]] = field(default_factory=list)
@@ -24,13 +29,15 @@ class PlanDiff:
 
     @property
     def empty(self) -> bool:
-        return not any((self.inputs, self.layout, self.memory, self.predicted, self.flags, self.ds_config, self.files))
+        return not any((self.inputs, self.profile, self.spec, self.layout, self.memory, self.predicted, self.flags,
+                        self.ds_config, self.files))
 
     def as_dict(self) -> dict:
         def rows(items, keys=("name", "before", "after")):
             return [dict(zip(keys, x)) for x in items]
 
-        return {"inputs": rows(self.inputs), "layout": rows(self.layout), "memory_gib_per_gpu": rows(self.memory),
+        return {"inputs": rows(self.inputs), "cluster_profile": rows(self.profile), "model_spec": rows(self.spec),
+                "layout": rows(self.layout), "memory_gib_per_gpu": rows(self.memory),
                 "predicted": rows(self.predicted), "megatron_flags": rows(self.flags, ("flag", "before", "after")),
                 "ds_config": rows(self.ds_config, ("key", "before", "after")), "files": self.files}
 
@@ -60,6 +67,13 @@ def _changed(a: dict, b: dict, ordered: bool = False) -> list[tuple[str, object,
     return [(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)]
 
 
+def field_changes(before: dict, after: dict) -> list[tuple[str, object, object]]:
+    """The fields of a cluster profile or model spec, as plan.yaml records them, whose values differ:
+    dotted keys (``gpu.memory_gib``), in the file's order. One comparison for `dsorch diff` and
+    `plan --check`."""
+    return _changed(_flatten(before), _flatten(after), ordered=True)
+
+
 def diff_plans(a: PlanDir, b: PlanDir) -> PlanDiff:
     d = PlanDiff()
     da, db = a.doc, b.doc
@@ -74,6 +88,10 @@ def diff_plans(a: PlanDir, b: PlanDir) -> PlanDiff:
              "runtime": db.runtime, "dsorch": db.dsorch_version, "pinned": db.inputs.pinned,
              "memory margin GiB": db.inputs.memory_margin_gib}
     d.inputs = _changed(ins_a, ins_b, ordered=True)
+    # Plans written before plan.yaml recorded the profile (profile: null) show only its hash above.
+    if da.profile is not None and db.profile is not None:
+        d.profile = field_changes(da.profile, db.profile)
+    d.spec = field_changes(da.spec.model_dump(mode="json"), db.spec.model_dump(mode="json"))
     la, lb = da.layout.model_dump(), db.layout.model_dump()
     d.layout = [(AXIS[k].label if k in AXIS else k, x, y) for k, x, y in _changed(la, lb, ordered=True)]
     d.memory = _changed(da.memory_gib_per_gpu, db.memory_gib_per_gpu, ordered=True)
@@ -110,8 +128,9 @@ def diff_text(d: PlanDiff, name_a: str, name_b: str) -> str:
     if d.empty:
         return f"{name_a} and {name_b}: no differences.\n"
     out = [f"{name_a} -> {name_b}"]
-    sections = (("inputs", d.inputs, False), ("layout", d.layout, False), ("memory per GPU (GiB)", d.memory, True),
-                ("prediction", d.predicted, True))
+    sections = (("inputs", d.inputs, False), ("cluster profile fields", d.profile, False),
+                ("model spec fields", d.spec, False), ("layout", d.layout, False),
+                ("memory per GPU (GiB)", d.memory, True), ("prediction", d.predicted, True))
     for title, rows, relative in sections:
         if rows:
             out.append(f"{title}:")
@@ -159,7 +178,7 @@ def stale_inputs(plan_dir, the_plan) -> list[str]:
         if not isinstance(before, dict):
             lines.append(f"the {what} {name} changed since this plan was made (its sha256 {was[:12]} -> {sha[:12]}).")
             continue
-        changes = _changed(_flatten(before), _flatten(now), ordered=True)
+        changes = field_changes(before, now)
         shown = "; ".join(f"{k} {_fmt(x)} -> {_fmt(y)}" for k, x, y in changes[:12])
         more = f"; and {len(changes) - 12} more" if len(changes) > 12 else ""
         lines.append(f"the {what} {name} changed since this plan was made: {shown or 'formatting only'}{more}.")

@@ -18,6 +18,8 @@ from orchestrator.costmodel.stacks import MEMORY_KEYS, MEMORY_PARTS, TIME_PARTS
 from orchestrator.cli.plots import schedule
 from orchestrator.plan.layout import Layout
 
+from ..conftest import PROFILES
+
 SVG = "{http://www.w3.org/2000/svg}"
 
 
@@ -293,3 +295,28 @@ def test_check_names_the_profile_fields_that_changed_and_the_new_best(runner, in
         assert f"the best layout now: {Layout(**after).short()}" in r.output
     else:
         assert "the best layout is unchanged" in r.output
+
+
+def test_diff_names_the_profile_and_spec_fields_that_changed(runner, in_tmp):
+    # A user profile and a copy of the spec, each changed between plan a and plan b.
+    prof = in_tmp / "prof"
+    prof.mkdir()
+    shipped = (PROFILES / "local.yaml").read_text()
+    (prof / "local.yaml").write_text(shipped)
+    spec = in_tmp / "tiny.yaml"
+    spec.write_text((in_tmp / "examples" / "tiny.yaml").read_text())
+    args = ["plan", spec, "--cluster", "local", "--profiles-dir", prof]
+    assert run(runner, *args, "--out", in_tmp / "a").exit_code == 0
+    (prof / "local.yaml").write_text(shipped.replace("memory_gib: 4", "memory_gib: 6"))
+    spec.write_text(spec.read_text().replace("global_batch_size: 16", "global_batch_size: 32"))
+    assert run(runner, *args, "--out", in_tmp / "b").exit_code == 0
+    r = run(runner, "diff", in_tmp / "a", in_tmp / "b")
+    assert r.exit_code == 0, r.output
+    assert "cluster profile fields:\n  gpu.memory_gib: 4 -> 6\n" in r.output
+    assert "model spec fields:\n  training.global_batch_size: 16 -> 32\n" in r.output
+    j = json.loads(run(runner, "diff", in_tmp / "a", in_tmp / "b", "--json").output)
+    assert j["cluster_profile"] == [{"name": "gpu.memory_gib", "before": 4, "after": 6}]
+    assert j["model_spec"] == [{"name": "training.global_batch_size", "before": 16, "after": 32}]
+    # Nothing changed in either: no such sections.
+    assert "fields" not in run(runner, "diff", in_tmp / "a", in_tmp / "a").output
+
