@@ -3,16 +3,25 @@
 The CLI resolves the inputs (orchestrator.cli.project, orchestrator.spec.model) and decides what to do
 with the files (write, --check, print); this is what happens in between. It lives apart from
 ``orchestrator.plan.make`` because the renderers read ``Plan``: plan -> render -> pipeline, no cycle.
+
+``replan`` takes its inputs from a plan directory instead (`dsorch plan --check PLAN_DIR`):
+``recorded_inputs`` turns what plan.yaml recorded back into ``plan_files``' arguments.
 """
 
 from __future__ import annotations
 
-from orchestrator.errors import DsorchError
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.errors import DsorchError, ValidationError as PlanError
 from orchestrator.plan.make import Plan, make_plan
+from orchestrator.plandir.reader import PLAN_FILE, load_plan_dir, read_text
 from orchestrator.render import render_all
+from orchestrator.render.report import recorded_nodes
 from orchestrator.plan.layout import Pins
-from orchestrator.spec.cluster import LoadedProfile
-from orchestrator.spec.model import SpecFile
+from orchestrator.spec.cluster import LoadedProfile, load_profile
+from orchestrator.spec.model import SpecFile, load_spec
 from orchestrator.validate.plan_dir import validate_files
 
 
@@ -37,3 +46,70 @@ def checked_files(the_plan: Plan) -> dict[str, str]:
         raise DsorchError("the generated files do not validate (a dsorch bug; please report it with the spec and "
                           "profile):\n  " + "\n  ".join(errors))
     return files
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Recorded:
+    """What a plan directory was planned from, as ``plan_files`` takes it: plan.yaml's ``inputs``
+    (and, for --nodes, its regenerate line)."""
+
+    spec: Path  # the model spec file, found from the plan directory
+    spec_path: str  # as plan.yaml records it: relative to the plan directory
+    cluster: str  # the profile's name, looked up again as `--cluster NAME` would be
+    runtime: str
+    nodes: int | None  # --nodes, when it was given
+    gpus_per_node: int | None  # --gpus-per-node, when it was given
+    pins: Pins
+    memory_margin_gib: float
+    keep: int  # layouts kept: plan.yaml lists the chosen one and keep - 1 alternatives
+
+
+def recorded_inputs(plan_dir: Path) -> Recorded:
+    """The inputs ``plan_dir`` was planned from. A plan `dsorch trial` chose from measured runs is
+    refused: planning from the inputs alone cannot repeat its measurements."""
+    plan_dir = Path(plan_dir)
+    # strict=False: a generated file edited since is a difference for --check to show, not a reason
+    # to refuse the directory.
+    doc = load_plan_dir(plan_dir, strict=False).doc
+    if doc.evidence is not None:
+        raise PlanError(f"{plan_dir} was chosen by `dsorch trial` from measured runs (evidence in its plan.yaml), "
+                        f"which planning from its inputs alone cannot repeat; leave it out of `dsorch plan --check "
+                        f"PLAN_DIR...`, or collect the trials again (`dsorch trial --collect`).")
+    inputs = doc.inputs
+    spec_path, cluster = inputs.model_spec.path, inputs.cluster_profile.name
+    if spec_path is None or cluster is None:
+        missing = "model spec path" if spec_path is None else "cluster profile name"
+        raise PlanError(f"{plan_dir / PLAN_FILE}: records no {missing} to plan from; re-plan it with `dsorch plan "
+                        f"SPEC --out {plan_dir}`.")
+    try:
+        pins = Pins(**inputs.pinned)
+    except TypeError:
+        raise PlanError(f"{plan_dir / PLAN_FILE}: inputs.pinned names an axis this dsorch does not pin "
+                        f"({', '.join(inputs.pinned)}); re-plan it with `dsorch plan SPEC --out {plan_dir}`.") from None
+    return Recorded(
+        spec=plan_dir / spec_path, spec_path=spec_path, cluster=cluster, runtime=doc.runtime,
+        nodes=recorded_nodes(read_text(plan_dir / PLAN_FILE), cluster),
+        gpus_per_node=inputs.gpus_per_node, pins=pins, memory_margin_gib=inputs.memory_margin_gib,
+        # --top is not recorded but decides how many alternatives plan.yaml and plan.md list; the
+        # count listed gives it back (the default 8 when fewer layouts were legal than kept).
+        keep=max(8, 1 + len(doc.alternatives)))
+
+
+def replan(plan_dir: Path, profiles_dir: str | Path | None) -> tuple[Plan, dict[str, str]]:
+    """The plan and files ``plan_dir``'s recorded inputs give now: its model spec as it is now, and
+    its cluster profile looked up by name in ``profiles_dir`` and the shipped ones. Whatever changed
+    since (the spec, the profile, dsorch) shows as a difference from the files in ``plan_dir``."""
+    r = recorded_inputs(plan_dir)
+    shown = os.path.normpath(r.spec)
+    if not r.spec.is_file():
+        raise PlanError(f"{plan_dir / PLAN_FILE} records the model spec {r.spec_path} (relative to the plan "
+                        f"directory), and {shown} is not a file; restore it, or re-plan with `dsorch plan SPEC "
+                        f"--out {plan_dir}`.")
+    spec, loaded = load_spec(r.spec)
+    try:
+        profile = load_profile(r.cluster, profiles_dir)
+    except DsorchError as e:
+        raise type(e)(f"{plan_dir} was planned on cluster profile '{r.cluster}': {e}") from None
+    return plan_files(spec, r.spec_path, loaded.sha256, profile, r.runtime, r.pins, nodes=r.nodes,
+                      gpus_per_node=r.gpus_per_node, memory_margin_gib=r.memory_margin_gib, keep=r.keep,
+                      shown_path=shown)

@@ -23,6 +23,7 @@ Typical use:
   dsorch init --cluster dgx16                  # dsorch.yaml: default cluster, profiles, plans and runs dirs
   dsorch plan examples/llama3-70b.yaml         # writes plans/llama3-70b-dgx16/ (--out DIR to choose)
   dsorch plan examples/llama3-70b.yaml --check # exit 1 with a diff if the committed plan is stale
+  dsorch plan --check plans/*/                 # every committed plan, each from the inputs it recorded
   dsorch submit --cluster dgx16                # the plan for dgx16 in plans/; --dry-run prints the sbatch script
   dsorch status; dsorch logs JOB --follow; dsorch cancel JOB
   dsorch plan examples/tiny.yaml --cluster local && dsorch submit --cluster local --wait

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import click
 
-from orchestrator import __version__
 from orchestrator.cli.common import (
     EPILOG,
     UserError,
@@ -25,11 +25,11 @@ from orchestrator.cli.common import (
     profiles_dir_option,
     resolve_profiles_dir,
 )
-from orchestrator.plan.layout import RUNTIMES
+from orchestrator.plan.layout import PINNABLE, RUNTIMES
 
 
 @click.command(epilog=EPILOG)
-@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("spec", nargs=-1, required=True, metavar="SPEC|PLAN_DIR...", type=click.Path(path_type=Path))
 @click.option("--cluster", "-c", default=None, metavar="NAME", shell_complete=complete_cluster,
               help="Cluster profile name (see `dsorch profiles`); default $DSORCH_CLUSTER, then cluster in dsorch.yaml.")
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
@@ -40,7 +40,8 @@ from orchestrator.plan.layout import RUNTIMES
               help="Also draw the plan's pictures into PLAN_DIR/plots/ (as `dsorch plot` does).")
 @click.option("--check", is_flag=True,
               help="Regenerate in memory and compare with the files in the plan directory; exit 1 with a diff if "
-                   "they differ.")
+                   "they differ. Takes several SPECs and PLAN_DIRs: `dsorch plan --check plans/*/` checks every "
+                   "committed plan.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the plan as JSON on stdout (no table); writes the plan directory only with --out.")
 @click.option("--explain", is_flag=True,
@@ -63,9 +64,13 @@ def plan(spec, cluster, out, no_write, plot, check, as_json, explain, runtime, n
 
     Any part of the layout can be pinned (--tp 8 --pp 4 ...); the rest is searched. With every
     part pinned, exactly that layout is evaluated, and if it does not fit you are told by how much.
+
+    A PLAN_DIR in place of SPEC is planned again from what its plan.yaml recorded (the model spec,
+    relative to it; the cluster profile by name; runtime, nodes, GPUs per node, pins, memory margin)
+    and written in place, or with --check compared.
     """
-    from orchestrator.compose import plan_files
-    from orchestrator.plandir.writer import diff_plan_dir, spec_path_in, write_plan_dir
+    from orchestrator.compose import plan_files, replan
+    from orchestrator.plandir.writer import spec_path_in, write_plan_dir
     from orchestrator.spec.model import load_spec
 
     ds_env()
@@ -80,32 +85,32 @@ def plan(spec, cluster, out, no_write, plot, check, as_json, explain, runtime, n
     if plot and (no_write or check or (as_json and out is None)):
         raise UserError("--plot draws into the plan directory it writes; drop --no-write/--check, give --json an "
                         "--out, or run `dsorch plot PLAN_DIR` on a written plan.")
+    if len(spec) > 1 and not check:
+        raise UserError(f"{len(spec)} SPECs or PLAN_DIRs: plan one at a time; several are for --check.")
+    _recorded_only(click.get_current_context(), spec)
     project = cwd_project()
-    spec_file, loaded = load_spec(spec)
     setting = project.cluster(cluster)
-    lp = load_cluster(project, setting, resolve_profiles_dir(project, profiles_dir))
-    default_out = out is None
-    if out is None and (check or not (no_write or as_json)):
-        out = project.default_plan_dir(spec_file.name, lp.profile.name, runtime, nodes, gpus_per_node)
-    the_plan, files = plan_files(spec_file, spec_path_in(spec, out), loaded.sha256, lp, runtime, pins, nodes=nodes,
-                                 gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin, keep=max(top, 8),
-                                 shown_path=str(spec))
-    shown = display_path(out) if out is not None else None
-    if check:
-        if not out.is_dir():
-            raise UserError(f"--check: {shown} is not a plan directory; write it first without --check.")
-        diff = diff_plan_dir(out, files)
-        if diff:
-            from orchestrator.plandir.diff import stale_inputs
 
-            click.echo(diff, nl=False)
-            for line in stale_inputs(out, the_plan):
-                click.echo(f"dsorch plan --check: {line}", err=True)
-            click.echo(f"dsorch plan --check: {shown} differs from what dsorch {__version__} generates for these "
-                       f"inputs; rerun without --check to update it.", err=True)
-            sys.exit(1)
-        click.echo(f"{shown}: up to date ({len(files)} files).")
-        return
+    def planned(path: Path):
+        """The plan of one SPEC (with the flags) or PLAN_DIR (as recorded), its files, its directory."""
+        if path.is_dir():
+            return (*replan(path, resolve_profiles_dir(project, profiles_dir)), None if no_write else path)
+        spec_file, loaded = load_spec(path)
+        lp = load_cluster(project, setting, resolve_profiles_dir(project, profiles_dir))
+        to = out
+        if to is None and (check or not (no_write or as_json)):
+            to = project.default_plan_dir(spec_file.name, lp.profile.name, runtime, nodes, gpus_per_node)
+        return (*plan_files(spec_file, spec_path_in(path, to), loaded.sha256, lp, runtime, pins, nodes=nodes,
+                            gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin, keep=max(top, 8),
+                            shown_path=str(path)), to)
+
+    if check:
+        from orchestrator.cli.check import check as check_targets
+
+        sys.exit(check_targets([(p, functools.partial(planned, p)) for p in spec], display_path))
+    default_out = out is None and not spec[0].is_dir()
+    the_plan, files, out = planned(spec[0])
+    shown = display_path(out) if out is not None else None
     if out is not None:
         write_plan_dir(out, files)
         if plot:
@@ -118,13 +123,35 @@ def plan(spec, cluster, out, no_write, plot, check, as_json, explain, runtime, n
         return
     from orchestrator.cli.console import print_plan
 
-    print_plan(make_console(), the_plan, top, shown, files, cluster_note=None if setting.origin == "--cluster" else setting,
+    print_plan(make_console(), the_plan, top, shown, files,
+               cluster_note=None if setting.origin == "--cluster" or spec[0].is_dir() else setting,
                default_out=default_out)
     if explain:
         from orchestrator.render.explain import explain_text
 
         click.echo()
         click.echo(explain_text(the_plan), nl=False)
+
+
+def _recorded_only(ctx: click.Context, paths: tuple[Path, ...]) -> None:
+    """A PLAN_DIR is planned from what it recorded; the flags that set inputs are for SPECs, and
+    with no SPEC to apply to they are refused rather than ignored. One --out is for one SPEC."""
+    from click.core import ParameterSource
+
+    specs = [p for p in paths if not p.is_dir()]
+    if len(specs) > 1 and ctx.params.get("out") is not None:
+        raise UserError(f"--out names one plan directory and {len(specs)} SPECs were given; check each SPEC with "
+                        f"its own --out, or check the plan directories themselves (`dsorch plan --check DIR...`).")
+    if specs:
+        return
+    given = [p.opts[0] for p in ctx.command.params
+             if p.name in ("cluster", "out", "runtime", "nodes", "gpus_per_node", "memory_margin",
+                           *(a.name for a in PINNABLE))
+             and ctx.get_parameter_source(p.name) not in (None, ParameterSource.DEFAULT)]
+    if given:
+        raise UserError(f"{', '.join(given)}: a PLAN_DIR is planned again from the inputs its plan.yaml recorded; "
+                        f"drop {'them' if len(given) > 1 else 'it'}, or plan a SPEC with them "
+                        f"(`dsorch plan SPEC ... --out {display_path(paths[0])}`).")
 
 
 def _draw(plan_dir: Path, out: Path, runs: list[Path]) -> None:

@@ -181,7 +181,19 @@ def stale_inputs(plan_dir, the_plan) -> list[str]:
         changes = field_changes(before, now)
         shown = "; ".join(f"{k} {_fmt(x)} -> {_fmt(y)}" for k, x, y in changes[:12])
         more = f"; and {len(changes) - 12} more" if len(changes) > 12 else ""
+        if not shown and key == "cluster_profile" and (the_plan.nodes_override or the_plan.gpus_per_node_override):
+            # The profile as planned is recorded with --nodes/--gpus-per-node applied: a change to
+            # what they override leaves no field to name.
+            shown = "only what --nodes/--gpus-per-node override here, or formatting"
         lines.append(f"the {what} {name} changed since this plan was made: {shown or 'formatting only'}{more}.")
+    # A user profile that shadowed a shipped one of the same name: without its profiles directory
+    # (--profiles-dir, $DSORCH_PROFILES_DIR, dsorch.yaml) the name finds the shipped one, and every
+    # field of the difference above comes from that, not from a change to the profile.
+    origin = (inputs.get("cluster_profile") or {}).get("origin") if isinstance(inputs, dict) else None
+    if origin is not None and origin != the_plan.profile_origin:
+        lines.append(f"the cluster profile {the_plan.profile.name} was a {origin} profile when planned and is a "
+                     f"{the_plan.profile_origin} one now; if the {origin} one was meant, pass its directory with "
+                     f"--profiles-dir (or $DSORCH_PROFILES_DIR, or profiles_dir in dsorch.yaml).")
     if lines:
         now_layout = the_plan.layout.as_dict()
         if isinstance(old_layout, dict) and any(old_layout.get(k) != v for k, v in now_layout.items()):
