@@ -3,7 +3,9 @@
 Each target is a model spec planned with the command's flags (into ``--out`` or the default plan
 directory) or a plan directory planned again from the inputs its plan.yaml recorded
 (``orchestrator.compose.replan``), so that CI checks every committed plan with one line:
-`dsorch plan --check plans/*/`.
+`dsorch plan --check plans/*/`. A plan directory with ``plots/`` has the plan's pictures redrawn in
+memory and compared too (``orchestrator.cli.plots.PICTURES``), since plan.md embeds them; the
+measured runs' ``steps.svg`` is not compared, as it depends on runs, not on the plan's inputs.
 
 Exit status: 0 when every target is up to date, 1 when any is stale (its diff on stdout, why on
 stderr), 2 when any could not be planned (with several targets, the others are still checked).
@@ -51,6 +53,11 @@ def _up_to_date(the_plan: Plan, files: dict[str, str], out: Path, shown: str, *,
 
     if not out.is_dir():
         raise OutputError(f"--check: {shown} is not a plan directory; write it first without --check.")
+    if (out / "plots").is_dir():
+        from orchestrator.cli.plots import pictures
+        from orchestrator.plandir.reader import plan_dir_of
+
+        files = {**files, **{f"plots/{name}": svg for name, svg in pictures(plan_dir_of(out, files)).items()}}
     diff = diff_plan_dir(out, files)
     if not diff:
         click.echo(f"{shown}: up to date ({len(files)} files).")

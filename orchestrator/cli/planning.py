@@ -37,11 +37,12 @@ from orchestrator.plan.layout import PINNABLE, RUNTIMES
                    "default PLANS_DIR/<spec>-<cluster>/ (plans_dir in dsorch.yaml, else plans/).")
 @click.option("--no-write", is_flag=True, help="Print the plan only; write no files.")
 @click.option("--plot", is_flag=True,
-              help="Also draw the plan's pictures into PLAN_DIR/plots/ (as `dsorch plot` does).")
+              help="Also draw the plan's pictures into PLAN_DIR/plots/ (as `dsorch plot` does; a plan directory "
+                   "that has plots/ gets them redrawn without it).")
 @click.option("--check", is_flag=True,
-              help="Regenerate in memory and compare with the files in the plan directory; exit 1 with a diff if "
-                   "they differ. Takes several SPECs and PLAN_DIRs: `dsorch plan --check plans/*/` checks every "
-                   "committed plan.")
+              help="Regenerate in memory and compare with the files in the plan directory, and its pictures when "
+                   "it has plots/ (not the measured steps.svg); exit 1 with a diff if they differ. Takes several "
+                   "SPECs and PLAN_DIRs: `dsorch plan --check plans/*/` checks every committed plan.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the plan as JSON on stdout (no table); writes the plan directory only with --out.")
 @click.option("--explain", is_flag=True,
@@ -113,7 +114,8 @@ def plan(spec, cluster, out, no_write, plot, check, as_json, explain, runtime, n
     shown = display_path(out) if out is not None else None
     if out is not None:
         write_plan_dir(out, files)
-        if plot:
+        # Pictures already there would show the plan before this one (and fail --check).
+        if plot or (out / "plots").is_dir():
             _draw(out, out / "plots", [])
 
     if as_json:

@@ -165,18 +165,16 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=100)
 
 
-def _save(fig, path: Path) -> None:
+def _svg(fig) -> str:
     import io
-
-    from orchestrator.plandir.writer import write_text_atomic
 
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
-    write_text_atomic(path, buf.getvalue())
+    return buf.getvalue()
 
 
-def _stacked(path: Path, rows: list[Row], parts: tuple[str, ...], labels: dict[str, Label], title: str,
-             unit: str, prefix: str, fmt: str, limit: float | None = None) -> None:
+def _stacked(rows: list[Row], parts: tuple[str, ...], labels: dict[str, Label], title: str,
+             unit: str, prefix: str, fmt: str, limit: float | None = None) -> str:
     fig = _figure(9.0, 1.2 + 0.42 * len(rows))
     ax = fig.add_subplot()
     names = [("* " if r.chosen else "") + r.label for r in rows]
@@ -197,23 +195,23 @@ def _stacked(path: Path, rows: list[Row], parts: tuple[str, ...], labels: dict[s
     ax.set_title(title, loc="left")
     ax.legend(ncols=len(parts), loc="upper center", bbox_to_anchor=(0.5, -0.5 / (1 + len(rows) / 4)), frameon=False,
               fontsize=8)
-    _save(fig, path)
+    return _svg(fig)
 
 
-def draw_memory(pd: PlanDir, path: Path) -> None:
+def draw_memory(pd: PlanDir) -> str:
     rows, capacity = memory_rows(pd)
-    _stacked(path, rows, MEMORY_PARTS, MEMORY_LABELS,
+    return _stacked(rows, MEMORY_PARTS, MEMORY_LABELS,
              f"{pd.doc.model.name} on {pd.doc.cluster.name}: memory per GPU (* chosen)", "GiB", "memory",
              ".1f", limit=capacity)
 
 
-def draw_time(pd: PlanDir, path: Path) -> None:
-    _stacked(path, time_rows(pd), TIME_PARTS, TIME_LABELS,
+def draw_time(pd: PlanDir) -> str:
+    return _stacked(time_rows(pd), TIME_PARTS, TIME_LABELS,
              f"{pd.doc.model.name} on {pd.doc.cluster.name}: time per step, exposed communication (* chosen)", "s",
              "time", ".4g")
 
 
-def draw_schedule(pd: PlanDir, path: Path) -> None:
+def draw_schedule(pd: PlanDir) -> str:
     blocks, caption = schedule_of(pd)
     pp = pd.doc.layout.pp
     fig = _figure(10.0, 1.3 + 0.32 * pp)
@@ -240,10 +238,10 @@ def draw_schedule(pd: PlanDir, path: Path) -> None:
     ax.set_yticks(range(pp), [f"stage {s}" for s in range(pp)][::-1], fontsize=8)
     ax.set_xlabel("s (forward blue, backward orange, the shade alternating by chunk; gaps: bubble and sends)")
     ax.set_title(f"{pd.doc.model.name}: {caption}", loc="left")
-    _save(fig, path)
+    return _svg(fig)
 
 
-def draw_steps(pd: PlanDir, runs: list[Path], path: Path) -> None:
+def draw_steps(pd: PlanDir, runs: list[Path]) -> str:
     """Measured loss and step time per step of each run, against the predicted step time and its interval."""
     fig = _figure(9.0, 5.0)
     loss_ax, time_ax = fig.subplots(2, 1, sharex=True)
@@ -265,18 +263,30 @@ def draw_steps(pd: PlanDir, runs: list[Path], path: Path) -> None:
     time_ax.set_xlabel("step")
     loss_ax.set_title(f"{pd.doc.model.name} on {pd.doc.cluster.name}: measured per step", loc="left")
     time_ax.legend(fontsize=8, frameon=False)
-    _save(fig, path)
+    return _svg(fig)
+
+
+# The pictures of the plan alone, as plan.md embeds them: what `plan --check` redraws and compares
+# when the plan directory has plots/. steps.svg is not one of them: it draws measured runs.
+PICTURES = {"memory.svg": draw_memory, "time.svg": draw_time, "schedule.svg": draw_schedule}
+
+
+def pictures(pd: PlanDir) -> dict[str, str]:
+    """The plan's pictures as SVG text, by file name (in memory: `plan --check` compares them)."""
+    return {name: draw(pd) for name, draw in PICTURES.items()}
 
 
 def draw_all(pd: PlanDir, out: Path, runs: list[Path] = ()) -> list[Path]:
     """Every picture of the plan into ``out``; the measured one only when runs are given."""
+    from orchestrator.plandir.writer import write_text_atomic
+
     out.mkdir(parents=True, exist_ok=True)
     made = []
-    for name, draw in (("memory.svg", draw_memory), ("time.svg", draw_time), ("schedule.svg", draw_schedule)):
-        draw(pd, out / name)
+    for name, svg in pictures(pd).items():
+        write_text_atomic(out / name, svg)
         made.append(out / name)
     runs = [r for r in runs if (r / "metrics.jsonl").is_file()]
     if runs:
-        draw_steps(pd, runs, out / "steps.svg")
+        write_text_atomic(out / "steps.svg", draw_steps(pd, runs))
         made.append(out / "steps.svg")
     return made

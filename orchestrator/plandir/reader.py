@@ -207,21 +207,7 @@ def load_plan_dir(path: str | Path, *, strict: bool = True) -> PlanDir:
     if not plan_file.exists():
         raise PlanError(f"{path} has no plan.yaml file, so it is not a plan directory; write one with `dsorch plan "
                         f"SPEC --cluster NAME --out {path}`.")
-    text = read_text(plan_file, "plan.yaml")
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise PlanError(f"{plan_file}: not valid YAML ({' '.join(str(e).split())[:300]}); regenerate it with "
-                        f"`dsorch plan`.")
-    except (ValueError, RecursionError) as e:
-        raise PlanError(f"{plan_file}: a value cannot be read ({e}); regenerate it with `dsorch plan`.")
-    if not isinstance(raw, dict):
-        raise PlanError(f"{plan_file}: not a dsorch plan (no mapping at the top level); regenerate it with "
-                        f"`dsorch plan`.")
-    try:
-        doc = PlanDoc.model_validate(raw)
-    except ValidationError as e:
-        raise PlanError(_fmt_errors(e, plan_file))
+    doc = _parse(read_text(plan_file, "plan.yaml"), plan_file)
     texts: dict[str, str] = {}
     changed: list[str] = []
     for name, digest in sorted(doc.files.items()):
@@ -243,6 +229,32 @@ def load_plan_dir(path: str | Path, *, strict: bool = True) -> PlanDir:
         raise PlanError(f"{plan_file}: records no hash for {', '.join(missing)}; regenerate the plan.")
     _check_consistent(doc, plan_file)
     return PlanDir(path, doc, texts, tuple(changed))
+
+
+def _parse(text: str, plan_file: Path) -> PlanDoc:
+    """plan.yaml's text against its schema."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise PlanError(f"{plan_file}: not valid YAML ({' '.join(str(e).split())[:300]}); regenerate it with "
+                        f"`dsorch plan`.")
+    except (ValueError, RecursionError) as e:
+        raise PlanError(f"{plan_file}: a value cannot be read ({e}); regenerate it with `dsorch plan`.")
+    if not isinstance(raw, dict):
+        raise PlanError(f"{plan_file}: not a dsorch plan (no mapping at the top level); regenerate it with "
+                        f"`dsorch plan`.")
+    try:
+        return PlanDoc.model_validate(raw)
+    except ValidationError as e:
+        raise PlanError(_fmt_errors(e, plan_file))
+
+
+def plan_dir_of(path: str | Path, files: dict[str, str]) -> PlanDir:
+    """The plan directory that ``files`` (just generated, not written) would make at ``path``: what
+    `plan --check` draws the pictures of, to compare them with those in ``path``/plots/."""
+    path = Path(path)
+    return PlanDir(path, _parse(files[PLAN_FILE], path / PLAN_FILE),
+                   {name: text for name, text in files.items() if name != PLAN_FILE})
 
 
 def _check_consistent(doc: PlanDoc, plan_file: Path) -> None:

@@ -122,7 +122,8 @@ def _write_plan_dir(out: Path, parent: Path, files: dict[str, str]) -> None:
 
 
 def diff_plan_dir(out: Path, files: dict[str, str]) -> str:
-    """A unified diff from the files on disk to ``files`` (empty when identical)."""
+    """A unified diff from the files on disk to ``files`` (empty when identical). ``files`` may name
+    files below ``out`` (``plots/memory.svg``); a picture that differs gets one line, not a diff."""
     out = Path(out)
     chunks: list[str] = []
     for name in sorted(set(files) | {n for n in GENERATED if (out / n).exists()}):
@@ -132,7 +133,11 @@ def diff_plan_dir(out: Path, files: dict[str, str]) -> str:
         except (OSError, UnicodeDecodeError) as e:
             old = f"<unreadable: {e}>\n"
         new = files.get(name, "")
-        if old != new:
+        if old != new and name.endswith(".svg"):
+            # An SVG's diff is lines of path data that no reviewer reads; which picture is enough.
+            state = "differs from" if path.exists() else "is missing from"
+            chunks.append(f"{path} {state} the picture of the regenerated plan\n")
+        elif old != new:
             chunks.extend(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                                fromfile=f"{path} (on disk)", tofile=f"{path} (regenerated)"))
     return "".join(chunks)

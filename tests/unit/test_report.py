@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -321,8 +322,37 @@ def test_diff_names_the_profile_and_spec_fields_that_changed(runner, in_tmp):
     assert "fields" not in run(runner, "diff", in_tmp / "a", in_tmp / "a").output
 
 
+# ---- plan --check of plan directories and their pictures --------------------------------------
 
-# ---- plan --check of plan directories --------------------------------------
+
+def test_check_compares_the_pictures_when_the_plan_directory_has_plots(runner, in_tmp):
+    out = in_tmp / "p"
+    args = ["plan", "examples/tiny.yaml", "--cluster", "local", "--out", out]
+    assert run(runner, *args, "--plot").exit_code == 0
+    r = run(runner, *args, "--check")
+    assert r.exit_code == 0 and "up to date (9 files)" in r.output, r.output  # 6 files and 3 pictures
+    old = {p.name: p.read_text() for p in (out / "plots").iterdir()}
+    # Re-planned with another layout: `plan` redraws the pictures already there (so that they do not
+    # show the plan before), and --check agrees.
+    assert run(runner, *args, "--tp", "2").exit_code == 0
+    assert (out / "plots" / "memory.svg").read_text() != old["memory.svg"]
+    assert run(runner, *args, "--tp", "2", "--check").exit_code == 0
+    # The pictures of the plan before, committed beside the new plan: stale, named, no SVG dumped.
+    for name, text in old.items():
+        (out / "plots" / name).write_text(text)
+    r = run(runner, *args, "--tp", "2", "--check")
+    assert r.exit_code == 1
+    for name in ("memory.svg", "time.svg", "schedule.svg"):
+        assert f"plots/{name} differs from the picture of the regenerated plan" in r.output
+    assert "<svg" not in r.output and "plan.yaml" not in r.stdout
+    (out / "plots" / "time.svg").unlink()
+    assert "plots/time.svg is missing from the picture" in run(runner, *args, "--tp", "2", "--check").output
+    # The measured runs' picture depends on runs, not on the plan: not compared. No plots/: no pictures.
+    run(runner, "plot", out)
+    (out / "plots" / "steps.svg").write_text("<svg/>\n")
+    assert run(runner, *args, "--tp", "2", "--check").exit_code == 0
+    shutil.rmtree(out / "plots")
+    assert "up to date (6 files)" in run(runner, *args, "--tp", "2", "--check").output
 
 
 def test_check_replans_plan_directories_from_what_they_recorded(runner, in_tmp, monkeypatch):
@@ -334,10 +364,10 @@ def test_check_replans_plan_directories_from_what_they_recorded(runner, in_tmp, 
                     "--runtime", "megatron", "--tp", "2", "--no-sp", "--memory-margin", "1", "--top", "12"],
     }
     for name, args in made.items():
-        assert run(runner, "plan", *args, "--out", plans / name).exit_code == 0
+        assert run(runner, "plan", *args, "--out", plans / name, "--plot").exit_code == 0
     r = run(runner, "plan", "--check", plans / "default", plans / "resized")
     assert r.exit_code == 0, r.output
-    assert "plans/default: up to date (6 files)." in r.output and "plans/resized: up to date (5 files)." in r.output
+    assert "plans/default: up to date (9 files)." in r.output and "plans/resized: up to date (8 files)." in r.output
     # The spec is found relative to the plan directory, from anywhere; a SPEC may come along.
     (in_tmp / "sub").mkdir()
     monkeypatch.chdir(in_tmp / "sub")
