@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import DsorchError, ValidationError as PlanError
-from orchestrator.plan.make import Plan, make_plan
+from orchestrator.plan.make import KEEP, Plan, make_plan
 from orchestrator.plandir.reader import PLAN_FILE, load_plan_dir, read_text
 from orchestrator.render import render_all
 from orchestrator.render.report import recorded_nodes
@@ -90,9 +90,10 @@ def recorded_inputs(plan_dir: Path) -> Recorded:
         spec=plan_dir / spec_path, spec_path=spec_path, cluster=cluster, runtime=doc.runtime,
         nodes=recorded_nodes(read_text(plan_dir / PLAN_FILE), cluster),
         gpus_per_node=inputs.gpus_per_node, pins=pins, memory_margin_gib=inputs.memory_margin_gib,
-        # --top is not recorded but decides how many alternatives plan.yaml and plan.md list; the
-        # count listed gives it back (the default 8 when fewer layouts were legal than kept).
-        keep=max(8, 1 + len(doc.alternatives)))
+        # --top decides how many alternatives plan.yaml and plan.md list; the count listed gives it
+        # back (plans written before the regenerate line said --top included; the default when fewer
+        # layouts were legal than kept gives the same list).
+        keep=max(KEEP, 1 + len(doc.alternatives)))
 
 
 def replan(plan_dir: Path, profiles_dir: str | Path | None) -> tuple[Plan, dict[str, str]]:

@@ -18,6 +18,10 @@ from orchestrator.spec.cluster import ClusterProfile, LoadedProfile
 from orchestrator.spec.model import SpecFile
 
 
+# Layouts a plan lists: the chosen one and 7 alternatives, unless `dsorch plan --top N` asks for more.
+KEEP = 8
+
+
 @dataclass(frozen=True)
 class Plan:
     spec: SpecFile
@@ -33,6 +37,7 @@ class Plan:
     chosen: Scored
     nodes_override: int | None = None  # --nodes, as given
     gpus_per_node_override: int | None = None  # --gpus-per-node, as given
+    keep: int = KEEP  # layouts kept (--top): plan.yaml and plan.md list them, so the regenerate line says it
     version: str = __version__
     # Measurements behind the choice (`dsorch trial`): which trials, what they measured.
     evidence: dict | None = None
@@ -63,7 +68,7 @@ def _pins_text(pins: Pins) -> str:
 
 def make_plan(spec: SpecFile, spec_path: str, spec_sha256: str, loaded: LoadedProfile, runtime: str,
               pins: Pins, *, nodes: int | None = None, gpus_per_node: int | None = None, memory_margin_gib: float = 0.0,
-              keep: int = 8, shown_path: str | None = None, measured_fit: dict | None = None) -> Plan:
+              keep: int = KEEP, shown_path: str | None = None, measured_fit: dict | None = None) -> Plan:
     """``spec_path`` goes into the generated files; ``shown_path`` (the path as the user gave it)
     into error messages."""
     if gpus_per_node is not None and gpus_per_node > loaded.profile.gpus_per_node:
@@ -89,7 +94,7 @@ def make_plan(spec: SpecFile, spec_path: str, spec_sha256: str, loaded: LoadedPr
     if result.best is None:
         raise NoFeasibleLayout(_nothing_fits(spec, profile, runtime, pins, result, memory_margin_gib))
     return Plan(spec, spec_path, spec_sha256, profile, loaded.source.origin, loaded.sha256, runtime, pins,
-                memory_margin_gib, result, result.best, nodes, gpus_per_node)
+                memory_margin_gib, result, result.best, nodes, gpus_per_node, keep)
 
 
 def _nothing_fits(spec: SpecFile, profile: ClusterProfile, runtime: str, pins: Pins, result: SearchResult,

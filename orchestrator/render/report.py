@@ -12,7 +12,7 @@ import yaml
 
 from orchestrator.costmodel.flops import model_flops_per_step
 from orchestrator.render.explain import explain_doc, stacks
-from orchestrator.plan.make import Plan
+from orchestrator.plan.make import KEEP, Plan
 from orchestrator.plan.solver import Scored
 
 
@@ -117,8 +117,11 @@ def _pin_flags(plan: Plan) -> str:
 
 def regenerate_command(plan: Plan) -> str:
     """The `dsorch plan` command that writes this plan directory again (spec path relative to it)."""
+    # --top past the default lists more alternatives in plan.yaml and plan.md: without it the line
+    # would write another directory.
+    top = f" --top {plan.keep}" if plan.keep > KEEP else ""
     return (f"dsorch plan {plan.spec_path} --cluster {plan.profile.name}{plan.resize_flags} --runtime {plan.runtime} "
-            f"--out <this dir>{_pin_flags(plan)}")
+            f"--out <this dir>{_pin_flags(plan)}{top}")
 
 
 def recorded_nodes(plan_yaml: str, cluster: str) -> int | None:

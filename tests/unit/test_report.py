@@ -456,3 +456,25 @@ def test_check_of_plan_directories_that_cannot_be_replanned(runner, in_tmp):
     r = run(runner, "plan", "--check", "examples/tiny.yaml", "examples/llama3-8b.yaml", "--cluster", "local", "--out",
             "ok")
     assert r.exit_code == 2 and "--out names one plan directory and 2 SPECs were given" in r.output
+
+
+def test_the_regenerate_line_of_a_plan_made_with_top_writes_the_same_directory(runner, in_tmp):
+    """--top lists more alternatives in plan.yaml and plan.md; a regenerate line without it wrote
+    another directory, and `plan --check` with the line's flags failed."""
+    import shlex
+
+    out = in_tmp / "p"
+    assert run(runner, "plan", "examples/tiny.yaml", "--cluster", "local", "--top", "12", "--out", out).exit_code == 0
+    command = _doc_header(out).split("Regenerate (model spec path relative to this directory): ", 1)[1]
+    assert command.endswith(" --top 12")
+    words = shlex.split(command.replace("<this dir>", shlex.quote(str(out))))[2:]
+    words[0] = str(out / words[0])  # the spec path is relative to the plan directory
+    r = run(runner, "plan", *words, "--check")
+    assert r.exit_code == 0, r.output
+    # The default lists as many as --top up to 8: the line leaves --top out.
+    assert run(runner, "plan", "examples/tiny.yaml", "--cluster", "local", "--top", "3", "--out", out).exit_code == 0
+    assert "--top" not in _doc_header(out)
+
+
+def _doc_header(plan_dir: Path) -> str:
+    return (plan_dir / "plan.yaml").read_text().splitlines()[1]
