@@ -30,10 +30,6 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.costmodel import evaluate
-from orchestrator.costmodel.calibration import FIELDS, resolve_efficiency
-from orchestrator.plan.solver import GIB
-from orchestrator.spec.cluster import ClusterProfile, Efficiency
 from orchestrator.calibrate.fit import FitResult, fit
 from orchestrator.calibrate.published import published_errors, published_rows, step_time_from_tflops
 from orchestrator.calibrate.records import CalibrationRecord, load_records, record_rows
@@ -49,6 +45,11 @@ from orchestrator.calibrate.rows import (
     row_engine,
     row_errors,
 )
+from orchestrator.costmodel import evaluate
+from orchestrator.costmodel.calibration import FIELDS, resolve_efficiency
+from orchestrator.plan.solver import GIB
+from orchestrator.spec.cluster import ClusterProfile, Efficiency
+
 
 @dataclass(frozen=True)
 class CalibrationReport:

@@ -8,7 +8,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.calibrate.rows import BOUNDS, Row, RowError, _layout_text, _predict, _prepare, _resolved
+from orchestrator.calibrate.rows import (
+    BOUNDS,
+    Row,
+    RowError,
+    _layout_text,
+    _predict,
+    _prepare,
+    _resolved,
+)
+
 
 def _to_unit(x: float, lo: float, hi: float) -> float:
     u = min(max((x - lo) / (hi - lo), 1e-4), 1 - 1e-4)

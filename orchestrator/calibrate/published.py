@@ -15,13 +15,13 @@ from importlib import resources
 
 import yaml
 
+from orchestrator.calibrate.rows import Row, RowError, row_errors
 from orchestrator.costmodel.calibration import engine_of
 from orchestrator.costmodel.evaluate import Engine
 from orchestrator.plan.layout import Pins
 from orchestrator.spec.cluster import ClusterProfile, load_profile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 from orchestrator.spec.yamlio import deep_merge
-from orchestrator.calibrate.rows import Row, RowError, row_errors
 
 # Which GPUs and fabric each hardware id of the calibration entries describes (written into
 # calibration.yaml by scripts/fit_calibration.py). H200 has the H100's Hopper compute (same SMs and

@@ -6,17 +6,26 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator.calibrate.rows import Row
 from orchestrator.errors import SpecError
-from orchestrator.plan.layout import PINNABLE, RUNTIMES, WORLD_PRODUCT, Pins, layout_schema, world_of
+from orchestrator.plan.layout import (
+    PINNABLE,
+    RUNTIMES,
+    WORLD_PRODUCT,
+    LayoutDoc,
+    Pins,
+    layout_schema,
+    world_of,
+)
 from orchestrator.plan.rules import check_model, check_training, stage_split
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec, load_spec
-from orchestrator.calibrate.rows import Row
+
 
 def _read_records(path: Path) -> list[dict]:
     text = path.read_text(encoding="utf-8")
@@ -101,7 +110,10 @@ def record_rows(records: list[CalibrationRecord], profile: ClusterProfile) -> li
 
 # The layout a measured run used: the keys of plan.yaml's layout section (orchestrator.plan.layout.AXES);
 # an axis at its neutral value may be left out, grad_accum_steps follows from the batch.
-RecordLayout = layout_schema("RecordLayout", record=True)
+if TYPE_CHECKING:
+    RecordLayout = LayoutDoc
+else:
+    RecordLayout = layout_schema("RecordLayout", record=True)
 
 
 class CalibrationRecord(BaseModel):

@@ -75,7 +75,7 @@ class _Prepared:
 
 def _prepare(row: Row) -> _Prepared:
     op_sac = row.pins.recompute == "op"  # torchtitan's per-op SAC: enumerated as selective, evaluated as itself
-    pins = dataclasses.replace(row.pins, recompute="selective") if op_sac else row.pins
+    pins = row.pins.replaced(recompute="selective") if op_sac else row.pins
     cand, _ = enumerate_layouts(row.model, row.training, row.profile, row.runtime, pins)
     if len(cand) == 0:
         raise SpecError(f"calibration row {row.id}: no legal layout with {row.pins}")

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import asdict, dataclass
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
@@ -118,6 +118,7 @@ class Axis:
 
     def pin_words(self, value) -> list[str]:
         """The CLI words that pin this value (the regenerate line of plan.yaml)."""
+        assert self.flag is not None, f"{self.name} has no CLI pin"
         if self.kind is bool:
             on, off = self.flag.split("/")
             return [on if value else off]
@@ -210,6 +211,7 @@ if TYPE_CHECKING:  # the fields are the pinnable axes, made below: a type checke
         def all_pinned(self) -> bool: ...
         def words(self) -> list[str]: ...
         def pinned(self) -> dict[str, Any]: ...
+        def replaced(self, **changes: Any) -> Pins: ...
 
 else:
     # Layout fields fixed by the user; None means 'search it'. Pins.of(layout) pins a whole layout.
@@ -218,19 +220,29 @@ else:
         frozen=True, kw_only=True, slots=True,
         namespace={"of": classmethod(_pins_of), "all_pinned": _all_pinned, "words": _pin_words,
                    "pinned": _pinned,
+                   "replaced": lambda self, **changes: dataclasses.replace(self, **changes),
                    "__doc__": "Layout fields fixed by the user; None means 'search it'."})
     Pins.__module__ = __name__
 
 
+if TYPE_CHECKING:  # what layout_schema makes: a pydantic model with one attribute per axis
+
+    class LayoutDoc(pydantic.BaseModel):
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    LayoutDoc = pydantic.BaseModel
+
+
 def _field_type(axis: Axis):
     if axis.choices:
-        return Literal[axis.choices]  # type: ignore[valid-type]
+        return Literal[axis.choices]
     if axis.kind is int:
         return Annotated[int, pydantic.Field(ge=axis.low, le=axis.high)]
     return axis.kind
 
 
-def layout_schema(name: str, *, record: bool) -> type[pydantic.BaseModel]:
+def layout_schema(name: str, *, record: bool) -> type[LayoutDoc]:
     """The pydantic model of a layout in a file: plan.yaml's ``layout`` section (``record=False``:
     every axis required but those added after 0.1) or a calibration record's (``record=True``:
     axes at their neutral value may be left out; grad_accum_steps follows from the batch)."""

@@ -6,17 +6,15 @@ writing around it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from orchestrator import __version__
 from orchestrator.errors import LayoutError, NoFeasibleLayout
-from orchestrator.plan.layout import Layout
+from orchestrator.plan.layout import Layout, Pins
 from orchestrator.plan.rules import MEGATRON_FSDP_ZERO, check_model, check_training
-from orchestrator.plan.layout import Pins
 from orchestrator.plan.solver import Scored, SearchResult, explain_pins, minimum_nodes, search
 from orchestrator.spec.cluster import ClusterProfile, LoadedProfile
 from orchestrator.spec.model import SpecFile
-
 
 # Layouts a plan lists: the chosen one and 7 alternatives, unless `dsorch plan --top N` asks for more.
 KEEP = 8
@@ -111,7 +109,7 @@ def _nothing_fits(spec: SpecFile, profile: ClusterProfile, runtime: str, pins: P
         return lines[0] + " Unpin some of the layout (drop --tp/--pp/--mbs/...) or use more nodes (--nodes)."
     if runtime == "megatron" and pins.zero_stage is None:
         # Megatron-FSDP is searched only when pinned (rules.MEGATRON_FSDP_ZERO): say so when it would fit.
-        fsdp = search(spec.model, spec.training, profile, runtime, replace(pins, zero_stage=MEGATRON_FSDP_ZERO),
+        fsdp = search(spec.model, spec.training, profile, runtime, pins.replaced(zero_stage=MEGATRON_FSDP_ZERO),
                       memory_margin_gib=margin, keep=1).best
         if fsdp is not None:
             lines.append(f"With Megatron-FSDP's sharded gradients (--zero {MEGATRON_FSDP_ZERO}, searched only when "

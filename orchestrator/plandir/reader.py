@@ -16,14 +16,21 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.costmodel.stacks import MEMORY_KEYS, TIME_PARTS
 from orchestrator.errors import ValidationError as PlanError
-from orchestrator.plan.layout import RUNTIMES, WORLD_PRODUCT, Layout, layout_schema, world_of
+from orchestrator.plan.layout import (
+    RUNTIMES,
+    WORLD_PRODUCT,
+    Layout,
+    LayoutDoc,
+    layout_schema,
+    world_of,
+)
 from orchestrator.spec.model import SpecFile
 
 PLAN_FILE = "plan.yaml"
@@ -77,7 +84,10 @@ class PlanCluster(BaseModel):
 
 
 # plan.yaml's layout section: every axis of orchestrator.plan.layout.AXES.
-PlanLayout = layout_schema("PlanLayout", record=False)
+if TYPE_CHECKING:
+    PlanLayout = LayoutDoc
+else:
+    PlanLayout = layout_schema("PlanLayout", record=False)
 
 
 class ScoredDoc(BaseModel):
