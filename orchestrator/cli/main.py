@@ -1006,7 +1006,6 @@ def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
     from orchestrator.run import slurm
     from orchestrator.spec import sbatch
     from orchestrator.cli.console import doctor_report
-    from orchestrator.run.submission import job_spec
 
     project = _project()
     pdir = _profiles_dir(project, profiles_dir)
@@ -1018,7 +1017,7 @@ def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     folder = (project.root / ".dsorch" / "doctor" / f"{profile.name}-{stamp}").resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    spec = job_spec(profile, sbatch.job_name(f"doctor-{profile.name}"), time_min=timeout)
+    spec = slurm.JobSpec.of(profile, sbatch.job_name(f"doctor-{profile.name}"), time_min=timeout)
     job = doc_mod.DoctorJob(str(folder), max_bytes, iters or (20 if gpu else 5), gpu)
     job_id = slurm.submit(spec, folder, job)
     click.echo(f"submitted doctor job {job_id} ({profile.world_size} ranks on {profile.nodes} node(s) of "

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from orchestrator.errors import DsorchError
 from orchestrator.train.hosts import node_address
-from orchestrator.spec.sbatch import SBATCH_KEYS
+from orchestrator.spec.cluster import ClusterProfile, SlurmSpec
+from orchestrator.spec.sbatch import parse_slurm_time, rank_env, sbatch_parameters
 from orchestrator.train.stop import EXIT_STOPPED
 
 STARTS_FILE = "starts.jsonl"
@@ -208,34 +209,33 @@ def _tail_file(path: Path, n: int) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class JobSpec:
-    """Everything a submission needs, resolved from the plan and the profile by
-    ``orchestrator.run.submission.prepare_submission``."""
+    """Everything a submission needs, resolved from a profile (``JobSpec.of``): one task per GPU on
+    every node, the profile's own SLURM settings as they are in ``slurm``."""
 
-    kind: str  # "slurm" | "local"
+    kind: str  # "slurm" | "local": the profile's executor
     name: str
     nodes: int
     tasks_per_node: int
     use_gpus: bool
-    cpus_per_task: int
-    time_min: int
-    partition: str | None
-    account: str | None
-    qos: str | None
-    constraint: str | None
-    mem: str | None
-    exclusive: bool
-    signal_delay_s: int
-    setup: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]
-    extra: tuple[tuple[str, str], ...]
+    time_min: int  # slurm.time, unless the job sets its own (a trial, the doctor)
+    env: tuple[tuple[str, str], ...]  # every rank's environment: spec/sbatch.py rank_env
+    slurm: SlurmSpec
+
+    @classmethod
+    def of(cls, profile: ClusterProfile, name: str, time_min: int | None = None) -> JobSpec:
+        """The job for a profile; ``time_min`` overrides its time limit."""
+        return cls(kind=profile.executor, name=name, nodes=profile.nodes, tasks_per_node=profile.gpus_per_node,
+                   use_gpus=profile.backend == "nccl",
+                   time_min=time_min if time_min is not None else parse_slurm_time(profile.slurm.time),
+                   env=tuple(rank_env(profile).items()), slurm=profile.slurm)
 
 
 def _setup_lines(spec: JobSpec) -> list[str]:
     import shlex
 
-    lines = list(spec.setup)
+    lines = list(spec.slurm.setup)
     lines += [f"export {k}={shlex.quote(v)}" for k, v in spec.env]
     return lines
 
@@ -266,16 +266,15 @@ def make_executor(spec: JobSpec, folder: Path, script_only: bool = False):
         return ex
     ex = (_script_only_executor(folder) if script_only else
           submitit.SlurmExecutor(folder=str(folder), max_num_timeout=3))
+    sbatch = sbatch_parameters(spec.slurm)
+    # The profile's options that submitit has a keyword for go in as keywords; slurm.extra goes in as
+    # additional_parameters, which _make_sbatch_string (submitit/slurm/slurm.py) writes as given.
     params = dict(job_name=spec.name, nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node,
-                  cpus_per_task=spec.cpus_per_task, time=spec.time_min, signal_delay_s=spec.signal_delay_s,
-                  setup=_setup_lines(spec), additional_parameters=dict(spec.extra))
+                  cpus_per_task=spec.slurm.cpus_per_task, time=spec.time_min,
+                  signal_delay_s=spec.slurm.signal_delay_s, setup=_setup_lines(spec),
+                  additional_parameters=dict(sbatch.extra), **dict(sbatch.options))
     if spec.use_gpus:
         params["gpus_per_node"] = spec.tasks_per_node
-    for key in SBATCH_KEYS:
-        if getattr(spec, key) is not None:
-            params[key] = getattr(spec, key)
-    if spec.exclusive:
-        params["exclusive"] = True
     ex.update_parameters(**params)
     return ex
 

@@ -75,7 +75,7 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
     if data is not None and not (Path(data).exists() or Path(f"{data}.bin").exists()):
         raise DsorchError(f"--data {data}: no such token file (NAME or NAME.bin); make one with "
                           f"scripts/make_token_file.py.")
-    spec = job_spec(profile, sbatch.job_name(pd.spec.name))
+    spec = slurm.JobSpec.of(profile, sbatch.job_name(pd.spec.name))
     plan_abs = plan_dir.resolve()
     folder = (experiment_dir / ".dsorch" / "jobs" / plan_abs.name).resolve()
     for p in (plan_abs, folder):
@@ -85,19 +85,6 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
     job = slurm.TrainingJob(str(plan_abs), str(run), steps, _data_path(data), spec.use_gpus, save_interval)
     return Submission(spec, plan_abs, _display(plan_dir, experiment_dir), plan_hash(plan_abs), cluster, folder,
                       Path(str(run)), job)
-
-
-def job_spec(profile, name: str, time_min: int | None = None) -> slurm.JobSpec:
-    """The job for a profile: one task per GPU on every node, the profile's SLURM settings
-    (``time_min`` overrides its time limit)."""
-    s = profile.slurm
-    return slurm.JobSpec(
-        kind=profile.executor, name=name, nodes=profile.nodes,
-        tasks_per_node=profile.gpus_per_node, use_gpus=profile.backend == "nccl", cpus_per_task=s.cpus_per_task,
-        time_min=time_min if time_min is not None else sbatch.parse_slurm_time(s.time), partition=s.partition,
-        account=s.account, qos=s.qos, constraint=s.constraint, mem=s.mem, exclusive=s.exclusive,
-        signal_delay_s=s.signal_delay_s, setup=tuple(s.setup), env=tuple(sbatch.rank_env(profile).items()),
-        extra=tuple(sorted(s.extra.items())))
 
 
 def _data_path(data: str | None) -> str | None:
