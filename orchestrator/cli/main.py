@@ -592,7 +592,7 @@ Examples:
 def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume, resume_from, dry_run, force, wait,
            profiles_dir):
     """Submit PLAN_DIR as a job running dsorch's training entrypoint (SLURM through submitit, or local)."""
-    from orchestrator.run import slurm
+    from orchestrator.run import scheduler
     from orchestrator.cli.project import find_plan
     from orchestrator.run.registry import Registry
     from orchestrator.run.submission import prepare_submission, record_submission
@@ -630,9 +630,9 @@ def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume
             click.echo(f"# --cluster local: {sub.spec.tasks_per_node} processes on this machine through "
                        f"submitit's LocalExecutor (no sbatch script).", err=True)
         else:
-            click.echo(slurm.sbatch_script(sub.spec, sub.folder), nl=False)
+            click.echo(scheduler.sbatch_script(sub.spec, sub.folder), nl=False)
         return
-    slurm.check_scheduler(sub.spec.kind, dry_run="prints the sbatch script")
+    scheduler.check_scheduler(sub.spec.kind, dry_run="prints the sbatch script")
     record = record_submission(reg, sub, force)
     click.echo(f"submitted job {record.job_id} ({record.executor}, cluster {record.cluster}): plan {record.plan_dir}, "
                f"run dir {record.run_dir}")
@@ -732,12 +732,12 @@ def logs(job, rank, follow):
     import shutil
     import time
 
-    from orchestrator.run import slurm
+    from orchestrator.run import scheduler
     from orchestrator.run.submission import refresh
 
     reg = _registry()
     rec = reg.get(job)
-    out, err = slurm.log_paths(Path(rec.log_dir), rec.job_id, rank)
+    out, err = scheduler.log_paths(Path(rec.log_dir), rec.job_id, rank)
     if not follow:
         if not out.exists() and not err.exists():
             raise UserError(f"no log for rank {rank} of job {rec.job_id} yet in {rec.log_dir} (state {rec.state}); "
@@ -771,14 +771,14 @@ def logs(job, rank, follow):
 @click.argument("job")
 def cancel(job):
     """Cancel a pending or running job."""
-    from orchestrator.run import slurm
+    from orchestrator.run import scheduler
 
     reg = _registry()
     rec = reg.get(job)
     if not rec.active:
         raise UserError(f"job {rec.job_id} is already {rec.state}; nothing to cancel.")
     if rec.job_id != "pending":  # a row whose submission never reached the scheduler
-        slurm.cancel(rec.executor, rec.job_id)
+        scheduler.cancel(rec.executor, rec.job_id)
     reg.update(rec.key, state="CANCELLED")
     click.echo(f"cancelled job {rec.job_id}")
 
@@ -1003,7 +1003,8 @@ def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
     import time
 
     from orchestrator.run import doctor as doc_mod
-    from orchestrator.run import slurm
+    from orchestrator.run import scheduler
+    from orchestrator.run.jobs import DoctorJob
     from orchestrator.spec import sbatch
     from orchestrator.cli.console import doctor_report
 
@@ -1011,15 +1012,15 @@ def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
     pdir = _profiles_dir(project, profiles_dir)
     lp = _load_cluster(project, project.cluster(cluster), pdir)
     profile = lp.profile.resized(nodes, None)
-    slurm.check_scheduler(profile.executor)
+    scheduler.check_scheduler(profile.executor)
     gpu = profile.backend == "nccl"
     max_bytes = (max_size or (256 if gpu else 16)) * 1024 * 1024
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     folder = (project.root / ".dsorch" / "doctor" / f"{profile.name}-{stamp}").resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    spec = slurm.JobSpec.of(profile, sbatch.job_name(f"doctor-{profile.name}"), time_min=timeout)
-    job = doc_mod.DoctorJob(str(folder), max_bytes, iters or (20 if gpu else 5), gpu)
-    job_id = slurm.submit(spec, folder, job)
+    spec = scheduler.JobSpec.of(profile, sbatch.job_name(f"doctor-{profile.name}"), time_min=timeout)
+    job = DoctorJob(str(folder), max_bytes, iters or (20 if gpu else 5), gpu)
+    job_id = scheduler.submit(spec, folder, job)
     click.echo(f"submitted doctor job {job_id} ({profile.world_size} ranks on {profile.nodes} node(s) of "
                f"{profile.name}); files in {_shown(folder)}", err=True)
     con = _console(stderr=True)
@@ -1027,7 +1028,7 @@ def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
     deadline = time.monotonic() + 60 * timeout + 60
     with con.status(f"doctor job {job_id}: {state}") as spinner:
         while True:
-            state, error = slurm.job_state(spec.kind, folder, job_id, state)
+            state, error = scheduler.job_state(spec.kind, folder, job_id, state)
             text = f"doctor job {job_id}: {state}"
             if con.is_terminal:
                 spinner.update(text)
@@ -1037,7 +1038,7 @@ def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
             if state not in ("SUBMITTED", "PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING"):
                 break
             if time.monotonic() > deadline:
-                slurm.cancel(spec.kind, job_id)
+                scheduler.cancel(spec.kind, job_id)
                 raise UserError(f"the doctor job {job_id} did not finish within --timeout {timeout} min; it was "
                                 f"cancelled. Is the partition busy? Try again with a larger --timeout.")
             time.sleep(1)

@@ -1,8 +1,8 @@
 """`dsorch doctor`: one short job that checks the cluster's ranks can reach each other and
 measures its collectives, to set against the profile's figures.
 
-Every rank runs ``python -m orchestrator.run.doctor`` (as a child of ``DoctorJob``, like the training
-entrypoint under ``slurm.TrainingJob``) with torch.distributed's variables from SLURM:
+Every rank runs ``python -m orchestrator.run.doctor`` (as the child of run/jobs.py ``DoctorJob``, like
+the training entrypoint under ``TrainingJob``) with torch.distributed's variables from SLURM:
 
 1. **Reachability**: an all-reduce over every rank (the sum must be exact), then, up to
    ``PAIRWISE_MAX`` ranks, a message from every rank to every other (world - 1 rounds of shifted
@@ -25,9 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,35 +148,6 @@ def _rank_main(out: Path, max_bytes: int, iters: int) -> None:
         tmp.replace(out / RESULT)
     dist.barrier()
     dist.destroy_process_group()
-
-
-@dataclass
-class DoctorJob:
-    """What every task of the doctor job runs (picklable, like slurm.TrainingJob)."""
-
-    out: str
-    max_bytes: int
-    iters: int
-    use_gpus: bool
-
-    def command(self) -> list[str]:
-        return [sys.executable, "-u", "-m", "orchestrator.run.doctor", "--out", self.out, "--max-bytes",
-                str(self.max_bytes), "--iters", str(self.iters)]
-
-    def __call__(self) -> dict:
-        import submitit
-
-        from orchestrator.run.slurm import _rank_env, _tail_file
-
-        env = submitit.JobEnvironment()
-        child_env = dict(_rank_env(env, self.use_gpus), DSORCH_DOCTOR_GPU="1" if self.use_gpus else "0")
-        child = subprocess.Popen(self.command(), env=child_env)
-        signal.signal(signal.SIGTERM, lambda s, f: child.send_signal(s))
-        rc = child.wait()
-        if rc != 0:
-            raise RuntimeError(f"rank {env.global_rank}: the doctor's collectives exited with code {rc}:\n"
-                               + _tail_file(env.paths.stderr, 30))
-        return {"rank": env.global_rank}
 
 
 # ---- what the CLI reports ---------------------------------------------------------------------

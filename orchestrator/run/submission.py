@@ -1,6 +1,6 @@
 """From a plan directory to a registered job, and from a registered job to its current state.
 
-The CLI calls these; ``orchestrator.run.slurm`` talks to submitit; ``orchestrator.run.registry`` stores.
+The CLI calls these; ``orchestrator.run.scheduler`` talks to submitit; ``orchestrator.run.registry`` stores.
 """
 
 from __future__ import annotations
@@ -12,23 +12,24 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.run import slurm
-from orchestrator.spec import sbatch
 from orchestrator.errors import DsorchError
-from orchestrator.run.registry import JobRecord, Registry, now_utc
 from orchestrator.plandir.reader import GENERATED
+from orchestrator.run import scheduler
+from orchestrator.run.jobs import STARTS_FILE, TrainingJob
+from orchestrator.run.registry import JobRecord, Registry, now_utc
+from orchestrator.spec.sbatch import job_name
 
 
 @dataclass(frozen=True)
 class Submission:
-    spec: slurm.JobSpec
+    spec: scheduler.JobSpec
     plan_dir: Path  # absolute
     plan_display: str
     plan_sha256: str
     cluster: str
     folder: Path  # submitit's folder: pickles and logs
     run_dir: Path
-    job: slurm.TrainingJob
+    job: TrainingJob
 
 
 def plan_hash(plan_dir: Path) -> str:
@@ -75,14 +76,14 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
     if data is not None and not (Path(data).exists() or Path(f"{data}.bin").exists()):
         raise DsorchError(f"--data {data}: no such token file (NAME or NAME.bin); make one with "
                           f"scripts/make_token_file.py.")
-    spec = slurm.JobSpec.of(profile, sbatch.job_name(pd.spec.name))
+    spec = scheduler.JobSpec.of(profile, job_name(pd.spec.name))
     plan_abs = plan_dir.resolve()
     folder = (experiment_dir / ".dsorch" / "jobs" / plan_abs.name).resolve()
     for p in (plan_abs, folder):
         if "\n" in str(p) or "\r" in str(p):
             raise DsorchError(f"{p!r}: a path with a line break cannot go into an sbatch script; rename it.")
     run = (run_dir or (runs_dir or experiment_dir / "runs") / f"{plan_abs.name}-{{key}}")
-    job = slurm.TrainingJob(str(plan_abs), str(run), steps, _data_path(data), spec.use_gpus, save_interval)
+    job = TrainingJob(str(plan_abs), str(run), steps, _data_path(data), spec.use_gpus, save_interval)
     return Submission(spec, plan_abs, _display(plan_dir, experiment_dir), plan_hash(plan_abs), cluster, folder,
                       Path(str(run)), job)
 
@@ -108,7 +109,7 @@ def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
         run_dir = Path(str(sub.run_dir).replace("{key}", str(key))).resolve()
         job = dataclasses.replace(sub.job, run_dir=str(run_dir))
         with _no_leftovers(sub.folder):
-            job_id = slurm.submit(sub.spec, sub.folder, job)
+            job_id = scheduler.submit(sub.spec, sub.folder, job)
         update(key, job_id=job_id, state="PENDING" if sub.spec.kind == "slurm" else "RUNNING", run_dir=str(run_dir))
     return reg.get(str(key))
 
@@ -130,7 +131,7 @@ def record_array(reg: Registry, subs: list[Submission], folder: Path, time_min: 
             keys.append(key)
             jobs.append(dataclasses.replace(sub.job, run_dir=run_dir, save=False))
         with _no_leftovers(folder):
-            ids = slurm.submit_array(spec, folder, jobs, timeout_s)
+            ids = scheduler.submit_array(spec, folder, jobs, timeout_s)
         for key, job_id in zip(keys, ids):
             update(key, job_id=job_id, state="PENDING")
     return [reg.get(str(k)) for k in keys]
@@ -179,7 +180,7 @@ def _progress(run_dir: Path, finished: bool = False) -> tuple[int | None, float 
                 step, loss = rec.get("step"), rec.get("loss")
             except json.JSONDecodeError:
                 pass
-    starts = run_dir / slurm.STARTS_FILE
+    starts = run_dir / STARTS_FILE
     if starts.exists():
         lines = [json.loads(x) for x in starts.read_text().splitlines() if x.strip()]
         if lines:
@@ -195,7 +196,7 @@ def refresh(reg: Registry, rec: JobRecord) -> JobRecord:
     """Ask the scheduler for an active job's state, read its progress, store and return it."""
     if not rec.active or rec.job_id == "pending":
         return rec
-    state, error = slurm.job_state(rec.executor, Path(rec.log_dir), rec.job_id, rec.state)
+    state, error = scheduler.job_state(rec.executor, Path(rec.log_dir), rec.job_id, rec.state)
     from orchestrator.run.registry import ACTIVE_STATES
 
     step, loss, requeues, elapsed = _progress(Path(rec.run_dir), finished=state not in ACTIVE_STATES)

@@ -5,7 +5,7 @@
    data parallelism, context parallelism), so that a measurement can overturn the model's ranking
    of the families and not only reorder near-equals; priced in GPU-hours from the predictions.
 2. Start (``start``): each pick becomes an ordinary plan directory (``TRIAL/NN-family/``, its
-   run in ``run/``), and all of them one job array (orchestrator.run.slurm.submit_array: SLURM's
+   run in ``run/``), and all of them one job array (orchestrator.run.scheduler.submit_array: SLURM's
    ``--array=0-N%1``, or a LocalArray for ``--cluster local``), each a short run of the bundled
    entrypoint on synthetic tokens without checkpoints; one registry row per trial, so `dsorch
    status` shows them. ``TRIAL/trial.yaml`` (MANIFEST) records what was submitted.
@@ -275,7 +275,7 @@ def start(project, spec_path: Path, spec, spec_sha256: str, loaded, proposal: Pr
           top: int, nodes: int | None, gpus_per_node: int | None, profiles_dir: str | None) -> Manifest:
     """Write every trial's plan directory, submit them as one array, record rows and the manifest."""
     from orchestrator.run.registry import Registry
-    from orchestrator.run.slurm import check_scheduler
+    from orchestrator.run.scheduler import check_scheduler
     from orchestrator.run.submission import prepare_submission, record_array
     from orchestrator.plandir.writer import write_plan_dir
 
@@ -325,7 +325,7 @@ def states(reg, manifest: Manifest) -> list:
 
 
 def _logs(manifest: Manifest, job_id: str) -> str:
-    from orchestrator.run.slurm import log_paths
+    from orchestrator.run.scheduler import log_paths
 
     parts = []
     for rank in range(manifest.world_size):
