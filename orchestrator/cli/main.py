@@ -939,6 +939,21 @@ def _finish_trials(project, reg, trial_dir: Path, manifest, profiles_dir, name, 
     click.echo(trial_summary(collected, _shown))
 
 
+def _progress_printer(con, spinner):
+    """Progress on stderr: the spinner's text on a terminal, else a line whenever the text changes."""
+    last = None
+
+    def show(text: str) -> None:
+        nonlocal last
+        if con.is_terminal:
+            spinner.update(text)
+        elif text != last:
+            click.echo(text, err=True)
+        last = text
+
+    return show
+
+
 def _wait_trials(reg, manifest):
     """Poll until every trial ended; progress on stderr (a spinner on a terminal, else a line per change)."""
     import time
@@ -946,7 +961,6 @@ def _wait_trials(reg, manifest):
     from orchestrator.run import trial as trials
 
     con = _console(stderr=True)
-    last = None
 
     def line(records) -> str:
         running = sum(r.state == "RUNNING" for r in records)
@@ -958,14 +972,10 @@ def _wait_trials(reg, manifest):
                 + (f" ({failed} failed)" if failed else "") + now)
 
     with con.status("trials: submitted") as spinner:
+        show = _progress_printer(con, spinner)
         while True:
             records = trials.states(reg, manifest)
-            text = line(records)
-            if con.is_terminal:
-                spinner.update(text)
-            elif text != last:
-                click.echo(text, err=True)
-            last = text
+            show(line(records))
             if not any(r.active for r in records):
                 return records
             time.sleep(2)
@@ -1000,69 +1010,26 @@ def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
     """Check that every rank reaches every other and measure all-reduce / all-gather bus bandwidth
     inside and across nodes (nccl-tests style), against the profile's figures. Submits one short
     job (SLURM, or this machine with a local profile) and waits for it."""
-    import time
-
-    from orchestrator.run import doctor as doc_mod
-    from orchestrator.run import scheduler
-    from orchestrator.run.jobs import DoctorJob
-    from orchestrator.spec import sbatch
     from orchestrator.cli.console import doctor_report
+    from orchestrator.run.doctor import expected, healthy, submit_checks, wait_for_checks, write_measured_profile
 
     project = _project()
     pdir = _profiles_dir(project, profiles_dir)
     lp = _load_cluster(project, project.cluster(cluster), pdir)
-    profile = lp.profile.resized(nodes, None)
-    scheduler.check_scheduler(profile.executor)
-    gpu = profile.backend == "nccl"
-    max_bytes = (max_size or (256 if gpu else 16)) * 1024 * 1024
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    folder = (project.root / ".dsorch" / "doctor" / f"{profile.name}-{stamp}").resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    spec = scheduler.JobSpec.of(profile, sbatch.job_name(f"doctor-{profile.name}"), time_min=timeout)
-    job = DoctorJob(str(folder), max_bytes, iters or (20 if gpu else 5), gpu)
-    job_id = scheduler.submit(spec, folder, job)
-    click.echo(f"submitted doctor job {job_id} ({profile.world_size} ranks on {profile.nodes} node(s) of "
-               f"{profile.name}); files in {_shown(folder)}", err=True)
+    sub = submit_checks(project.root, lp.profile, nodes=nodes, max_size_mib=max_size, iters=iters,
+                        timeout_min=timeout)
+    profile = sub.profile
+    click.echo(f"submitted doctor job {sub.job_id} ({profile.world_size} ranks on {profile.nodes} node(s) of "
+               f"{profile.name}); files in {_shown(sub.folder)}", err=True)
     con = _console(stderr=True)
-    state, error, last = "PENDING", None, None
-    deadline = time.monotonic() + 60 * timeout + 60
-    with con.status(f"doctor job {job_id}: {state}") as spinner:
-        while True:
-            state, error = scheduler.job_state(spec.kind, folder, job_id, state)
-            text = f"doctor job {job_id}: {state}"
-            if con.is_terminal:
-                spinner.update(text)
-            elif text != last:
-                click.echo(text, err=True)
-            last = text
-            if state not in ("SUBMITTED", "PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING"):
-                break
-            if time.monotonic() > deadline:
-                scheduler.cancel(spec.kind, job_id)
-                raise UserError(f"the doctor job {job_id} did not finish within --timeout {timeout} min; it was "
-                                f"cancelled. Is the partition busy? Try again with a larger --timeout.")
-            time.sleep(1)
-    result = folder / doc_mod.RESULT
-    if state != "COMPLETED" or not result.is_file():
-        raise UserError(f"the doctor job {job_id} ended {state}" + (f":\n{error}" if error else "") +
-                        f"\nIts logs: {_shown(folder)}. A rank that cannot reach another fails at rendezvous or at "
-                        f"the first collective; the log of the rank that failed first names it.")
-    data = json.loads(result.read_text())
-    _console().print(doctor_report(data, profile, doc_mod.expected(profile)))
+    with con.status(f"doctor job {sub.job_id}: PENDING") as spinner:
+        show = _progress_printer(con, spinner)
+        data = wait_for_checks(sub, lambda state: show(f"doctor job {sub.job_id}: {state}"), _shown(sub.folder))
+    _console().print(doctor_report(data, profile, expected(profile)))
     if write:
-        import yaml
-
-        from orchestrator.run.trial import PROFILE_HEADER, check_profile_name, write_profile
-
-        name = name or f"{lp.profile.name}-doctor"
-        check_profile_name(name)
-        text = (f"{PROFILE_HEADER} doctor` from job {job_id}: {data['world_size']} ranks on {data['nodes']} node(s), "
-                f"{data['backend']}.\n# Bandwidths are the measured bus bandwidth at large messages in the profile's "
-                f"units; latencies from the smallest all-reduce.\n"
-                + yaml.safe_dump(doc_mod.measured_profile_doc(lp.profile, data, name), sort_keys=False))
-        path = write_profile(project, pdir, name, text)
-        click.echo(f"wrote {_shown(path)}: plan with --cluster {name}")
-    if not data["allreduce_ok"] or data["unreachable"]:
+        path = write_measured_profile(project, pdir, lp.profile, data, sub.job_id, name)
+        click.echo(f"wrote {_shown(path)}: plan with --cluster {path.stem}")
+    if not healthy(data):
         sys.exit(1)
 
 

@@ -9,7 +9,7 @@ takes from SLURM (or from the local executor) through submitit's ``JobEnvironmen
   ``--signal=USR2@90``) every rank stops at the same step and takes part in the DeepSpeed
   checkpoint, then rank 0 hands over to submitit, which requeues the job; the requeued job resumes
   from that checkpoint.
-- ``DoctorJob`` runs the collectives of `dsorch doctor`, ``python -m orchestrator.run.doctor``.
+- ``DoctorJob`` runs the collectives of `dsorch doctor`, ``python -m orchestrator.run.collectives``.
 - ``LocalArray`` runs TrainingJobs one after another, a job array for the local executor.
 
 The names of these classes are what submitit's pickles hold: moving one needs an alias in
@@ -39,6 +39,8 @@ from orchestrator.train.stop import EXIT_STOPPED
 
 # Rank 0 notes every start of a run here (RUN_DIR/starts.jsonl); `dsorch status` reads it.
 STARTS_FILE = "starts.jsonl"
+# What rank 0 of the doctor job writes into its folder (run/collectives.py); run/doctor.py reads it.
+DOCTOR_RESULT = "doctor.json"
 # How LocalArray marks an element it killed at its time limit (SLURM's TIMEOUT state).
 TIMEOUT_MARK = "TIMEOUT: the element ran past its time limit"
 # Lines of a failed rank's stderr that its error quotes.
@@ -109,7 +111,7 @@ class TrainingJob:
 @dataclass
 class DoctorJob:
     """What every task of the doctor job runs (picklable, like TrainingJob): the collectives of
-    ``python -m orchestrator.run.doctor`` as a child, SIGTERM (scancel) forwarded to it."""
+    ``python -m orchestrator.run.collectives`` as a child, SIGTERM (scancel) forwarded to it."""
 
     out: str
     max_bytes: int
@@ -117,7 +119,7 @@ class DoctorJob:
     use_gpus: bool
 
     def command(self) -> list[str]:
-        return [sys.executable, "-u", "-m", "orchestrator.run.doctor", "--out", self.out, "--max-bytes",
+        return [sys.executable, "-u", "-m", "orchestrator.run.collectives", "--out", self.out, "--max-bytes",
                 str(self.max_bytes), "--iters", str(self.iters)]
 
     def __call__(self) -> dict:
