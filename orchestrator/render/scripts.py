@@ -12,6 +12,7 @@ import shlex
 import jinja2
 
 from orchestrator.plan.make import Plan
+from orchestrator.render.megatron import checkpoint_dir
 from orchestrator.resources import templates_dir
 from orchestrator.plan.rules import uses_megatron_fsdp
 from orchestrator.spec.sbatch import job_name, rank_env, sbatch_parameters
@@ -84,8 +85,6 @@ def sbatch_options(plan: Plan) -> list[tuple[str, str | None]]:
 def _megatron_save_dir(plan: Plan) -> str:
     """The checkpoint directory of a Megatron-LM plan as a shell word for job.sbatch: a relative
     --save is relative to the plan directory (launch.sh runs from there)."""
-    from orchestrator.render.megatron import checkpoint_dir
-
     d = checkpoint_dir(plan)
     return shlex.quote(d) if d.startswith("/") else '"$DSORCH_PLAN_DIR"/' + shlex.quote(d)
 

@@ -9,15 +9,20 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import DsorchError
-from orchestrator.plandir.reader import GENERATED
+from orchestrator.plandir.reader import GENERATED, load_plan_dir
 from orchestrator.run import scheduler
 from orchestrator.run.jobs import STARTS_FILE, TrainingJob
-from orchestrator.run.registry import JobRecord, Registry, now_utc
+from orchestrator.run.registry import ACTIVE_STATES, JobRecord, Registry, now_utc
+from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.sbatch import job_name
+from orchestrator.train.config import check_trainable
+from orchestrator.validate.plan_dir import validate_files
 
 
 @dataclass(frozen=True)
@@ -45,10 +50,6 @@ def plan_hash(plan_dir: Path) -> str:
 def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, steps: int | None, data: str | None,
                        run_dir: Path | None, profiles_dir: str | None, experiment_dir: Path,
                        save_interval: int = 0, runs_dir: Path | None = None) -> Submission:
-    from orchestrator.plandir.reader import load_plan_dir
-    from orchestrator.spec.cluster import load_profile
-    from orchestrator.validate.plan_dir import validate_files
-
     plan_dir = Path(plan_dir)
     pd = load_plan_dir(plan_dir)  # schema, hashes, consistency: a tampered plan stops here
     planned = pd.doc.cluster
@@ -70,8 +71,6 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
     errors = validate_files(pd.texts, dp=pd.layout.dp, world_size=planned.world_size, runtime=pd.runtime)
     if errors:
         raise DsorchError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
-    from orchestrator.train.config import check_trainable
-
     check_trainable(pd)  # what the entrypoint refuses (dropout, vpp > 1) fails here, before queueing
     if data is not None and not (Path(data).exists() or Path(f"{data}.bin").exists()):
         raise DsorchError(f"--data {data}: no such token file (NAME or NAME.bin); make one with "
@@ -148,8 +147,6 @@ def _no_leftovers(folder: Path):
     try:
         yield
     except BaseException:
-        import shutil
-
         for p in set(folder.iterdir()) - before:
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
@@ -185,8 +182,6 @@ def _progress(run_dir: Path, finished: bool = False) -> tuple[int | None, float 
         lines = [json.loads(x) for x in starts.read_text().splitlines() if x.strip()]
         if lines:
             requeues = max(len(lines) - 1, max(int(x.get("restart", 0)) for x in lines))
-            import time
-
             end = metrics.stat().st_mtime if finished and metrics.exists() else time.time()
             elapsed = max(0.0, end - float(lines[0]["time"]))
     return step, loss, requeues, elapsed
@@ -197,8 +192,6 @@ def refresh(reg: Registry, rec: JobRecord) -> JobRecord:
     if not rec.active or rec.job_id == "pending":
         return rec
     state, error = scheduler.job_state(rec.executor, Path(rec.log_dir), rec.job_id, rec.state)
-    from orchestrator.run.registry import ACTIVE_STATES
-
     step, loss, requeues, elapsed = _progress(Path(rec.run_dir), finished=state not in ACTIVE_STATES)
     values = dict(state=state, last_step=step, last_loss=loss, requeues=requeues)
     if error:
