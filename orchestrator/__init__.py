@@ -11,11 +11,12 @@ __version__ = "0.1.0"
 
 # Jobs queued by dsorch 0.1 are pickled by submitit under the class paths of the flat layout
 # (``orchestrator.slurm.TrainingJob``, ``orchestrator.doctor.DoctorJob``); a node that unpickles one
-# after an upgrade finds the module under its new name here. For one release: 0.3 drops the table,
-# and such a job then fails with ModuleNotFoundError naming the old path.
+# after an upgrade finds the module that now holds those classes, run/jobs.py, under the old name
+# here. For one release: 0.3 drops the table, and such a job then fails with ModuleNotFoundError
+# naming the old path.
 MOVED_MODULES = {
-    "orchestrator.slurm": "orchestrator.run.slurm",
-    "orchestrator.doctor": "orchestrator.run.doctor",
+    "orchestrator.slurm": "orchestrator.run.jobs",
+    "orchestrator.doctor": "orchestrator.run.jobs",
 }
 
 

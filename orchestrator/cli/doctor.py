@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 from orchestrator.cli.common import (
-    UserError,
     complete_cluster,
     cwd_project,
     display_path,
     load_cluster,
     make_console,
+    poll,
     profiles_dir_option,
     resolve_profiles_dir,
+    status_line,
 )
 
 
@@ -43,71 +43,40 @@ def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
     """Check that every rank reaches every other and measure all-reduce / all-gather bus bandwidth
     inside and across nodes (nccl-tests style), against the profile's figures. Submits one short
     job (SLURM, or this machine with a local profile) and waits for it."""
-    import time
-
     from orchestrator.cli.console import doctor_report
-    from orchestrator.run import doctor as doc_mod
-    from orchestrator.run import slurm
-    from orchestrator.run.submission import job_spec
-    from orchestrator.spec import sbatch
+    from orchestrator.run.doctor import (
+        check_state,
+        checks_result,
+        expected,
+        healthy,
+        submit_checks,
+        write_measured_profile,
+    )
 
     project = cwd_project()
     pdir = resolve_profiles_dir(project, profiles_dir)
     lp = load_cluster(project, project.cluster(cluster), pdir)
-    profile = lp.profile.resized(nodes, None)
-    slurm.check_scheduler(profile.executor)
-    gpu = profile.backend == "nccl"
-    max_bytes = (max_size or (256 if gpu else 16)) * 1024 * 1024
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    folder = (project.root / ".dsorch" / "doctor" / f"{profile.name}-{stamp}").resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    spec = job_spec(profile, sbatch.job_name(f"doctor-{profile.name}"), time_min=timeout)
-    job = doc_mod.DoctorJob(str(folder), max_bytes, iters or (20 if gpu else 5), gpu)
-    job_id = slurm.submit(spec, folder, job)
-    click.echo(f"submitted doctor job {job_id} ({profile.world_size} ranks on {profile.nodes} node(s) of "
-               f"{profile.name}); files in {display_path(folder)}", err=True)
-    con = make_console(stderr=True)
-    state, error, last = "PENDING", None, None
-    deadline = time.monotonic() + 60 * timeout + 60
-    with con.status(f"doctor job {job_id}: {state}") as spinner:
-        while True:
-            state, error = slurm.job_state(spec.kind, folder, job_id, state)
-            text = f"doctor job {job_id}: {state}"
-            if con.is_terminal:
-                spinner.update(text)
-            elif text != last:
-                click.echo(text, err=True)
-            last = text
-            if state not in ("SUBMITTED", "PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING"):
+    sub = submit_checks(project.root, lp.profile, nodes=nodes, max_size_mib=max_size, iters=iters,
+                        timeout_min=timeout)
+    profile = sub.profile
+    click.echo(f"submitted doctor job {sub.job_id} ({profile.world_size} ranks on {profile.nodes} node(s) of "
+               f"{profile.name}); files in {display_path(sub.folder)}", err=True)
+    state = None
+
+    def read_state():
+        nonlocal state
+        state = check_state(sub, state)
+        return state
+
+    with status_line(f"doctor job {sub.job_id}: PENDING") as show:
+        for now in poll(read_state, every_s=1):
+            show(f"doctor job {sub.job_id}: {now.state}")
+            if not now.waiting:
                 break
-            if time.monotonic() > deadline:
-                slurm.cancel(spec.kind, job_id)
-                raise UserError(f"the doctor job {job_id} did not finish within --timeout {timeout} min; it was "
-                                f"cancelled. Is the partition busy? Try again with a larger --timeout.")
-            time.sleep(1)
-    result = folder / doc_mod.RESULT
-    if state != "COMPLETED" or not result.is_file():
-        raise UserError(f"the doctor job {job_id} ended {state}" + (f":\n{error}" if error else "") +
-                        f"\nIts logs: {display_path(folder)}. A rank that cannot reach another fails at rendezvous or at "
-                        f"the first collective; the log of the rank that failed first names it.")
-    data = json.loads(result.read_text())
-    make_console().print(doctor_report(data, profile, doc_mod.expected(profile)))
+    data = checks_result(sub, now, display_path(sub.folder))
+    make_console().print(doctor_report(data, profile, expected(profile)))
     if write:
-        import yaml
-
-        from orchestrator.run.trial import (
-            PROFILE_HEADER,
-            check_profile_name,
-            write_profile,
-        )
-
-        name = name or f"{lp.profile.name}-doctor"
-        check_profile_name(name)
-        text = (f"{PROFILE_HEADER} doctor` from job {job_id}: {data['world_size']} ranks on {data['nodes']} node(s), "
-                f"{data['backend']}.\n# Bandwidths are the measured bus bandwidth at large messages in the profile's "
-                f"units; latencies from the smallest all-reduce.\n"
-                + yaml.safe_dump(doc_mod.measured_profile_doc(lp.profile, data, name), sort_keys=False))
-        path = write_profile(project, pdir, name, text)
-        click.echo(f"wrote {display_path(path)}: plan with --cluster {name}")
-    if not data["allreduce_ok"] or data["unreachable"]:
+        path = write_measured_profile(project, pdir, lp.profile, data, sub.job_id, name)
+        click.echo(f"wrote {display_path(path)}: plan with --cluster {path.stem}")
+    if not healthy(data):
         sys.exit(1)

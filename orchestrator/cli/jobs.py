@@ -58,7 +58,7 @@ def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume
            profiles_dir):
     """Submit PLAN_DIR as a job running dsorch's training entrypoint (SLURM through submitit, or local)."""
     from orchestrator.cli.project import find_plan
-    from orchestrator.run import slurm
+    from orchestrator.run import scheduler
     from orchestrator.run.registry import Registry
     from orchestrator.run.submission import prepare_submission, record_submission
 
@@ -95,9 +95,9 @@ def submit(plan_dir, cluster, nodes, steps, data, run_dir, save_interval, resume
             click.echo(f"# --cluster local: {sub.spec.tasks_per_node} processes on this machine through "
                        f"submitit's LocalExecutor (no sbatch script).", err=True)
         else:
-            click.echo(slurm.sbatch_script(sub.spec, sub.folder), nl=False)
+            click.echo(scheduler.sbatch_script(sub.spec, sub.folder), nl=False)
         return
-    slurm.check_scheduler(sub.spec.kind, dry_run="prints the sbatch script")
+    scheduler.check_scheduler(sub.spec.kind, dry_run="prints the sbatch script")
     record = record_submission(reg, sub, force)
     click.echo(f"submitted job {record.job_id} ({record.executor}, cluster {record.cluster}): plan {record.plan_dir}, "
                f"run dir {record.run_dir}")
@@ -195,12 +195,12 @@ def logs(job, rank, follow):
     """Print a job's log (stdout, then stderr) for one rank."""
     import shutil
 
-    from orchestrator.run import slurm
+    from orchestrator.run import scheduler
     from orchestrator.run.submission import refresh
 
     reg = open_registry()
     rec = reg.get(job)
-    out, err = slurm.log_paths(Path(rec.log_dir), rec.job_id, rank)
+    out, err = scheduler.log_paths(Path(rec.log_dir), rec.job_id, rank)
     if not follow:
         if not out.exists() and not err.exists():
             raise UserError(f"no log for rank {rank} of job {rec.job_id} yet in {rec.log_dir} (state {rec.state}); "
@@ -236,13 +236,13 @@ def logs(job, rank, follow):
 @click.argument("job")
 def cancel(job):
     """Cancel a pending or running job."""
-    from orchestrator.run import slurm
+    from orchestrator.run import scheduler
 
     reg = open_registry()
     rec = reg.get(job)
     if not rec.active:
         raise UserError(f"job {rec.job_id} is already {rec.state}; nothing to cancel.")
     if rec.job_id != "pending":  # a row whose submission never reached the scheduler
-        slurm.cancel(rec.executor, rec.job_id)
+        scheduler.cancel(rec.executor, rec.job_id)
     reg.update(rec.key, state="CANCELLED")
     click.echo(f"cancelled job {rec.job_id}")

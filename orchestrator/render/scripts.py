@@ -12,9 +12,10 @@ import shlex
 import jinja2
 
 from orchestrator.plan.make import Plan
+from orchestrator.render.megatron import checkpoint_dir
 from orchestrator.resources import templates_dir
 from orchestrator.plan.rules import uses_megatron_fsdp
-from orchestrator.spec.sbatch import SBATCH_KEYS, job_name, rank_env
+from orchestrator.spec.sbatch import job_name, rank_env, sbatch_parameters
 
 MASTER_PORT = 29500
 
@@ -75,24 +76,15 @@ def _sbatch_value(v: str) -> str:
 
 
 def sbatch_options(plan: Plan) -> list[tuple[str, str | None]]:
-    s = plan.profile.slurm
-    opts: list[tuple[str, str | None]] = []
-    for key in SBATCH_KEYS:
-        value = getattr(s, key)
-        if value is not None:
-            opts.append((key, _sbatch_value(str(value))))
-    if s.exclusive:
-        opts.append(("exclusive", None))
-    for key, value in sorted(s.extra.items()):
-        opts.append((key, _sbatch_value(str(value))))
-    return opts
+    """job.sbatch's lines for the profile's sbatch parameters: ``--KEY=VALUE``, or ``--KEY`` alone
+    where the value is True (``--exclusive``), as submitit's ``_as_sbatch_flag`` writes them."""
+    return [(key, None if value is True else _sbatch_value(str(value)))
+            for key, value in sbatch_parameters(plan.profile.slurm).items()]
 
 
 def _megatron_save_dir(plan: Plan) -> str:
     """The checkpoint directory of a Megatron-LM plan as a shell word for job.sbatch: a relative
     --save is relative to the plan directory (launch.sh runs from there)."""
-    from orchestrator.render.megatron import checkpoint_dir
-
     d = checkpoint_dir(plan)
     return shlex.quote(d) if d.startswith("/") else '"$DSORCH_PLAN_DIR"/' + shlex.quote(d)
 

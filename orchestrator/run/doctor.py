@@ -1,188 +1,106 @@
 """`dsorch doctor`: one short job that checks the cluster's ranks can reach each other and
 measures its collectives, to set against the profile's figures.
 
-Every rank runs ``python -m orchestrator.run.doctor`` (as a child of ``DoctorJob``, like the training
-entrypoint under ``slurm.TrainingJob``) with torch.distributed's variables from SLURM:
-
-1. **Reachability**: an all-reduce over every rank (the sum must be exact), then, up to
-   ``PAIRWISE_MAX`` ranks, a message from every rank to every other (world - 1 rounds of shifted
-   sends), so a pair that cannot connect is named.
-2. **Bandwidth**, in the manner of nccl-tests (its doc/PERFORMANCE.md): all-reduce and all-gather
-   over a size sweep, timed as the slowest rank's mean over ``iters`` after warm-up, reported as
-   algorithm bandwidth (bytes / time) and bus bandwidth: all-reduce x 2 (n - 1) / n, all-gather
-   x (n - 1) / n, which is the per-link figure to set against the hardware. Three groups: every
-   rank; each node's ranks (intra-node, every node at once); the ranks of one local index across
-   nodes (inter-node, every index at once, as data-parallel traffic crosses nodes).
-
-Rank 0 writes ``doctor.json``; the CLI compares it with the profile as the cost model reads it
-(``costmodel/evaluate.py``: one direction of NVLink is ``intra_node.bandwidth_gbps / 2`` GB/s,
-a GPU's share of the NICs ``inter_node.bandwidth_gbps / 8 x nics_per_node / gpus_per_node``
-GB/s) and ``--write`` stores the measured figures in a profile that extends the original.
+Every rank runs ``python -m orchestrator.run.collectives`` (the reachability check and the
+nccl-tests style sweep; run/collectives.py says how) as the child of run/jobs.py ``DoctorJob``.
+This module is the login side: it submits the job (``submit_checks``), reports its state for
+the CLI's polling (``check_state``) and its result (``checks_result``), compares what rank 0 wrote into ``doctor.json`` with the profile as the
+cost model reads it (``costmodel/evaluate.py``: one direction of NVLink is
+``intra_node.bandwidth_gbps / 2`` GB/s, a GPU's share of the NICs ``inter_node.bandwidth_gbps / 8
+x nics_per_node / gpus_per_node`` GB/s) and, for ``--write``, stores the measured figures in a
+profile that extends the original (``write_measured_profile``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-RESULT = "doctor.json"
-PAIRWISE_MAX = 512  # above this many ranks the pairwise check would open too many connections
-WARMUP = 2
+import yaml
+
+from orchestrator.errors import DsorchError
+from orchestrator.run import scheduler
+from orchestrator.run.jobs import DOCTOR_RESULT, DoctorJob
+from orchestrator.run.trial import PROFILE_HEADER, check_profile_name, write_profile
+from orchestrator.spec.cluster import ClusterProfile
+from orchestrator.spec.sbatch import job_name
+
+# The states of a job that has not ended yet, in SLURM's names (squeue(1), JOB STATE CODES).
+WAITING = ("SUBMITTED", "PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING")
 
 
-def bus_factor(op: str, n: int) -> float:
-    """nccl-tests' bus bandwidth factor (doc/PERFORMANCE.md): the bytes each link carries per byte
-    of the operation's size."""
-    if n <= 1:
-        return 0.0
-    return 2.0 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
+# ---- submit and wait --------------------------------------------------------------------------
 
 
-def sizes(max_bytes: int, min_bytes: int = 4096) -> list[int]:
-    """Message sizes, x4 apart, from min_bytes to max_bytes (both included)."""
-    out, s = [], min_bytes
-    while s < max_bytes:
-        out.append(s)
-        s *= 4
-    return out + [max_bytes]
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DoctorSubmission:
+    job_id: str
+    profile: ClusterProfile  # resized to the nodes checked
+    folder: Path  # submitit's folder: logs, and the ranks' doctor.json
+    timeout_min: int
+    submitted_at: float  # time.time() at submission: the deadline counts from it
 
 
-# ---- what each rank runs ----------------------------------------------------------------------
+def submit_checks(root: Path, profile: ClusterProfile, *, nodes: int | None, max_size_mib: int | None,
+                  iters: int | None, timeout_min: int) -> DoctorSubmission:
+    """Queue the doctor job on ``nodes`` nodes of ``profile`` (default all), its files under
+    ROOT/.dsorch/doctor/. Messages up to ``max_size_mib`` MiB (default 256 on GPUs, 16 on CPU
+    ranks), ``iters`` timed repetitions per size (default 20 on GPUs, 5 on CPU ranks)."""
+    profile = profile.resized(nodes, None)
+    scheduler.check_scheduler(profile.executor)
+    gpu = profile.backend == "nccl"
+    max_bytes = (max_size_mib or (256 if gpu else 16)) * 1024 * 1024
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    folder = (root / ".dsorch" / "doctor" / f"{profile.name}-{stamp}").resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = scheduler.JobSpec.of(profile, job_name(f"doctor-{profile.name}"), time_min=timeout_min)
+    job = DoctorJob(str(folder), max_bytes, iters or (20 if gpu else 5), gpu)
+    job_id = scheduler.submit(spec, folder, job)
+    return DoctorSubmission(job_id=job_id, profile=profile, folder=folder, timeout_min=timeout_min,
+                            submitted_at=time.time())
 
 
-def _rank_main(out: Path, max_bytes: int, iters: int) -> None:
-    from datetime import timedelta
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckState:
+    state: str  # SLURM's name for it
+    error: str | None  # the failure the scheduler reported, once the job ended badly
 
-    import torch
-    import torch.distributed as dist
-
-    gpu = os.environ.get("DSORCH_DOCTOR_GPU") == "1" and torch.cuda.is_available()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if gpu:
-        torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank) if gpu else torch.device("cpu")
-    dist.init_process_group("nccl" if gpu else "gloo", timeout=timedelta(seconds=180))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    nodes = world // per_node
-
-    def sync():
-        if gpu:
-            torch.cuda.synchronize()
-
-    host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
-    hosts: list = [None] * world
-    dist.all_gather_object(hosts, host)
-    ones = torch.full((1,), float(rank + 1), device=device)
-    dist.all_reduce(ones)
-    sync()
-    allreduce_ok = int(ones.item()) == world * (world + 1) // 2
-    unreachable: list[list[int]] = []
-    pairwise = world <= PAIRWISE_MAX
-    if pairwise:
-        # Round k: every rank sends its id to rank + k and receives from rank - k; all pairs in world - 1 rounds.
-        for k in range(1, world):
-            send = torch.full((1,), float(rank), device=device)
-            recv = torch.full((1,), -1.0, device=device)
-            reqs = [dist.isend(send, (rank + k) % world), dist.irecv(recv, (rank - k) % world)]
-            for r in reqs:
-                r.wait()
-            sync()
-            if int(recv.item()) != (rank - k) % world:
-                unreachable.append([(rank - k) % world, rank])
-        found = [None] * world
-        dist.all_gather_object(found, unreachable)
-        unreachable = [pair for part in found for pair in part]
-
-    node_groups = [dist.new_group(list(range(n * per_node, (n + 1) * per_node))) for n in range(nodes)]
-    cross_groups = ([dist.new_group([n * per_node + i for n in range(nodes)]) for i in range(per_node)]
-                    if nodes > 1 else [])
-    groups = [("world", None, world)]
-    if per_node > 1:
-        groups.append(("intra-node", node_groups[rank // per_node], per_node))
-    if nodes > 1:
-        groups.append(("inter-node", cross_groups[rank % per_node], nodes))
-    results = []
-    for name, group, n in groups:
-        for op in ("all_reduce", "all_gather"):
-            for size in sizes(max_bytes):
-                numel = max(n, size // 4 // n * n)  # float32; all-gather's output divides by n
-                nbytes = numel * 4
-                if op == "all_reduce":
-                    buf = torch.ones(numel, device=device)
-
-                    def run():
-                        dist.all_reduce(buf, group=group)
-                else:
-                    outp = torch.empty(numel, device=device)
-                    inp = torch.ones(numel // n, device=device)
-                    parts = list(outp.chunk(n))
-
-                    def run():
-                        dist.all_gather(parts, inp, group=group)
-                for _ in range(WARMUP):
-                    run()
-                sync()
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    run()
-                sync()
-                t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)  # gloo and nccl both reduce float64 on CPU/GPU
-                secs = float(t.item())
-                algbw = nbytes / secs / 1e9
-                results.append({"group": name, "ranks": n, "op": op, "bytes": nbytes, "time_us": round(secs * 1e6, 2),
-                                "algbw_gbs": round(algbw, 4), "busbw_gbs": round(algbw * bus_factor(op, n), 4)})
-    if rank == 0:
-        doc = {"world_size": world, "nodes": nodes, "ranks_per_node": per_node, "backend": "nccl" if gpu else "gloo",
-               "hosts": sorted(set(hosts)), "allreduce_ok": allreduce_ok,
-               "pairwise": "checked" if pairwise else f"skipped above {PAIRWISE_MAX} ranks",
-               "unreachable": sorted(unreachable), "iters": iters, "results": results}
-        tmp = out / (RESULT + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        tmp.replace(out / RESULT)
-    dist.barrier()
-    dist.destroy_process_group()
+    @property
+    def waiting(self) -> bool:
+        return self.state in WAITING
 
 
-@dataclass
-class DoctorJob:
-    """What every task of the doctor job runs (picklable, like slurm.TrainingJob)."""
-
-    out: str
-    max_bytes: int
-    iters: int
-    use_gpus: bool
-
-    def command(self) -> list[str]:
-        return [sys.executable, "-u", "-m", "orchestrator.run.doctor", "--out", self.out, "--max-bytes",
-                str(self.max_bytes), "--iters", str(self.iters)]
-
-    def __call__(self) -> dict:
-        import submitit
-
-        from orchestrator.run.slurm import _rank_env, _tail_file
-
-        env = submitit.JobEnvironment()
-        child_env = dict(_rank_env(env, self.use_gpus), DSORCH_DOCTOR_GPU="1" if self.use_gpus else "0")
-        child = subprocess.Popen(self.command(), env=child_env)
-        signal.signal(signal.SIGTERM, lambda s, f: child.send_signal(s))
-        rc = child.wait()
-        if rc != 0:
-            raise RuntimeError(f"rank {env.global_rank}: the doctor's collectives exited with code {rc}:\n"
-                               + _tail_file(env.paths.stderr, 30))
-        return {"rank": env.global_rank}
+def check_state(sub: DoctorSubmission, last: CheckState | None) -> CheckState:
+    """The doctor job's state now (the CLI polls this); a job still queued or running a minute
+    past its time limit is cancelled, and that is an error."""
+    state, error = scheduler.job_state(sub.profile.executor, sub.folder, sub.job_id,
+                                       last.state if last else "PENDING")
+    if state in WAITING and time.time() > sub.submitted_at + 60 * sub.timeout_min + 60:
+        scheduler.cancel(sub.profile.executor, sub.job_id)
+        raise DsorchError(f"the doctor job {sub.job_id} did not finish within --timeout {sub.timeout_min} min; "
+                          f"it was cancelled. Is the partition busy? Try again with a larger --timeout.")
+    return CheckState(state=state, error=error)
 
 
-# ---- what the CLI reports ---------------------------------------------------------------------
+def checks_result(sub: DoctorSubmission, end: CheckState, shown_folder: str) -> dict:
+    """What rank 0 wrote (doctor.json) once the job ended; ``shown_folder`` is the job's folder as
+    the user reads it, for the errors."""
+    result = sub.folder / DOCTOR_RESULT
+    if end.state != "COMPLETED" or not result.is_file():
+        raise DsorchError(f"the doctor job {sub.job_id} ended {end.state}" + (f":\n{end.error}" if end.error else "") +
+                          f"\nIts logs: {shown_folder}. A rank that cannot reach another fails at rendezvous or at "
+                          f"the first collective; the log of the rank that failed first names it.")
+    return json.loads(result.read_text())
+
+
+def healthy(doc: dict) -> bool:
+    """Every rank reached every other: the all-reduce was exact and no pair failed."""
+    return doc["allreduce_ok"] and not doc["unreachable"]
+
+
+# ---- compare with the profile -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -215,6 +133,9 @@ def latency_us(doc: dict, group: str) -> float | None:
     return small["time_us"] / max(1, 2 * (small["ranks"] - 1))
 
 
+# ---- the measured profile ---------------------------------------------------------------------
+
+
 def _sig(x: float) -> float:
     return float(f"{x:.4g}")  # four significant digits: what a sweep of a few repetitions supports
 
@@ -231,14 +152,14 @@ def measured_profile_doc(profile, doc: dict, name: str) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m orchestrator.run.doctor")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--max-bytes", type=int, required=True)
-    ap.add_argument("--iters", type=int, required=True)
-    a = ap.parse_args(argv)
-    _rank_main(a.out, a.max_bytes, a.iters)
-
-
-if __name__ == "__main__":
-    main()
+def write_measured_profile(project, profiles_dir: str | None, profile: ClusterProfile, doc: dict, job_id: str,
+                           name: str | None) -> Path:
+    """Store the figures of job ``job_id`` as the profile ``name`` (default <profile>-doctor), which
+    extends ``profile``, in the profiles directory in use (trial.write_profile)."""
+    name = name or f"{profile.name}-doctor"
+    check_profile_name(name)
+    text = (f"{PROFILE_HEADER} doctor` from job {job_id}: {doc['world_size']} ranks on {doc['nodes']} node(s), "
+            f"{doc['backend']}.\n# Bandwidths are the measured bus bandwidth at large messages in the profile's "
+            f"units; latencies from the smallest all-reduce.\n"
+            + yaml.safe_dump(measured_profile_doc(profile, doc, name), sort_keys=False))
+    return write_profile(project, profiles_dir, name, text)

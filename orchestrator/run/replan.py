@@ -40,14 +40,14 @@ def find_run(project, ref: str) -> Path:
 
 def replan(project, run_dir: Path, nodes: int | None, gpus_per_node: int | None, pins, out: Path | None,
            profiles_dir: str | None) -> Replanned:
-    from orchestrator.plan.layout import Layout, Pins
     from orchestrator.compose import plan_files
-    from orchestrator.plandir.reader import load_plan_dir
+    from orchestrator.plan.layout import Layout, Pins
     from orchestrator.plan.solver import search
+    from orchestrator.plandir.reader import load_plan_dir
+    from orchestrator.plandir.writer import spec_path_in, write_plan_dir
     from orchestrator.spec.cluster import load_profile
     from orchestrator.spec.model import load_spec
     from orchestrator.train import checkpoint, reshard
-    from orchestrator.plandir.writer import spec_path_in, write_plan_dir
 
     ckpt_dir = run_dir / "checkpoints"
     native = checkpoint.newest_intact(ckpt_dir)

@@ -1,6 +1,6 @@
 """From a plan directory to a registered job, and from a registered job to its current state.
 
-The CLI calls these; ``orchestrator.run.slurm`` talks to submitit; ``orchestrator.run.registry`` stores.
+The CLI calls these; ``orchestrator.run.scheduler`` talks to submitit; ``orchestrator.run.registry`` stores.
 """
 
 from __future__ import annotations
@@ -9,26 +9,32 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.run import slurm
-from orchestrator.spec import sbatch
 from orchestrator.errors import DsorchError
-from orchestrator.run.registry import JobRecord, Registry, now_utc
-from orchestrator.plandir.reader import GENERATED
+from orchestrator.plandir.reader import GENERATED, load_plan_dir
+from orchestrator.run import scheduler
+from orchestrator.run.jobs import STARTS_FILE, TrainingJob
+from orchestrator.run.registry import ACTIVE_STATES, JobRecord, Registry, now_utc
+from orchestrator.spec.cluster import load_profile
+from orchestrator.spec.sbatch import job_name
+from orchestrator.train.config import check_trainable
+from orchestrator.validate.plan_dir import validate_files
 
 
 @dataclass(frozen=True)
 class Submission:
-    spec: slurm.JobSpec
+    spec: scheduler.JobSpec
     plan_dir: Path  # absolute
     plan_display: str
     plan_sha256: str
     cluster: str
     folder: Path  # submitit's folder: pickles and logs
     run_dir: Path
-    job: slurm.TrainingJob
+    job: TrainingJob
 
 
 def plan_hash(plan_dir: Path) -> str:
@@ -44,10 +50,6 @@ def plan_hash(plan_dir: Path) -> str:
 def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, steps: int | None, data: str | None,
                        run_dir: Path | None, profiles_dir: str | None, experiment_dir: Path,
                        save_interval: int = 0, runs_dir: Path | None = None) -> Submission:
-    from orchestrator.plandir.reader import load_plan_dir
-    from orchestrator.spec.cluster import load_profile
-    from orchestrator.validate.plan_dir import validate_files
-
     plan_dir = Path(plan_dir)
     pd = load_plan_dir(plan_dir)  # schema, hashes, consistency: a tampered plan stops here
     planned = pd.doc.cluster
@@ -69,35 +71,20 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
     errors = validate_files(pd.texts, dp=pd.layout.dp, world_size=planned.world_size, runtime=pd.runtime)
     if errors:
         raise DsorchError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
-    from orchestrator.train.config import check_trainable
-
     check_trainable(pd)  # what the entrypoint refuses (dropout, vpp > 1) fails here, before queueing
     if data is not None and not (Path(data).exists() or Path(f"{data}.bin").exists()):
         raise DsorchError(f"--data {data}: no such token file (NAME or NAME.bin); make one with "
                           f"scripts/make_token_file.py.")
-    spec = job_spec(profile, sbatch.job_name(pd.spec.name))
+    spec = scheduler.JobSpec.of(profile, job_name(pd.spec.name))
     plan_abs = plan_dir.resolve()
     folder = (experiment_dir / ".dsorch" / "jobs" / plan_abs.name).resolve()
     for p in (plan_abs, folder):
         if "\n" in str(p) or "\r" in str(p):
             raise DsorchError(f"{p!r}: a path with a line break cannot go into an sbatch script; rename it.")
     run = (run_dir or (runs_dir or experiment_dir / "runs") / f"{plan_abs.name}-{{key}}")
-    job = slurm.TrainingJob(str(plan_abs), str(run), steps, _data_path(data), spec.use_gpus, save_interval)
+    job = TrainingJob(str(plan_abs), str(run), steps, _data_path(data), spec.use_gpus, save_interval)
     return Submission(spec, plan_abs, _display(plan_dir, experiment_dir), plan_hash(plan_abs), cluster, folder,
                       Path(str(run)), job)
-
-
-def job_spec(profile, name: str, time_min: int | None = None) -> slurm.JobSpec:
-    """The job for a profile: one task per GPU on every node, the profile's SLURM settings
-    (``time_min`` overrides its time limit)."""
-    s = profile.slurm
-    return slurm.JobSpec(
-        kind=profile.executor, name=name, nodes=profile.nodes,
-        tasks_per_node=profile.gpus_per_node, use_gpus=profile.backend == "nccl", cpus_per_task=s.cpus_per_task,
-        time_min=time_min if time_min is not None else sbatch.parse_slurm_time(s.time), partition=s.partition,
-        account=s.account, qos=s.qos, constraint=s.constraint, mem=s.mem, exclusive=s.exclusive,
-        signal_delay_s=s.signal_delay_s, setup=tuple(s.setup), env=tuple(sbatch.rank_env(profile).items()),
-        extra=tuple(sorted(s.extra.items())))
 
 
 def _data_path(data: str | None) -> str | None:
@@ -121,7 +108,7 @@ def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
         run_dir = Path(str(sub.run_dir).replace("{key}", str(key))).resolve()
         job = dataclasses.replace(sub.job, run_dir=str(run_dir))
         with _no_leftovers(sub.folder):
-            job_id = slurm.submit(sub.spec, sub.folder, job)
+            job_id = scheduler.submit(sub.spec, sub.folder, job)
         update(key, job_id=job_id, state="PENDING" if sub.spec.kind == "slurm" else "RUNNING", run_dir=str(run_dir))
     return reg.get(str(key))
 
@@ -143,7 +130,7 @@ def record_array(reg: Registry, subs: list[Submission], folder: Path, time_min: 
             keys.append(key)
             jobs.append(dataclasses.replace(sub.job, run_dir=run_dir, save=False))
         with _no_leftovers(folder):
-            ids = slurm.submit_array(spec, folder, jobs, timeout_s)
+            ids = scheduler.submit_array(spec, folder, jobs, timeout_s)
         for key, job_id in zip(keys, ids):
             update(key, job_id=job_id, state="PENDING")
     return [reg.get(str(k)) for k in keys]
@@ -160,8 +147,6 @@ def _no_leftovers(folder: Path):
     try:
         yield
     except BaseException:
-        import shutil
-
         for p in set(folder.iterdir()) - before:
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
@@ -192,13 +177,11 @@ def _progress(run_dir: Path, finished: bool = False) -> tuple[int | None, float 
                 step, loss = rec.get("step"), rec.get("loss")
             except json.JSONDecodeError:
                 pass
-    starts = run_dir / slurm.STARTS_FILE
+    starts = run_dir / STARTS_FILE
     if starts.exists():
         lines = [json.loads(x) for x in starts.read_text().splitlines() if x.strip()]
         if lines:
             requeues = max(len(lines) - 1, max(int(x.get("restart", 0)) for x in lines))
-            import time
-
             end = metrics.stat().st_mtime if finished and metrics.exists() else time.time()
             elapsed = max(0.0, end - float(lines[0]["time"]))
     return step, loss, requeues, elapsed
@@ -208,9 +191,7 @@ def refresh(reg: Registry, rec: JobRecord) -> JobRecord:
     """Ask the scheduler for an active job's state, read its progress, store and return it."""
     if not rec.active or rec.job_id == "pending":
         return rec
-    state, error = slurm.job_state(rec.executor, Path(rec.log_dir), rec.job_id, rec.state)
-    from orchestrator.run.registry import ACTIVE_STATES
-
+    state, error = scheduler.job_state(rec.executor, Path(rec.log_dir), rec.job_id, rec.state)
     step, loss, requeues, elapsed = _progress(Path(rec.run_dir), finished=state not in ACTIVE_STATES)
     values = dict(state=state, last_step=step, last_loss=loss, requeues=requeues)
     if error:

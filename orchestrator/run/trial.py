@@ -5,7 +5,7 @@
    data parallelism, context parallelism), so that a measurement can overturn the model's ranking
    of the families and not only reorder near-equals; priced in GPU-hours from the predictions.
 2. Start (``start``): each pick becomes an ordinary plan directory (``TRIAL/NN-family/``, its
-   run in ``run/``), and all of them one job array (orchestrator.run.slurm.submit_array: SLURM's
+   run in ``run/``), and all of them one job array (orchestrator.run.scheduler.submit_array: SLURM's
    ``--array=0-N%1``, or a LocalArray for ``--cluster local``), each a short run of the bundled
    entrypoint on synthetic tokens without checkpoints; one registry row per trial, so `dsorch
    status` shows them. ``TRIAL/trial.yaml`` (MANIFEST) records what was submitted.
@@ -24,6 +24,7 @@ import dataclasses
 import math
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,23 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.errors import DsorchError
+from orchestrator.calibrate import calibrate, calibrated_profile_yaml
+from orchestrator.calibrate.records import oom_record, run_record
+from orchestrator.compose import checked_files, plan_files
+from orchestrator.costmodel.flops import model_flops_per_step
+from orchestrator.errors import DsorchError, SpecError
 from orchestrator.plan.layout import Layout, Pins
-from orchestrator.plan.solver import Scored
+from orchestrator.plan.make import make_plan
+from orchestrator.plan.solver import Scored, search
+from orchestrator.plandir.reader import load_plan_dir
+from orchestrator.plandir.writer import spec_path_in, write_plan_dir
+from orchestrator.run.registry import Registry
+from orchestrator.run.scheduler import check_scheduler, log_paths
+from orchestrator.run.submission import prepare_submission, record_array, refresh
+from orchestrator.spec.cluster import load_profile
+from orchestrator.spec.model import load_spec
+from orchestrator.spec.sbatch import parse_slurm_time
 from orchestrator.train.stop import OOM_MARK
-
 
 
 @dataclass(frozen=True)
@@ -198,9 +211,6 @@ def measure(entry: TrialEntry, plan_dir, run_dir, state: str, log_text: str = ""
     """The result of one trial: a COMPLETED element's steady step time and peak memory from its
     run directory (metrics.jsonl, as calibrate reads it); any other end is a failure with its cause
     from the state and the ranks' logs, keeping the peak it recorded before failing."""
-    from orchestrator.calibrate.records import run_record
-    from orchestrator.errors import SpecError
-
     metrics = Path(run_dir) / "metrics.jsonl"
     rec = None
     if metrics.is_file():
@@ -209,9 +219,6 @@ def measure(entry: TrialEntry, plan_dir, run_dir, state: str, log_text: str = ""
         except SpecError:
             rec = None
     if state == "COMPLETED" and rec is not None:
-        from orchestrator.costmodel.flops import model_flops_per_step
-        from orchestrator.plandir.reader import load_plan_dir
-
         t = rec.training
         cluster = load_plan_dir(Path(plan_dir)).doc.cluster
         flops = model_flops_per_step(rec.model, t.seq_length, t.global_batch_size)
@@ -228,9 +235,6 @@ def trial_plans(spec, spec_file, spec_sha256: str, loaded, runtime: str, picks: 
     """Each pick's plan directory (``folder/NN-family``) and its files: its layout pinned whole, then
     searched, rendered and validated as `dsorch plan` does, so that every trial is an ordinary plan
     directory (`dsorch submit` runs one, `dsorch calibrate` reads its run)."""
-    from orchestrator.compose import plan_files
-    from orchestrator.plandir.writer import spec_path_in
-
     out = []
     for i, pick in enumerate(picks):
         d = Path(folder) / trial_dir_name(i, pick)
@@ -257,9 +261,6 @@ class Proposal:
 
 
 def propose(spec, loaded, top: int, steps: int, nodes: int | None, gpus_per_node: int | None) -> Proposal:
-    from orchestrator.spec.sbatch import parse_slurm_time
-    from orchestrator.plan.solver import search
-
     profile = loaded.profile.resized(nodes, gpus_per_node)
     # keep: every feasible layout, so that each family's best is in the list.
     ranked = search(spec.model, spec.training, profile, "deepspeed", keep=1_000_000).ranked
@@ -274,11 +275,6 @@ def propose(spec, loaded, top: int, steps: int, nodes: int | None, gpus_per_node
 def start(project, spec_path: Path, spec, spec_sha256: str, loaded, proposal: Proposal, out: Path, steps: int,
           top: int, nodes: int | None, gpus_per_node: int | None, profiles_dir: str | None) -> Manifest:
     """Write every trial's plan directory, submit them as one array, record rows and the manifest."""
-    from orchestrator.run.registry import Registry
-    from orchestrator.run.slurm import check_scheduler
-    from orchestrator.run.submission import prepare_submission, record_array
-    from orchestrator.plandir.writer import write_plan_dir
-
     if (out / MANIFEST).exists():
         raise DsorchError(f"{out} already holds trials ({MANIFEST}); see them with `dsorch trial --status {out}`, "
                           f"or pass --out NEW_DIR for new ones.")
@@ -298,8 +294,6 @@ def start(project, spec_path: Path, spec, spec_sha256: str, loaded, proposal: Pr
                                proposal.time_limit_s)
     except BaseException:
         # Nothing half-written: a refused array leaves no trial directory behind.
-        import shutil
-
         shutil.rmtree(out, ignore_errors=True)
         raise
     manifest = Manifest(spec=os.path.relpath(spec_path.resolve(), out.resolve()), spec_sha256=spec_sha256,
@@ -319,14 +313,10 @@ def start(project, spec_path: Path, spec, spec_sha256: str, loaded, proposal: Pr
 
 def states(reg, manifest: Manifest) -> list:
     """Each trial's registry row, refreshed from the scheduler."""
-    from orchestrator.run.submission import refresh
-
     return [refresh(reg, reg.get(t.job_id)) for t in manifest.trials]
 
 
 def _logs(manifest: Manifest, job_id: str) -> str:
-    from orchestrator.run.slurm import log_paths
-
     parts = []
     for rank in range(manifest.world_size):
         for path in log_paths(Path(manifest.log_dir), job_id, rank):
@@ -377,14 +367,6 @@ PROFILE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Manifest, profiles_dir: str | None,
             name: str | None) -> Collected:
     """Calibrate the profile from the finished trials, write it, re-plan, write the winner."""
-    from orchestrator.calibrate import calibrate, calibrated_profile_yaml
-    from orchestrator.calibrate.records import oom_record
-    from orchestrator.compose import checked_files
-    from orchestrator.plan.make import make_plan
-    from orchestrator.spec.cluster import load_profile
-    from orchestrator.spec.model import load_spec
-    from orchestrator.plandir.writer import spec_path_in, write_plan_dir
-
     ok = [r for r in results if r.failure is None]
     if not ok:
         causes = "; ".join(f"{r.entry.dir}: {r.failure} ({r.state})" for r in results)
@@ -413,8 +395,6 @@ def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Mani
     # overhead is one constant over every layout, raised to cover the largest shortfall, so it may
     # predict a measured-to-fit layout out (measured on the loopback cluster: a pipeline trial at
     # 0.40 GiB of 0.5 next to TP/ZeRO trials that ran out of memory).
-    from orchestrator.plandir.reader import load_plan_dir
-
     measured_fit = {load_plan_dir(trial_dir / r.entry.dir).layout: r.failure is None
                     for r in results if r.failure in (None, "oom")}
     chosen = make_plan(spec, spec_path_in(spec_path, out), loaded_spec.sha256, loaded, "deepspeed", Pins(),

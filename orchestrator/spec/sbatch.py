@@ -5,6 +5,7 @@ environment."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from orchestrator.errors import DsorchError
 
@@ -30,8 +31,37 @@ def parse_slurm_time(text: str) -> int:
 
 
 # The profile's slurm settings that become `#SBATCH --KEY=VALUE` lines as they are, in job.sbatch
-# (render/scripts.py) and in the script submitit writes (make_executor).
+# (render/scripts.py) and in the script submitit writes (run/scheduler.py make_executor).
 SBATCH_KEYS = ("partition", "account", "qos", "constraint", "mem")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SbatchParameters:
+    """The sbatch options a profile's slurm section asks for, beyond what dsorch derives itself
+    (job name, nodes, tasks, CPUs, GPUs, time, signal).
+
+    ``options`` holds the keys that submitit's ``_make_sbatch_string`` (submitit/slurm/slurm.py)
+    names in its keyword signature: the SBATCH_KEYS that are set, in that order, then
+    ``("exclusive", True)`` for a bare ``--exclusive``. ``extra`` is slurm.extra sorted by key;
+    submitit takes it as ``additional_parameters``, which it applies after its own keys."""
+
+    options: tuple[tuple[str, str | bool], ...]
+    extra: tuple[tuple[str, str], ...]
+
+    def items(self) -> tuple[tuple[str, str | bool], ...]:
+        """Every option, in job.sbatch's order: ``options``, then ``extra``."""
+        return self.options + self.extra
+
+
+def sbatch_parameters(slurm) -> SbatchParameters:
+    """The sbatch parameters of a profile's ``slurm`` section (a ``SlurmSpec``, spec/cluster.py,
+    which imports this module): one source for job.sbatch's #SBATCH lines and for submitit's
+    executor parameters."""
+    options: list[tuple[str, str | bool]] = [
+        (key, getattr(slurm, key)) for key in SBATCH_KEYS if getattr(slurm, key) is not None]
+    if slurm.exclusive:
+        options.append(("exclusive", True))
+    return SbatchParameters(options=tuple(options), extra=tuple(sorted(slurm.extra.items())))
 
 
 def rank_env(profile) -> dict[str, str]:

@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from orchestrator.cli.main import main
-from orchestrator.run.doctor import bus_factor, measured_profile_doc, sizes
+from orchestrator.run.collectives import bus_factor, sizes
+from orchestrator.run.doctor import measured_profile_doc
 from orchestrator.spec.cluster import load_profile
 
 

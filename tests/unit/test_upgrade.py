@@ -10,8 +10,7 @@ import sys
 import pytest
 
 from orchestrator import MOVED_MODULES
-from orchestrator.run.doctor import DoctorJob
-from orchestrator.run.slurm import TrainingJob
+from orchestrator.run.jobs import DoctorJob, TrainingJob
 
 
 def _as_pickled_by_01(obj, old: str, new: str) -> bytes:
@@ -39,8 +38,8 @@ def test_an_alias_is_the_module_itself_and_keeps_its_own_spec():
     import importlib
 
     alias = importlib.import_module("orchestrator.slurm")
-    assert alias is sys.modules["orchestrator.run.slurm"]
-    assert alias.__spec__.name == "orchestrator.run.slurm"
+    assert alias is sys.modules["orchestrator.run.jobs"]
+    assert alias.__spec__.name == "orchestrator.run.jobs"
 
 
 def test_an_unknown_old_name_is_still_an_import_error():
