@@ -14,37 +14,62 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import DsorchError, ValidationError as PlanError
+from orchestrator.errors import DsorchError
+from orchestrator.errors import ValidationError as PlanError
+from orchestrator.plan.layout import Pins
 from orchestrator.plan.make import KEEP, Plan, make_plan
 from orchestrator.plandir.reader import PLAN_FILE, load_plan_dir, read_text
 from orchestrator.render import render_all
 from orchestrator.render.report import recorded_nodes
-from orchestrator.plan.layout import Pins
 from orchestrator.spec.cluster import LoadedProfile, load_profile
 from orchestrator.spec.model import SpecFile, load_spec
 from orchestrator.validate.plan_dir import validate_files
 
 
-def plan_files(spec: SpecFile, spec_path: str, spec_sha256: str, profile: LoadedProfile, runtime: str, pins: Pins,
-               *, nodes: int | None, gpus_per_node: int | None, memory_margin_gib: float, keep: int,
-               shown_path: str) -> tuple[Plan, dict[str, str]]:
+def plan_files(
+    spec: SpecFile,
+    spec_path: str,
+    spec_sha256: str,
+    profile: LoadedProfile,
+    runtime: str,
+    pins: Pins,
+    *,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    memory_margin_gib: float,
+    keep: int,
+    shown_path: str,
+) -> tuple[Plan, dict[str, str]]:
     """The chosen plan and its files, each validated by DeepSpeed's and Megatron-LM's own rules.
     ``spec_path`` is the spec as the files name it (relative to the plan directory),
     ``shown_path`` as the user gave it (for errors)."""
-    the_plan = make_plan(spec, spec_path, spec_sha256, profile, runtime, pins, nodes=nodes,
-                         gpus_per_node=gpus_per_node, memory_margin_gib=memory_margin_gib, keep=keep,
-                         shown_path=shown_path)
+    the_plan = make_plan(
+        spec,
+        spec_path,
+        spec_sha256,
+        profile,
+        runtime,
+        pins,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        memory_margin_gib=memory_margin_gib,
+        keep=keep,
+        shown_path=shown_path,
+    )
     return the_plan, checked_files(the_plan)
 
 
 def checked_files(the_plan: Plan) -> dict[str, str]:
     """The files of a plan, rendered and validated (a plan made by make_plan, or one changed after)."""
     files = render_all(the_plan)
-    errors = validate_files(files, dp=the_plan.layout.dp, world_size=the_plan.profile.world_size,
-                            runtime=the_plan.runtime)
+    errors = validate_files(
+        files, dp=the_plan.layout.dp, world_size=the_plan.profile.world_size, runtime=the_plan.runtime
+    )
     if errors:
-        raise DsorchError("the generated files do not validate (a dsorch bug; please report it with the spec and "
-                          "profile):\n  " + "\n  ".join(errors))
+        raise DsorchError(
+            "the generated files do not validate (a dsorch bug; please report it with the spec and "
+            "profile):\n  " + "\n  ".join(errors)
+        )
     return files
 
 
@@ -72,28 +97,40 @@ def recorded_inputs(plan_dir: Path) -> Recorded:
     # to refuse the directory.
     doc = load_plan_dir(plan_dir, strict=False).doc
     if doc.evidence is not None:
-        raise PlanError(f"{plan_dir} was chosen by `dsorch trial` from measured runs (evidence in its plan.yaml), "
-                        f"which planning from its inputs alone cannot repeat; leave it out of `dsorch plan --check "
-                        f"PLAN_DIR...`, or collect the trials again (`dsorch trial --collect`).")
+        raise PlanError(
+            f"{plan_dir} was chosen by `dsorch trial` from measured runs (evidence in its plan.yaml), "
+            f"which planning from its inputs alone cannot repeat; leave it out of `dsorch plan --check "
+            f"PLAN_DIR...`, or collect the trials again (`dsorch trial --collect`)."
+        )
     inputs = doc.inputs
     spec_path, cluster = inputs.model_spec.path, inputs.cluster_profile.name
     if spec_path is None or cluster is None:
         missing = "model spec path" if spec_path is None else "cluster profile name"
-        raise PlanError(f"{plan_dir / PLAN_FILE}: records no {missing} to plan from; re-plan it with `dsorch plan "
-                        f"SPEC --out {plan_dir}`.")
+        raise PlanError(
+            f"{plan_dir / PLAN_FILE}: records no {missing} to plan from; re-plan it with `dsorch plan "
+            f"SPEC --out {plan_dir}`."
+        )
     try:
         pins = Pins(**inputs.pinned)
     except TypeError:
-        raise PlanError(f"{plan_dir / PLAN_FILE}: inputs.pinned names an axis this dsorch does not pin "
-                        f"({', '.join(inputs.pinned)}); re-plan it with `dsorch plan SPEC --out {plan_dir}`.") from None
+        raise PlanError(
+            f"{plan_dir / PLAN_FILE}: inputs.pinned names an axis this dsorch does not pin "
+            f"({', '.join(inputs.pinned)}); re-plan it with `dsorch plan SPEC --out {plan_dir}`."
+        ) from None
     return Recorded(
-        spec=plan_dir / spec_path, spec_path=spec_path, cluster=cluster, runtime=doc.runtime,
+        spec=plan_dir / spec_path,
+        spec_path=spec_path,
+        cluster=cluster,
+        runtime=doc.runtime,
         nodes=recorded_nodes(read_text(plan_dir / PLAN_FILE), cluster),
-        gpus_per_node=inputs.gpus_per_node, pins=pins, memory_margin_gib=inputs.memory_margin_gib,
+        gpus_per_node=inputs.gpus_per_node,
+        pins=pins,
+        memory_margin_gib=inputs.memory_margin_gib,
         # --top decides how many alternatives plan.yaml and plan.md list; the count listed gives it
         # back (plans written before the regenerate line said --top included; the default when fewer
         # layouts were legal than kept gives the same list).
-        keep=max(KEEP, 1 + len(doc.alternatives)))
+        keep=max(KEEP, 1 + len(doc.alternatives)),
+    )
 
 
 def replan(plan_dir: Path, profiles_dir: str | Path | None) -> tuple[Plan, dict[str, str]]:
@@ -103,14 +140,26 @@ def replan(plan_dir: Path, profiles_dir: str | Path | None) -> tuple[Plan, dict[
     r = recorded_inputs(plan_dir)
     shown = os.path.normpath(r.spec)
     if not r.spec.is_file():
-        raise PlanError(f"{plan_dir / PLAN_FILE} records the model spec {r.spec_path} (relative to the plan "
-                        f"directory), and {shown} is not a file; restore it, or re-plan with `dsorch plan SPEC "
-                        f"--out {plan_dir}`.")
+        raise PlanError(
+            f"{plan_dir / PLAN_FILE} records the model spec {r.spec_path} (relative to the plan "
+            f"directory), and {shown} is not a file; restore it, or re-plan with `dsorch plan SPEC "
+            f"--out {plan_dir}`."
+        )
     spec, loaded = load_spec(r.spec)
     try:
         profile = load_profile(r.cluster, profiles_dir)
     except DsorchError as e:
         raise type(e)(f"{plan_dir} was planned on cluster profile '{r.cluster}': {e}") from None
-    return plan_files(spec, r.spec_path, loaded.sha256, profile, r.runtime, r.pins, nodes=r.nodes,
-                      gpus_per_node=r.gpus_per_node, memory_margin_gib=r.memory_margin_gib, keep=r.keep,
-                      shown_path=shown)
+    return plan_files(
+        spec,
+        r.spec_path,
+        loaded.sha256,
+        profile,
+        r.runtime,
+        r.pins,
+        nodes=r.nodes,
+        gpus_per_node=r.gpus_per_node,
+        memory_margin_gib=r.memory_margin_gib,
+        keep=r.keep,
+        shown_path=shown,
+    )

@@ -76,9 +76,15 @@ class CalibrationReport:
         }
 
 
-def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: Path | None = None,
-              free: tuple[str, ...] | None = None, prior_weight: float = 0.02,
-              memory_only: list[CalibrationRecord] = ()) -> tuple[ClusterProfile, CalibrationReport]:
+def calibrate(
+    metrics_paths: list[Path],
+    profile: ClusterProfile,
+    *,
+    plan_dir: Path | None = None,
+    free: tuple[str, ...] | None = None,
+    prior_weight: float = 0.02,
+    memory_only: list[CalibrationRecord] = (),
+) -> tuple[ClusterProfile, CalibrationReport]:
     """Fit ``profile``'s efficiencies to measured step times; returns the calibrated profile (all
     efficiencies explicit) and a report of errors before and after.
 
@@ -117,8 +123,15 @@ def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: P
         free = tuple(f for f in FIELDS if f in exercised)
     before = row_errors(rows, lambda row: start)
     # A user's handful of runs makes a cheap objective: more restarts buy a better optimum.
-    result = fit(rows, start.values(), free, prior_weight=prior_weight, restarts=4, iters=800,
-                 bounds=CPU_BOUNDS if profile.backend == "gloo" else BOUNDS)
+    result = fit(
+        rows,
+        start.values(),
+        free,
+        prior_weight=prior_weight,
+        restarts=4,
+        iters=800,
+        bounds=CPU_BOUNDS if profile.backend == "gloo" else BOUNDS,
+    )
     after = result.errors
     fitted = _resolved(result.values)
 
@@ -130,8 +143,14 @@ def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: P
     for row, b, a in timed + [(row, None, None) for row in memory_rows]:
         item = {"id": row.id}
         if a is not None:
-            item.update({"layout": a.layout, "measured_step_s": round(row.measured_step_s, 4),
-                         "predicted_before_s": round(b.predicted_s, 4), "predicted_after_s": round(a.predicted_s, 4)})
+            item.update(
+                {
+                    "layout": a.layout,
+                    "measured_step_s": round(row.measured_step_s, 4),
+                    "predicted_before_s": round(b.predicted_s, 4),
+                    "predicted_after_s": round(a.predicted_s, 4),
+                }
+            )
         else:
             item["out_of_memory"] = True
         if row.measured_peak_gib is not None:
@@ -140,20 +159,40 @@ def calibrate(metrics_paths: list[Path], profile: ClusterProfile, *, plan_dir: P
             total = float(ev.memory.total[0]) / GIB
             allocator_only = row.note == "cuda_max_allocated"
             predicted = total - overhead if allocator_only else total
-            kind = ("allocator (no CUDA context / NCCL)" if allocator_only else
-                    "device total, at least (ran out of memory)" if a is None else "device total")
-            item.update({"measured_peak_gib": round(row.measured_peak_gib, 3), "predicted_peak_gib": round(predicted, 3),
-                         "peak_kind": kind})
+            kind = (
+                "allocator (no CUDA context / NCCL)"
+                if allocator_only
+                else "device total, at least (ran out of memory)"
+                if a is None
+                else "device total"
+            )
+            item.update(
+                {
+                    "measured_peak_gib": round(row.measured_peak_gib, 3),
+                    "predicted_peak_gib": round(predicted, 3),
+                    "peak_kind": kind,
+                }
+            )
             if not allocator_only and row.measured_peak_gib > total:
                 new_overhead = max(new_overhead, overhead + row.measured_peak_gib - total)
         records.append(item)
     if new_overhead != overhead:
-        notes.append(f"memory_overhead_gib raised from {overhead:g} to {_ceil_cent(new_overhead):.2f} to cover the "
-                     f"measured peaks" + (" and the out-of-memory runs" if memory_rows else ""))
+        notes.append(
+            f"memory_overhead_gib raised from {overhead:g} to {_ceil_cent(new_overhead):.2f} to cover the "
+            f"measured peaks" + (" and the out-of-memory runs" if memory_rows else "")
+        )
     eff = Efficiency(**{f: round(result.values[f], 4) for f in FIELDS})
     calibrated = profile.model_copy(update={"efficiency": eff, "memory_overhead_gib": _ceil_cent(new_overhead)})
-    report = CalibrationReport(profile.name, records, error_summary(before), error_summary(after), start.values(),
-                               result.values, (overhead, new_overhead), notes)
+    report = CalibrationReport(
+        profile.name,
+        records,
+        error_summary(before),
+        error_summary(after),
+        start.values(),
+        result.values,
+        (overhead, new_overhead),
+        notes,
+    )
     return calibrated, report
 
 
@@ -174,12 +213,31 @@ def calibrated_profile_yaml(calibrated: ClusterProfile, report: CalibrationRepor
         f"mean {100 * after['mean']:.1f}% / max {100 * after['max']:.1f}% after.",
         *[f"# {n}" for n in report.notes],
     ]
-    doc = {"name": name or f"{report.profile}-calibrated", "extends": report.profile,
-           "memory_overhead_gib": calibrated.memory_overhead_gib,
-           "efficiency": {f: getattr(calibrated.efficiency, f) for f in FIELDS}}
+    doc = {
+        "name": name or f"{report.profile}-calibrated",
+        "extends": report.profile,
+        "memory_overhead_gib": calibrated.memory_overhead_gib,
+        "efficiency": {f: getattr(calibrated.efficiency, f) for f in FIELDS},
+    }
     return "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
 
 
-__all__ = ["Row", "RowError", "FitResult", "CalibrationReport", "CalibrationRecord", "published_rows",
-           "published_errors", "row_errors", "error_summary", "error_table", "fit", "calibrate",
-           "calibrated_profile_yaml", "load_records", "step_time_from_tflops", "BOUNDS", "CPU_BOUNDS"]
+__all__ = [
+    "Row",
+    "RowError",
+    "FitResult",
+    "CalibrationReport",
+    "CalibrationRecord",
+    "published_rows",
+    "published_errors",
+    "row_errors",
+    "error_summary",
+    "error_table",
+    "fit",
+    "calibrate",
+    "calibrated_profile_yaml",
+    "load_records",
+    "step_time_from_tflops",
+    "BOUNDS",
+    "CPU_BOUNDS",
+]

@@ -38,8 +38,12 @@ def _nelder_mead(fun, x0: np.ndarray, step: float = 0.6, iters: int = 400, tol: 
 
     n = len(x0)
     simplex = np.vstack([x0] + [x0 + step * np.eye(n)[i] for i in range(n)])
-    res = minimize(fun, x0, method="Nelder-Mead",
-                   options={"initial_simplex": simplex, "maxiter": iters, "fatol": tol, "xatol": tol})
+    res = minimize(
+        fun,
+        x0,
+        method="Nelder-Mead",
+        options={"initial_simplex": simplex, "maxiter": iters, "fatol": tol, "xatol": tol},
+    )
     return np.asarray(res.x)
 
 
@@ -51,8 +55,16 @@ class FitResult:
     free: tuple[str, ...]
 
 
-def fit(rows: list[Row], start: dict[str, float], free: tuple[str, ...], *, prior_weight: float = 0.0,
-        restarts: int = 2, iters: int = 400, bounds: dict = BOUNDS) -> FitResult:
+def fit(
+    rows: list[Row],
+    start: dict[str, float],
+    free: tuple[str, ...],
+    *,
+    prior_weight: float = 0.0,
+    restarts: int = 2,
+    iters: int = 400,
+    bounds: dict = BOUNDS,
+) -> FitResult:
     """Efficiencies ``free`` that minimize mean + max relative step-time error over ``rows``.
 
     ``prior_weight`` > 0 pulls each fraction towards ``start`` (in logistic units), so that a

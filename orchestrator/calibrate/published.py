@@ -28,23 +28,30 @@ from orchestrator.spec.yamlio import deep_merge
 # clocks, dense peak 989 TFLOP/s); its larger, faster HBM3e is a physical parameter of its profile
 # (hbm_bandwidth_gbps), not an efficiency.
 HARDWARE = {
-    "a100-sxm4-hdr": {"gpus": ["A100-SXM4-80GB", "A100-SXM4-40GB", "A100-80GB", "A100"], "inter_node": "infiniband",
-                      "description": "A100 SXM4 + NVLink 3/NVSwitch, HDR InfiniBand (Selene)"},
-    "h100-sxm5-ndr": {"gpus": ["H100-SXM5-80GB", "H100", "H100-80GB", "H200-SXM-141GB", "H200"],
-                      "inter_node": "infiniband",
-                      "description": "H100/H200 SXM + NVLink 4/NVSwitch, NDR InfiniBand (DGX H100 / HGX H200)"},
+    "a100-sxm4-hdr": {
+        "gpus": ["A100-SXM4-80GB", "A100-SXM4-40GB", "A100-80GB", "A100"],
+        "inter_node": "infiniband",
+        "description": "A100 SXM4 + NVLink 3/NVSwitch, HDR InfiniBand (Selene)",
+    },
+    "h100-sxm5-ndr": {
+        "gpus": ["H100-SXM5-80GB", "H100", "H100-80GB", "H200-SXM-141GB", "H200"],
+        "inter_node": "infiniband",
+        "description": "H100/H200 SXM + NVLink 4/NVSwitch, NDR InfiniBand (DGX H100 / HGX H200)",
+    },
 }
 
 
 def _hardware_of(gpu_name: str) -> str:
     return next(hw for hw, spec in HARDWARE.items() if gpu_name in spec["gpus"])
 
+
 def _data(name: str) -> dict:
     return yaml.safe_load(resources.files("orchestrator.costmodel").joinpath(name).read_text(encoding="utf-8"))
 
 
-def step_time_from_tflops(formula: str, B: int, s: int, layers: int, h: int, V: int, gpus: int,
-                          tflops_per_gpu: float) -> float:
+def step_time_from_tflops(
+    formula: str, B: int, s: int, layers: int, h: int, V: int, gpus: int, tflops_per_gpu: float
+) -> float:
     """Published TFLOP/s per GPU back to seconds per step with the source's own FLOP count."""
     if formula.startswith("F = 96"):  # Narayanan et al. 2021, Eq. 3 (with the recompute forward)
         F = 96 * B * s * layers * h**2 * (1 + s / (6 * h) + V / (16 * layers * h))
@@ -76,23 +83,51 @@ def published_rows(profile_loader=load_profile) -> list[Row]:
                 gpus = int(r["gpus"])
                 B = int(r["global_batch"])
                 tflops = float(r["tflops_per_gpu"] if "tflops_per_gpu" in r else r["reported"]["tflops_per_gpu"])
-                model = ModelSpec(num_layers=layers, hidden_size=h, ffn_hidden_size=mcfg["ffn_multiplier"] * h,
-                                  num_attention_heads=heads, vocab_size=cs["vocab"], activation=mcfg["activation"],
-                                  tied_embeddings=mcfg["tied_embeddings"], normalization=mcfg["normalization"],
-                                  position_embedding=mcfg["position_embedding"], bias=mcfg["bias"],
-                                  max_position_embeddings=tcfg["seq_length"])
+                model = ModelSpec(
+                    num_layers=layers,
+                    hidden_size=h,
+                    ffn_hidden_size=mcfg["ffn_multiplier"] * h,
+                    num_attention_heads=heads,
+                    vocab_size=cs["vocab"],
+                    activation=mcfg["activation"],
+                    tied_embeddings=mcfg["tied_embeddings"],
+                    normalization=mcfg["normalization"],
+                    position_embedding=mcfg["position_embedding"],
+                    bias=mcfg["bias"],
+                    max_position_embeddings=tcfg["seq_length"],
+                )
                 training = TrainingSpec(global_batch_size=B, **tcfg)
                 mbs = r.get("micro_batch_sc21_script")
                 per_virtual = r.get("vpp_layers_per_virtual_stage_sc21_script")
                 vpp = None
                 if "micro_batch_sc21_script" in r:
                     vpp = 1 if per_virtual is None else layers // pp // int(per_virtual)
-                pins = Pins(tp=tp, pp=pp, dp=dp, vpp=vpp, micro_batch_size=mbs, zero_stage=lcfg.get("zero_stage"),
-                            recompute=lcfg.get("recompute"), sequence_parallel=lcfg.get("sequence_parallel"))
-                step = step_time_from_tflops(cs["flops_formula"], B, training.seq_length, layers, h, cs["vocab"], gpus,
-                                             tflops)
-                out.append(Row(rid, model, training, base_profile.resized(nodes=gpus // base_profile.gpus_per_node),
-                               cs["runtime"], pins, step, eng, hardware=f"megatron/{cs['hardware']}"))
+                pins = Pins(
+                    tp=tp,
+                    pp=pp,
+                    dp=dp,
+                    vpp=vpp,
+                    micro_batch_size=mbs,
+                    zero_stage=lcfg.get("zero_stage"),
+                    recompute=lcfg.get("recompute"),
+                    sequence_parallel=lcfg.get("sequence_parallel"),
+                )
+                step = step_time_from_tflops(
+                    cs["flops_formula"], B, training.seq_length, layers, h, cs["vocab"], gpus, tflops
+                )
+                out.append(
+                    Row(
+                        rid,
+                        model,
+                        training,
+                        base_profile.resized(nodes=gpus // base_profile.gpus_per_node),
+                        cs["runtime"],
+                        pins,
+                        step,
+                        eng,
+                        hardware=f"megatron/{cs['hardware']}",
+                    )
+                )
     return out
 
 
@@ -124,20 +159,40 @@ def _run_row(r: dict, base: ClusterProfile, recompute: str, note: str = "") -> R
     measured_memory_gib) as a row of its engine's entry, on ``base`` resized to its GPU count."""
     profile = base.resized(nodes=max(1, r["n_gpus"] // base.gpus_per_node))
     L = r["layout"]
-    pins = Pins(tp=L["tp"], pp=L["pp"], dp=L["dp"], vpp=L.get("vpp", 1), zero_stage=L["zero"],
-                micro_batch_size=L["mbs"], recompute=recompute, sequence_parallel=L["sp"])
+    pins = Pins(
+        tp=L["tp"],
+        pp=L["pp"],
+        dp=L["dp"],
+        vpp=L.get("vpp", 1),
+        zero_stage=L["zero"],
+        micro_batch_size=L["mbs"],
+        recompute=recompute,
+        sequence_parallel=L["sp"],
+    )
     runtime = r.get("runtime", "deepspeed")
     engine = str(engine_of(runtime, L["zero"]).item())
-    return Row(r["id"], ModelSpec(**r["model"]), TrainingSpec(**r["training"]), profile, runtime, pins,
-               float(r["measured"]["step_time_s"]), measured_peak_gib=r.get("measured_memory_gib"),
-               hardware=f"{engine}/{_hardware_of(profile.gpu.name)}", note=note)
+    return Row(
+        r["id"],
+        ModelSpec(**r["model"]),
+        TrainingSpec(**r["training"]),
+        profile,
+        runtime,
+        pins,
+        float(r["measured"]["step_time_s"]),
+        measured_peak_gib=r.get("measured_memory_gib"),
+        hardware=f"{engine}/{_hardware_of(profile.gpu.name)}",
+        note=note,
+    )
 
 
 def deepspeed_rows(profile_loader=load_profile) -> list[Row]:
     """The DeepSpeed-engine runs of published_runs_deepspeed.yaml marked ``use: fit`` (ZeRO-3 ones
     join the deepspeed-zero3 entry of their GPU)."""
-    return [_run_row(r, profile_loader(r["profile"]).profile, r["layout"]["recompute"])
-            for r in _data("published_runs_deepspeed.yaml")["runs"] if r["use"] == "fit"]
+    return [
+        _run_row(r, profile_loader(r["profile"]).profile, r["layout"]["recompute"])
+        for r in _data("published_runs_deepspeed.yaml")["runs"]
+        if r["use"] == "fit"
+    ]
 
 
 def all_published_rows() -> list[Row]:

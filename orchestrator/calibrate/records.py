@@ -42,7 +42,7 @@ def _read_records(path: Path) -> list[dict]:
 def _steady(values: list[float]) -> float:
     """Median of the steps after warm-up (the first fifth, at least one step, is dropped)."""
     if len(values) > 1:
-        values = values[max(1, len(values) // 5):]
+        values = values[max(1, len(values) // 5) :]
     return statistics.median(values)
 
 
@@ -66,13 +66,25 @@ def run_record(metrics: Path, plan_dir: Path) -> CalibrationRecord:
     recs = read_steps(metrics)
     if not recs:
         raise SpecError(f"{metrics}: no step records.")
-    times = [r["step_time_s"] if r.get("step_time_s") else
-             training.global_batch_size * training.seq_length / r["tokens_per_s"] for r in recs]
+    times = [
+        r["step_time_s"]
+        if r.get("step_time_s")
+        else training.global_batch_size * training.seq_length / r["tokens_per_s"]
+        for r in recs
+    ]
     mems = [r["peak_mem_gib"] for r in recs if r.get("peak_mem_gib") is not None]
-    return CalibrationRecord(id=str(metrics), model=model, training=training, runtime=pd.runtime,
-                             layout=RecordLayout(**pd.layout.as_dict()), step_time_s=_steady(times),
-                             peak_mem_gib=max(mems) if mems else None, mem_kind=recs[-1].get("mem_kind"),
-                             nodes=pd.doc.cluster.nodes, gpus_per_node=pd.doc.cluster.gpus_per_node)
+    return CalibrationRecord(
+        id=str(metrics),
+        model=model,
+        training=training,
+        runtime=pd.runtime,
+        layout=RecordLayout(**pd.layout.as_dict()),
+        step_time_s=_steady(times),
+        peak_mem_gib=max(mems) if mems else None,
+        mem_kind=recs[-1].get("mem_kind"),
+        nodes=pd.doc.cluster.nodes,
+        gpus_per_node=pd.doc.cluster.gpus_per_node,
+    )
 
 
 # How far past the device memory an out-of-memory proves the peak went, when the run recorded no
@@ -97,11 +109,18 @@ def oom_record(plan_dir: Path, metrics: Path | None) -> CalibrationRecord:
             recorded = None
         if recorded is not None:
             peak = max(peak, recorded)
-    return CalibrationRecord(id=f"{plan_dir} (out of memory)", model=pd.spec.model, training=pd.spec.training,
-                             runtime=pd.runtime, layout=RecordLayout(**pd.layout.as_dict()),
-                             step_time_s=float(pd.doc.predicted["step_time_s"]), peak_mem_gib=peak,
-                             mem_kind="out_of_memory", nodes=pd.doc.cluster.nodes,
-                             gpus_per_node=pd.doc.cluster.gpus_per_node)
+    return CalibrationRecord(
+        id=f"{plan_dir} (out of memory)",
+        model=pd.spec.model,
+        training=pd.spec.training,
+        runtime=pd.runtime,
+        layout=RecordLayout(**pd.layout.as_dict()),
+        step_time_s=float(pd.doc.predicted["step_time_s"]),
+        peak_mem_gib=peak,
+        mem_kind="out_of_memory",
+        nodes=pd.doc.cluster.nodes,
+        gpus_per_node=pd.doc.cluster.gpus_per_node,
+    )
 
 
 def record_rows(records: list[CalibrationRecord], profile: ClusterProfile) -> list[Row]:
@@ -141,23 +160,35 @@ def _record_row(rec: CalibrationRecord, base: Path, profile: ClusterProfile, ind
             training = TrainingSpec.model_validate({**training.model_dump(), **rec.training})
     else:
         model = rec.model
-        training = rec.training if isinstance(rec.training, TrainingSpec) else \
-            TrainingSpec.model_validate(rec.training or {})
+        training = (
+            rec.training if isinstance(rec.training, TrainingSpec) else TrainingSpec.model_validate(rec.training or {})
+        )
     L = rec.layout
     world = world_of(L.model_dump())
     gpn = rec.gpus_per_node or min(profile.gpus_per_node, world)
     nodes = rec.nodes or max(1, world // gpn)
     prof = profile.resized(nodes=nodes, gpus_per_node=gpn)
     if prof.world_size != world:
-        raise SpecError(f"record {index}: {WORLD_PRODUCT} = {world} GPUs but {nodes} nodes x {gpn} GPUs = {prof.world_size}.")
+        raise SpecError(
+            f"record {index}: {WORLD_PRODUCT} = {world} GPUs but {nodes} nodes x {gpn} GPUs = {prof.world_size}."
+        )
     pins = Pins(**{a.name: getattr(L, a.name) for a in PINNABLE})
     if stage_split(model.num_layers, L.pp) is None:
         raise SpecError(f"record {index}: pp={L.pp} cannot split {model.num_layers} layers.")
     problems = check_model(model, rec.runtime) + check_training(training, prof, rec.runtime)
     if problems:
         raise SpecError(f"record {index}: " + "; ".join(problems) + ".")
-    return Row(rec.id or f"record {index}", model, training, prof, rec.runtime, pins, rec.step_time_s,
-               measured_peak_gib=rec.peak_mem_gib, note=rec.mem_kind or "")
+    return Row(
+        rec.id or f"record {index}",
+        model,
+        training,
+        prof,
+        rec.runtime,
+        pins,
+        rec.step_time_s,
+        measured_peak_gib=rec.peak_mem_gib,
+        note=rec.mem_kind or "",
+    )
 
 
 def _parse_record(raw: object, path: Path, index: int) -> CalibrationRecord:
@@ -166,11 +197,14 @@ def _parse_record(raw: object, path: Path, index: int) -> CalibrationRecord:
     try:
         return CalibrationRecord.model_validate(raw)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(record)'}: {err['msg']}"
-                             for err in e.errors()[:6])
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(record)'}: {err['msg']}" for err in e.errors()[:6]
+        )
         valid = ", ".join(CalibrationRecord.model_fields)
-        raise SpecError(f"{path}: record {index}: {problems}. Valid keys: {valid}; the format is in "
-                        f"orchestrator/calibrate/__init__.py.")
+        raise SpecError(
+            f"{path}: record {index}: {problems}. Valid keys: {valid}; the format is in "
+            f"orchestrator/calibrate/__init__.py."
+        )
 
 
 def load_records(metrics_paths: list[Path], profile: ClusterProfile, plan_dir: Path | None = None) -> list[Row]:
@@ -183,9 +217,11 @@ def load_records(metrics_paths: list[Path], profile: ClusterProfile, plan_dir: P
             raise
         except (KeyError, TypeError, ValueError, AttributeError, OSError, yaml.YAMLError) as e:
             # json.JSONDecodeError and pydantic's ValidationError are ValueErrors.
-            raise SpecError(f"{path}: cannot read a measurement from it ({type(e).__name__}: "
-                            f"{' '.join(str(e).split())[:300]}). Each record needs layout, model and step_time_s; "
-                            f"see the format in orchestrator/calibrate/__init__.py.")
+            raise SpecError(
+                f"{path}: cannot read a measurement from it ({type(e).__name__}: "
+                f"{' '.join(str(e).split())[:300]}). Each record needs layout, model and step_time_s; "
+                f"see the format in orchestrator/calibrate/__init__.py."
+            )
     if not rows:
         raise SpecError("no measurements to calibrate from.")
     return rows
@@ -198,8 +234,10 @@ def _load_one(path: Path, profile: ClusterProfile, plan_dir: Path | None, rows: 
         candidates = [plan_dir] if plan_dir else [path.parent, path.parent.parent]
         pdir = next((d for d in candidates if d is not None and (d / "plan.yaml").exists()), None)
         if pdir is None:
-            raise SpecError(f"{path}: no plan.yaml next to it or one level up; pass the plan directory "
-                            f"it was trained from (--plan DIR).")
+            raise SpecError(
+                f"{path}: no plan.yaml next to it or one level up; pass the plan directory "
+                f"it was trained from (--plan DIR)."
+            )
         rows.append(_record_row(run_record(path, pdir), path.parent, profile, len(rows)))
         return
     for i, raw in enumerate(_read_records(path)):

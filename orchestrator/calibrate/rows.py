@@ -22,9 +22,16 @@ from orchestrator.spec.model import ModelSpec, TrainingSpec
 # an overlap fraction is a fraction.
 # HBM's floor is lower: unfused eager element-wise kernels (FSDP runs without torch.compile) reach
 # about a third of H100's HBM peak (the deepspeed-zero3/h100 fit lands there).
-BOUNDS = {"gemm": (0.3, 0.95), "attention": (0.2, 0.95), "hbm": (0.3, 0.95), "intra_node_comm": (0.5, 0.95),
-          "inter_node_comm": (0.5, 0.95), "dp_overlap": (0.0, 1.0), "tp_overlap": (0.0, 1.0),
-          "zero3_stall_us": (0.0, 20000.0)}
+BOUNDS = {
+    "gemm": (0.3, 0.95),
+    "attention": (0.2, 0.95),
+    "hbm": (0.3, 0.95),
+    "intra_node_comm": (0.5, 0.95),
+    "inter_node_comm": (0.5, 0.95),
+    "dp_overlap": (0.0, 1.0),
+    "tp_overlap": (0.0, 1.0),
+    "zero3_stall_us": (0.0, 20000.0),
+}
 # CPU ranks (gloo profiles such as `local`) sit far below datacenter-GPU figures against their
 # stated peak: still fractions in (0, 1], with a floor low enough for them.
 CPU_BOUNDS = {k: (min(lo, 0.02), hi) for k, (lo, hi) in BOUNDS.items()}
@@ -89,17 +96,21 @@ def _prepare(row: Row) -> _Prepared:
 
 
 def _predict(p: _Prepared, eff: Resolved) -> tuple[float, int]:
-    ev = evaluate(p.row.model, p.row.training, p.row.profile, p.row.runtime, p.cand, efficiency=eff,
-                  engine=p.row.engine)
+    ev = evaluate(
+        p.row.model, p.row.training, p.row.profile, p.row.runtime, p.cand, efficiency=eff, engine=p.row.engine
+    )
     i = int(np.argmin(ev.time.step))
     return float(ev.time.step[i]), i
 
 
 def _resolved(values: dict[str, float], like: Resolved | None = None) -> Resolved:
-    return Resolved(**{f: float(values[f]) for f in FIELDS}, sources=tuple((f, "fit") for f in FIELDS),
-                    entry=None if like is None else like.entry,
-                    mean_rel_error=None if like is None else like.mean_rel_error,
-                    max_rel_error=None if like is None else like.max_rel_error)
+    return Resolved(
+        **{f: float(values[f]) for f in FIELDS},
+        sources=tuple((f, "fit") for f in FIELDS),
+        entry=None if like is None else like.entry,
+        mean_rel_error=None if like is None else like.mean_rel_error,
+        max_rel_error=None if like is None else like.max_rel_error,
+    )
 
 
 @dataclass(frozen=True)
@@ -118,7 +129,9 @@ class RowError:
 def _layout_text(cand: Candidates, i: int) -> str:
     """A row's layout in one line (``short_text``); torchtitan's op-level recompute reads "rc=op"."""
     values = {a.name: a.decode(getattr(cand, a.name)[i]) for a in AXES if a.name != "recompute"}
-    values["recompute"] = "op" if int(cand.recompute[i]) == RC_TORCHTITAN_OP else AXIS["recompute"].decode(cand.recompute[i])
+    values["recompute"] = (
+        "op" if int(cand.recompute[i]) == RC_TORCHTITAN_OP else AXIS["recompute"].decode(cand.recompute[i])
+    )
     return short_text(values)
 
 

@@ -69,6 +69,7 @@ def _up_to_date(the_plan: Plan, files: dict[str, str], out: Path, shown: str, *,
         what, fix = "its recorded inputs", f"run `dsorch plan {shown}` to update it"
     else:
         what, fix = "these inputs", "rerun without --check to update it"
-    click.echo(f"dsorch plan --check: {shown} differs from what dsorch {__version__} generates for {what}; {fix}.",
-               err=True)
+    click.echo(
+        f"dsorch plan --check: {shown} differs from what dsorch {__version__} generates for {what}; {fix}.", err=True
+    )
     return False

@@ -46,7 +46,7 @@ def pin_options(*names: str, **overrides: dict):
             return f(*args, pins=Pins(**{a.name: kwargs.pop(a.name) for a in axes}), **kwargs)
 
         for a in reversed(axes):
-            kind = (click.Choice(a.choices) if a.choices else click.IntRange(a.low, a.high) if a.kind is int else None)
+            kind = click.Choice(a.choices) if a.choices else click.IntRange(a.low, a.high) if a.kind is int else None
             with_pins = click.option(a.flag, a.name, type=kind, default=None, help=a.help)(with_pins)
         return with_pins
 
@@ -75,9 +75,12 @@ def make_console(stderr: bool = False):
 
 # Shared by every command that resolves a cluster profile.
 profiles_dir_option = click.option(
-    "--profiles-dir", type=click.Path(file_okay=False), default=None,
+    "--profiles-dir",
+    type=click.Path(file_okay=False),
+    default=None,
     help="Directory of your own cluster profiles (NAME.yaml); default $DSORCH_PROFILES_DIR, then profiles_dir "
-         "in dsorch.yaml. A profile there wins over a shipped one of the same name.")
+    "in dsorch.yaml. A profile there wins over a shipped one of the same name.",
+)
 
 
 def complete_cluster(ctx, param, incomplete: str) -> list[str]:
@@ -102,8 +105,10 @@ def resolve_profiles_dir(project, flag: str | None) -> str | None:
     """The profiles directory to use; one that does not exist is an error naming where it came from."""
     setting = project.profiles_dir(flag)
     if setting.value is not None and not Path(setting.value).is_dir():
-        raise DsorchError(f"profiles directory {setting.describe()} does not exist; create it, or point "
-                          f"--profiles-dir, $DSORCH_PROFILES_DIR or profiles_dir in dsorch.yaml at an existing one.")
+        raise DsorchError(
+            f"profiles directory {setting.describe()} does not exist; create it, or point "
+            f"--profiles-dir, $DSORCH_PROFILES_DIR or profiles_dir in dsorch.yaml at an existing one."
+        )
     return setting.value
 
 
@@ -112,8 +117,10 @@ def load_cluster(project, cluster, profiles_dir: str | None):
     from orchestrator.spec.cluster import load_profile
 
     if cluster.value is None:
-        raise DsorchError(f"no cluster given ({cluster.origin}). Pass --cluster NAME (see `dsorch profiles`), set "
-                          f"$DSORCH_CLUSTER, or write a default with `dsorch init --cluster NAME`.")
+        raise DsorchError(
+            f"no cluster given ({cluster.origin}). Pass --cluster NAME (see `dsorch profiles`), set "
+            f"$DSORCH_CLUSTER, or write a default with `dsorch init --cluster NAME`."
+        )
     try:
         return load_profile(cluster.value, profiles_dir)
     except DsorchError as e:
@@ -126,8 +133,10 @@ def check_out_path(p: Path, flag: str) -> None:
     """A path the filesystem can hold: each name at most 255 bytes, 4096 in all, 256 levels deep."""
     text = os.fsencode(str(p))
     if len(text) > 4096 or len(p.parts) > 256 or any(len(os.fsencode(part)) > 255 for part in p.parts):
-        raise UserError(f"{flag}: the path is too long or too deep for a filesystem (names of at most 255 bytes, "
-                        f"4096 in all); choose a shorter one.")
+        raise UserError(
+            f"{flag}: the path is too long or too deep for a filesystem (names of at most 255 bytes, "
+            f"4096 in all); choose a shorter one."
+        )
 
 
 def display_path(p: Path) -> str:

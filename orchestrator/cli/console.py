@@ -10,8 +10,9 @@ from orchestrator.costmodel.stacks import MEMORY_LABELS, MEMORY_PARTS
 from orchestrator.plan.layout import AXIS, SHORT_ORDER
 
 
-def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], cluster_note=None,
-               default_out: bool = False) -> None:
+def print_plan(
+    con, the_plan, top: int, out: str | None, files: dict[str, str], cluster_note=None, default_out: bool = False
+) -> None:
     """The plan as `dsorch plan` shows it: the inputs, the ranked table, the chosen layout."""
     from rich.markup import escape
 
@@ -20,13 +21,19 @@ def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], 
     r = the_plan.result
     n = m.num_params
     size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
-    con.print(f"[bold]{the_plan.spec.name}[/]: {size} parameters, seq {the_plan.spec.training.seq_length}, "
-              f"global batch {the_plan.spec.training.global_batch_size}, {the_plan.spec.training.precision}")
-    con.print(f"[bold]{p.name}[/]: {p.nodes} node{'s' if p.nodes != 1 else ''} x {p.gpus_per_node} {p.gpu.name} "
-              f"({p.gpu.memory_gib:g} GiB), "
-              f"runtime {the_plan.runtime}" + (f" (cluster from {escape(cluster_note.origin)})" if cluster_note else ""))
-    con.print(f"searched {r.evaluated} legal layouts: {r.feasible} fit, {r.rejected_memory} exceed "
-              f"{r.capacity_gib:g} GiB per GPU")
+    con.print(
+        f"[bold]{the_plan.spec.name}[/]: {size} parameters, seq {the_plan.spec.training.seq_length}, "
+        f"global batch {the_plan.spec.training.global_batch_size}, {the_plan.spec.training.precision}"
+    )
+    con.print(
+        f"[bold]{p.name}[/]: {p.nodes} node{'s' if p.nodes != 1 else ''} x {p.gpus_per_node} {p.gpu.name} "
+        f"({p.gpu.memory_gib:g} GiB), "
+        f"runtime {the_plan.runtime}" + (f" (cluster from {escape(cluster_note.origin)})" if cluster_note else "")
+    )
+    con.print(
+        f"searched {r.evaluated} legal layouts: {r.feasible} fit, {r.rejected_memory} exceed "
+        f"{r.capacity_gib:g} GiB per GPU"
+    )
     if r.rejected_rules:
         ruled = sorted(r.rejected_rules.items(), key=lambda kv: (-kv[1], kv[0]))
         con.print("ruled out by the rules: " + "; ".join(f"{n:,} {reason}" for reason, n in ruled), markup=False)
@@ -34,36 +41,58 @@ def print_plan(con, the_plan, top: int, out: str | None, files: dict[str, str], 
     shown = r.ranked[:top]
     # The axes in short()'s order; one that short() leaves out at its neutral value has a column
     # only where a shown layout uses it.
-    axes = [AXIS[n] for n in SHORT_ORDER
-            if not AXIS[n].omit_neutral or any(getattr(s.layout, n) != AXIS[n].neutral for s in shown)]
+    axes = [
+        AXIS[n]
+        for n in SHORT_ORDER
+        if not AXIS[n].omit_neutral or any(getattr(s.layout, n) != AXIS[n].neutral for s in shown)
+    ]
     for col in ("", *(a.column for a in axes), "GiB/GPU", "step s", "tokens/s", "MFU"):
         t.add_column(col, justify="left" if col in ("", "recompute") else "right")
     for i, s in enumerate(shown):
         cells = [_cell(getattr(s.layout, a.name)) for a in axes]
-        t.add_row("*" if i == 0 else "", *cells, f"{s.memory_gib['total']:.1f}", step_text(s),
-                  f"{s.tokens_per_s:,.0f}", f"{100 * s.mfu:.1f}%")
+        t.add_row(
+            "*" if i == 0 else "",
+            *cells,
+            f"{s.memory_gib['total']:.1f}",
+            step_text(s),
+            f"{s.tokens_per_s:,.0f}",
+            f"{100 * s.mfu:.1f}%",
+        )
     con.print(t)
     if any(s.interval is not None for s in shown):
-        con.print("±: the model's largest error on published runs of the same engine and GPU, each held out of the "
-                  "fit", markup=False)
+        con.print(
+            "±: the model's largest error on published runs of the same engine and GPU, each held out of the fit",
+            markup=False,
+        )
     if any(s.interval is None for s in shown):
-        con.print("?: outside the fitted domain (no published runs of that engine on this GPU, or the layout goes "
-                  "beyond them): no interval", markup=False)
+        con.print(
+            "?: outside the fitted domain (no published runs of that engine on this GPU, or the layout goes "
+            "beyond them): no interval",
+            markup=False,
+        )
     best = the_plan.chosen
     mem = best.memory_gib
     parts = ", ".join(f"{MEMORY_LABELS[k].column} {mem[k]:.1f}" for k in MEMORY_PARTS)
-    con.print(f"* chosen: {best.layout.short()}: {mem['total']:.1f} GiB per GPU ({parts}), {best.step_time_s:.3g} s "
-              f"per step ({best.basis})", markup=False)
+    con.print(
+        f"* chosen: {best.layout.short()}: {mem['total']:.1f} GiB per GPU ({parts}), {best.step_time_s:.3g} s "
+        f"per step ({best.basis})",
+        markup=False,
+    )
     tight = memory_tight(best)
     if tight:
         con.print(f"  note: {tight}", markup=False)
     if the_plan.spec.training.train_steps:
         days = the_plan.spec.training.train_steps * best.step_time_s / 86400
-        con.print(f"  {the_plan.spec.training.tokens:.3g} tokens in {the_plan.spec.training.train_steps} steps: "
-                  f"{days:.1f} days")
+        con.print(
+            f"  {the_plan.spec.training.tokens:.3g} tokens in {the_plan.spec.training.train_steps} steps: "
+            f"{days:.1f} days"
+        )
     if out is not None:
-        con.print(f"wrote {out}/: {', '.join(files)}" + (" (the default plan directory; --out DIR to choose)"
-                                                         if default_out else ""), markup=False)
+        con.print(
+            f"wrote {out}/: {', '.join(files)}"
+            + (" (the default plan directory; --out DIR to choose)" if default_out else ""),
+            markup=False,
+        )
 
 
 def _cell(value) -> str:
@@ -78,9 +107,11 @@ def memory_tight(s) -> str | None:
     under = err.get("largest_under") or 0.0
     if not under or s.memory_gib["total"] < s.capacity_gib * (1 - under):
         return None
-    return (f"{s.memory_gib['total']:.1f} GiB is within the memory model's error of the {s.capacity_gib:g} GiB "
-            f"capacity (published peaks ran up to {100 * under:.1f}% above the prediction, {err['rows']} runs); "
-            f"--memory-margin GIB keeps headroom")
+    return (
+        f"{s.memory_gib['total']:.1f} GiB is within the memory model's error of the {s.capacity_gib:g} GiB "
+        f"capacity (published peaks ran up to {100 * under:.1f}% above the prediction, {err['rows']} runs); "
+        f"--memory-margin GIB keeps headroom"
+    )
 
 
 def step_text(s) -> str:
@@ -93,8 +124,15 @@ def profile_table(rows: list[dict]) -> Table:
     for col in ("name", "origin", "nodes", "GPUs/node", "GPU", "GiB", "description"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["name"], r["origin"], str(r["nodes"] or "-"), str(r["gpus_per_node"] or "-"), r["gpu"] or "-",
-                  f"{r['gpu_memory_gib']:g}" if r["gpu_memory_gib"] else "-", r["description"])
+        t.add_row(
+            r["name"],
+            r["origin"],
+            str(r["nodes"] or "-"),
+            str(r["gpus_per_node"] or "-"),
+            r["gpu"] or "-",
+            f"{r['gpu_memory_gib']:g}" if r["gpu_memory_gib"] else "-",
+            r["description"],
+        )
     return t
 
 
@@ -103,9 +141,17 @@ def job_table(records) -> Table:
     for col in ("job", "cluster", "plan", "state", "elapsed", "requeues", "step", "loss", "submitted (UTC)"):
         t.add_column(col)
     for r in records:
-        t.add_row(r.job_id, r.cluster, r.plan_dir, r.state, elapsed(r.elapsed_s), str(r.requeues),
-                  "" if r.last_step is None else str(r.last_step), "" if r.last_loss is None else f"{r.last_loss:.4f}",
-                  r.submitted_at.replace("+00:00", ""))
+        t.add_row(
+            r.job_id,
+            r.cluster,
+            r.plan_dir,
+            r.state,
+            elapsed(r.elapsed_s),
+            str(r.requeues),
+            "" if r.last_step is None else str(r.last_step),
+            "" if r.last_loss is None else f"{r.last_loss:.4f}",
+            r.submitted_at.replace("+00:00", ""),
+        )
     return t
 
 
@@ -123,17 +169,24 @@ def calibration_summary(doc: dict, out) -> str:
     lines = [f"fitted {len(records)} measured run(s) on profile {doc['profile']}:"]
     for rec in records:
         if rec.get("out_of_memory"):
-            lines.append(f"  {rec.get('id')}: peak at least {rec.get('measured_peak_gib')} GiB, predicted "
-                         f"{rec.get('predicted_peak_gib')} GiB (memory only)")
+            lines.append(
+                f"  {rec.get('id')}: peak at least {rec.get('measured_peak_gib')} GiB, predicted "
+                f"{rec.get('predicted_peak_gib')} GiB (memory only)"
+            )
             continue
-        lines.append(f"  {rec.get('id')}: {rec.get('layout')}: measured {rec.get('measured_step_s')} s/step, predicted "
-                     f"{rec.get('predicted_before_s')} s before, {rec.get('predicted_after_s')} s after")
+        lines.append(
+            f"  {rec.get('id')}: {rec.get('layout')}: measured {rec.get('measured_step_s')} s/step, predicted "
+            f"{rec.get('predicted_before_s')} s before, {rec.get('predicted_after_s')} s after"
+        )
     for key in sorted(set(before) | set(after)):
         b, a = before.get(key), after.get(key)
         if isinstance(b, float) and isinstance(a, float):
             lines.append(f"  step-time {key.replace('_', ' ')}: {100 * b:.1f}% before, {100 * a:.1f}% after")
-    changed = {k: (doc["efficiency_before"].get(k), v) for k, v in doc["efficiency_after"].items()
-               if doc["efficiency_before"].get(k) != v}
+    changed = {
+        k: (doc["efficiency_before"].get(k), v)
+        for k, v in doc["efficiency_after"].items()
+        if doc["efficiency_before"].get(k) != v
+    }
     for k, (b, a) in sorted(changed.items()):
         lines.append(f"  efficiency.{k}: {b} -> {a}")
     lines += [f"  note: {n}" for n in doc.get("notes", [])]
@@ -148,8 +201,14 @@ def trial_proposal_table(proposal) -> Table:
     for col in ("#", "family", "layout", "step s", "GiB/GPU", "why"):
         t.add_column(col)
     for i, p in enumerate(proposal.picks):
-        t.add_row(str(i + 1), p.family, p.scored.layout.short(), step_text(p.scored),
-                  f"{p.scored.memory_gib['total']:.2f}", p.why)
+        t.add_row(
+            str(i + 1),
+            p.family,
+            p.scored.layout.short(),
+            step_text(p.scored),
+            f"{p.scored.memory_gib['total']:.2f}",
+            p.why,
+        )
     return t
 
 
@@ -157,9 +216,11 @@ def trial_cost_text(proposal, steps: int) -> str:
     c = proposal.cost
     n = len(proposal.picks)
     worst = n * proposal.time_limit_s * c.gpus / 3600
-    return (f"cost: {n} trials x {steps} steps on {c.gpus} GPUs, one after another: {c.gpu_hours:.3g} GPU-hours of "
-            f"predicted steps ({c.seconds:.0f} s), plus start-up; at most {worst:.3g} GPU-hours if every trial ran "
-            f"to its {proposal.time_limit_s / 60:.0f}-minute limit.")
+    return (
+        f"cost: {n} trials x {steps} steps on {c.gpus} GPUs, one after another: {c.gpu_hours:.3g} GPU-hours of "
+        f"predicted steps ({c.seconds:.0f} s), plus start-up; at most {worst:.3g} GPU-hours if every trial ran "
+        f"to its {proposal.time_limit_s / 60:.0f}-minute limit."
+    )
 
 
 def trial_state_table(manifest, records) -> Table:
@@ -167,24 +228,45 @@ def trial_state_table(manifest, records) -> Table:
     for col in ("trial", "layout", "job", "state", "step", "elapsed"):
         t.add_column(col)
     for e, r in zip(manifest.trials, records):
-        t.add_row(e.dir, e.layout, r.job_id, r.state, "" if r.last_step is None else f"{r.last_step}/{manifest.steps}",
-                  elapsed(r.elapsed_s))
+        t.add_row(
+            e.dir,
+            e.layout,
+            r.job_id,
+            r.state,
+            "" if r.last_step is None else f"{r.last_step}/{manifest.steps}",
+            elapsed(r.elapsed_s),
+        )
     return t
 
 
 def trial_results_table(results) -> Table:
     """Predicted vs measured per trial."""
     t = Table(show_edge=False, pad_edge=False)
-    for col in ("trial", "layout", "predicted s", "measured s", "error", "MFU", "predicted GiB", "measured GiB",
-                "outcome"):
+    for col in (
+        "trial",
+        "layout",
+        "predicted s",
+        "measured s",
+        "error",
+        "MFU",
+        "predicted GiB",
+        "measured GiB",
+        "outcome",
+    ):
         t.add_column(col)
     for r in results:
         err = "" if r.error is None else f"{100 * r.error:+.0f}%"
-        t.add_row(r.entry.dir, r.entry.layout, f"{r.entry.predicted_step_s:.3g}",
-                  "" if r.measured_step_s is None else f"{r.measured_step_s:.3g}", err,
-                  "" if r.mfu is None else f"{100 * r.mfu:.1f}%",
-                  f"{r.entry.predicted_peak_gib:.2f}", "" if r.peak_mem_gib is None else f"{r.peak_mem_gib:.2f}",
-                  r.failure or "ok")
+        t.add_row(
+            r.entry.dir,
+            r.entry.layout,
+            f"{r.entry.predicted_step_s:.3g}",
+            "" if r.measured_step_s is None else f"{r.measured_step_s:.3g}",
+            err,
+            "" if r.mfu is None else f"{100 * r.mfu:.1f}%",
+            f"{r.entry.predicted_peak_gib:.2f}",
+            "" if r.peak_mem_gib is None else f"{r.peak_mem_gib:.2f}",
+            r.failure or "ok",
+        )
     return t
 
 
@@ -192,22 +274,33 @@ def trial_summary(c, shown) -> str:
     """After the table: the calibration, the profile written, the winner and its evidence."""
     doc = c.report.as_dict()
     b, a = doc["step_time_error_before"], doc["step_time_error_after"]
-    lines = [f"calibrated on {sum(r.failure is None for r in c.results)} finished trial(s): step-time error mean "
-             f"{100 * b['mean']:.1f}% / max {100 * b['max']:.1f}% before, {100 * a['mean']:.1f}% / "
-             f"{100 * a['max']:.1f}% after"]
+    lines = [
+        f"calibrated on {sum(r.failure is None for r in c.results)} finished trial(s): step-time error mean "
+        f"{100 * b['mean']:.1f}% / max {100 * b['max']:.1f}% before, {100 * a['mean']:.1f}% / "
+        f"{100 * a['max']:.1f}% after"
+    ]
     lines += [f"  note: {n}" for n in doc.get("notes", [])]
     failed = [r for r in c.results if r.failure is not None]
     for r in failed:
-        what = {"oom": "ran out of memory (evidence against the memory model: the calibrated profile's overhead "
-                       "now covers it)", "timeout": "ran past its time limit", "cancelled": "was cancelled",
-                "error": "failed"}[r.failure]
+        what = {
+            "oom": "ran out of memory (evidence against the memory model: the calibrated profile's overhead "
+            "now covers it)",
+            "timeout": "ran past its time limit",
+            "cancelled": "was cancelled",
+            "error": "failed",
+        }[r.failure]
         lines.append(f"  {r.entry.dir} {what}")
     lines.append(f"wrote profile {shown(c.profile_path)} (extends the original)")
     p = c.plan
-    measured = (f"measured {c.measured_winner.measured_step_s:.3g} s in {c.measured_winner.entry.dir}"
-                if c.measured_winner else "not among the trials: its prediction rests on the calibrated profile")
-    lines.append(f"re-planned with {c.profile_name}: {p.layout.short()}, predicted {p.chosen.step_time_s:.3g} s/step "
-                 f"({measured})")
+    measured = (
+        f"measured {c.measured_winner.measured_step_s:.3g} s in {c.measured_winner.entry.dir}"
+        if c.measured_winner
+        else "not among the trials: its prediction rests on the calibrated profile"
+    )
+    lines.append(
+        f"re-planned with {c.profile_name}: {p.layout.short()}, predicted {p.chosen.step_time_s:.3g} s/step "
+        f"({measured})"
+    )
     lines.append(f"wrote {shown(c.plan_dir)}/ (evidence in plan.yaml); run it: dsorch submit {shown(c.plan_dir)}")
     return "\n".join(lines)
 
@@ -226,8 +319,11 @@ def doctor_report(data: dict, profile, expected) -> Group:
 
     parts: list = []
     n = data["world_size"]
-    reach = ("every rank reached every other (all-reduce exact; pairwise sends "
-             + ("checked" if data["pairwise"] == "checked" else data["pairwise"]) + ")")
+    reach = (
+        "every rank reached every other (all-reduce exact; pairwise sends "
+        + ("checked" if data["pairwise"] == "checked" else data["pairwise"])
+        + ")"
+    )
     if not data["allreduce_ok"]:
         reach = "[red]the all-reduce over every rank gave a wrong sum[/red]"
     if data["unreachable"]:
@@ -238,20 +334,34 @@ def doctor_report(data: dict, profile, expected) -> Group:
     for col in ("group", "ranks", "op", "size", "time (us)", "algbw GB/s", "busbw GB/s"):
         t.add_column(col, justify="left" if col in ("group", "op") else "right")
     for r in data["results"]:
-        t.add_row(r["group"], str(r["ranks"]), r["op"], _size(r["bytes"]), f"{r['time_us']:.1f}",
-                  f"{r['algbw_gbs']:.3g}", f"{r['busbw_gbs']:.3g}")
+        t.add_row(
+            r["group"],
+            str(r["ranks"]),
+            r["op"],
+            _size(r["bytes"]),
+            f"{r['time_us']:.1f}",
+            f"{r['algbw_gbs']:.3g}",
+            f"{r['busbw_gbs']:.3g}",
+        )
     parts.append(t)
     lines = []
     for group, want, lat_want, what in (
-            ("intra-node", expected.intra_gbs, expected.intra_latency_us, "intra_node.bandwidth_gbps / 2"),
-            ("inter-node", expected.inter_gbs, expected.inter_latency_us,
-             "inter_node.bandwidth_gbps / 8 x nics_per_node / gpus_per_node")):
+        ("intra-node", expected.intra_gbs, expected.intra_latency_us, "intra_node.bandwidth_gbps / 2"),
+        (
+            "inter-node",
+            expected.inter_gbs,
+            expected.inter_latency_us,
+            "inter_node.bandwidth_gbps / 8 x nics_per_node / gpus_per_node",
+        ),
+    ):
         got = peak_busbw(data, group)
         if got is None:
             lines.append(f"{group}: not measured (needs {'2 ranks per node' if group == 'intra-node' else '2 nodes'})")
             continue
-        lines.append(f"{group}: peak bus bandwidth {got:.3g} GB/s; the profile says {want:.3g} GB/s ({what}): "
-                     f"measured / profile {got / want:.2f}. Latency {latency_us(data, group):.1f} us per hop; the "
-                     f"profile says {lat_want:g} us.")
+        lines.append(
+            f"{group}: peak bus bandwidth {got:.3g} GB/s; the profile says {want:.3g} GB/s ({what}): "
+            f"measured / profile {got / want:.2f}. Latency {latency_us(data, group):.1f} us per hop; the "
+            f"profile says {lat_want:g} us."
+        )
     parts.append("\n".join(lines))
     return Group(*parts)

@@ -19,24 +19,53 @@ from orchestrator.cli.common import (
 )
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   dsorch doctor --cluster dgx16 --nodes 2          # two nodes are enough to see the fabric
   dsorch doctor --cluster dgx16 --nodes 2 --write  # store the figures in profiles/dgx16-doctor.yaml
-""")
-@click.option("--cluster", "-c", default=None, metavar="NAME", shell_complete=complete_cluster,
-              help="Cluster profile; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.")
-@click.option("--nodes", type=click.IntRange(1, 1_000_000), default=None,
-              help="Nodes to check (default the profile's); two show the inter-node fabric.")
-@click.option("--max-size", type=click.IntRange(1, 16384), default=None, metavar="MIB",
-              help="Largest message in MiB (default 256 on GPUs, 16 on CPU ranks).")
-@click.option("--iters", type=click.IntRange(1, 10_000), default=None,
-              help="Timed repetitions per size (default 20 on GPUs, 5 on CPU ranks).")
-@click.option("--timeout", type=click.IntRange(1, 100_000), default=20, show_default=True, metavar="MIN",
-              help="Time limit of the job, queueing included; the job is cancelled past it.")
-@click.option("--write", is_flag=True,
-              help="Store the measured bandwidths and latencies in PROFILES/<cluster>-doctor.yaml (extends the "
-                   "profile).")
+"""
+)
+@click.option(
+    "--cluster",
+    "-c",
+    default=None,
+    metavar="NAME",
+    shell_complete=complete_cluster,
+    help="Cluster profile; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.",
+)
+@click.option(
+    "--nodes",
+    type=click.IntRange(1, 1_000_000),
+    default=None,
+    help="Nodes to check (default the profile's); two show the inter-node fabric.",
+)
+@click.option(
+    "--max-size",
+    type=click.IntRange(1, 16384),
+    default=None,
+    metavar="MIB",
+    help="Largest message in MiB (default 256 on GPUs, 16 on CPU ranks).",
+)
+@click.option(
+    "--iters",
+    type=click.IntRange(1, 10_000),
+    default=None,
+    help="Timed repetitions per size (default 20 on GPUs, 5 on CPU ranks).",
+)
+@click.option(
+    "--timeout",
+    type=click.IntRange(1, 100_000),
+    default=20,
+    show_default=True,
+    metavar="MIN",
+    help="Time limit of the job, queueing included; the job is cancelled past it.",
+)
+@click.option(
+    "--write",
+    is_flag=True,
+    help="Store the measured bandwidths and latencies in PROFILES/<cluster>-doctor.yaml (extends the profile).",
+)
 @click.option("--name", default=None, help="Name of the written profile (default <cluster>-doctor).")
 @profiles_dir_option
 def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
@@ -56,11 +85,13 @@ def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
     project = cwd_project()
     pdir = resolve_profiles_dir(project, profiles_dir)
     lp = load_cluster(project, project.cluster(cluster), pdir)
-    sub = submit_checks(project.root, lp.profile, nodes=nodes, max_size_mib=max_size, iters=iters,
-                        timeout_min=timeout)
+    sub = submit_checks(project.root, lp.profile, nodes=nodes, max_size_mib=max_size, iters=iters, timeout_min=timeout)
     profile = sub.profile
-    click.echo(f"submitted doctor job {sub.job_id} ({profile.world_size} ranks on {profile.nodes} node(s) of "
-               f"{profile.name}); files in {display_path(sub.folder)}", err=True)
+    click.echo(
+        f"submitted doctor job {sub.job_id} ({profile.world_size} ranks on {profile.nodes} node(s) of "
+        f"{profile.name}); files in {display_path(sub.folder)}",
+        err=True,
+    )
     state = None
 
     def read_state():

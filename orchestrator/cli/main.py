@@ -33,7 +33,9 @@ class DsorchGroup(click.Group):
             raise UserError("the input is nested too deeply to be a dsorch file or path.") from None
 
 
-@click.group(cls=DsorchGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=DsorchGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
 @click.version_option(__version__, "--version", "-V", prog_name="dsorch", message="%(prog)s %(version)s")
 def main() -> None:
     """dsorch plans 3D-parallel LLM training for a SLURM cluster and writes the files to run it.
@@ -45,5 +47,22 @@ def main() -> None:
     """
 
 
-for command in (plan, plot, diff, validate, completion, import_hf, profiles, init, submit, status, logs, cancel, replan, trial, calibrate, doctor):
+for command in (
+    plan,
+    plot,
+    diff,
+    validate,
+    completion,
+    import_hf,
+    profiles,
+    init,
+    submit,
+    status,
+    logs,
+    cancel,
+    replan,
+    trial,
+    calibrate,
+    doctor,
+):
     main.add_command(command)

@@ -22,8 +22,14 @@ from orchestrator.plandir.reader import PlanDir, ScoredDoc
 
 # Colour-blind-safe (Okabe & Ito 2008), one per part, fixed so every plan reads the same.
 _COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#999999")
-_RC = {"svg.fonttype": "none", "svg.hashsalt": "dsorch", "font.family": "DejaVu Sans", "font.size": 9,
-       "axes.spines.top": False, "axes.spines.right": False}
+_RC = {
+    "svg.fonttype": "none",
+    "svg.hashsalt": "dsorch",
+    "font.family": "DejaVu Sans",
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+}
 
 
 @dataclass(frozen=True)
@@ -40,15 +46,19 @@ def _label(s: ScoredDoc) -> str:
 
 def memory_rows(pd: PlanDir) -> tuple[list[Row], float]:
     """One row per ranked layout (the chosen first): its memory stack per GPU, and the capacity."""
-    rows = [Row(_label(s), i == 0, {k: s.memory_gib_per_gpu[k] for k in MEMORY_PARTS}, s.memory_gib_per_gpu["total"])
-            for i, s in enumerate(pd.ranked)]
+    rows = [
+        Row(_label(s), i == 0, {k: s.memory_gib_per_gpu[k] for k in MEMORY_PARTS}, s.memory_gib_per_gpu["total"])
+        for i, s in enumerate(pd.ranked)
+    ]
     return rows, float(pd.doc.explain["capacity_gib"])
 
 
 def time_rows(pd: PlanDir) -> list[Row]:
     """One row per ranked layout: its step's time stack (exposed communication only)."""
-    return [Row(_label(s), i == 0, {k: s.time_breakdown_s[k] for k in TIME_PARTS}, float(s.predicted["step_time_s"]))
-            for i, s in enumerate(pd.ranked)]
+    return [
+        Row(_label(s), i == 0, {k: s.time_breakdown_s[k] for k in TIME_PARTS}, float(s.predicted["step_time_s"]))
+        for i, s in enumerate(pd.ranked)
+    ]
 
 
 @dataclass(frozen=True)
@@ -110,10 +120,9 @@ def schedule(pp: int, m: int, v: int, t_forward: float, t_backward: float, t_sen
             while cursor[s] < len(orders[s]):
                 kind, mb, c = orders[s][cursor[s]]
                 if kind == "F":
-                    dep = (("F", s - 1, mb, c) if s > 0 else ("F", pp - 1, mb, c - 1) if c > 0 else None)
+                    dep = ("F", s - 1, mb, c) if s > 0 else ("F", pp - 1, mb, c - 1) if c > 0 else None
                 else:
-                    dep = (("B", s + 1, mb, c) if s < pp - 1 else ("B", 0, mb, c + 1) if c < v - 1
-                           else ("F", s, mb, c))
+                    dep = ("B", s + 1, mb, c) if s < pp - 1 else ("B", 0, mb, c + 1) if c < v - 1 else ("F", s, mb, c)
                 if dep is not None and dep not in done:
                     break
                 ready = 0.0 if dep is None else done[dep] + (t_send if dep[1] != s else 0.0)
@@ -148,9 +157,12 @@ def schedule_of(pd: PlanDir) -> tuple[list[Block], str]:
     sends = 2 * m * v
     t_send = send_total / sends if pp > 1 else 0.0
     kind = "interleaved 1F1B" if v > 1 else ("1F1B" if pp > 1 else "no pipeline")
-    caption = (f"{kind}: pp {pp}" + (f", {v} chunks per stage" if v > 1 else "")
-               + f", {m} micro-batches per step" + (f" (the first {shown} drawn; the steady state repeats)"
-                                                    if shown < m else ""))
+    caption = (
+        f"{kind}: pp {pp}"
+        + (f", {v} chunks per stage" if v > 1 else "")
+        + f", {m} micro-batches per step"
+        + (f" (the first {shown} drawn; the steady state repeats)" if shown < m else "")
+    )
     return schedule(pp, shown, v, t_f, back * t_f, t_send), caption
 
 
@@ -173,16 +185,30 @@ def _svg(fig) -> str:
     return buf.getvalue()
 
 
-def _stacked(rows: list[Row], parts: tuple[str, ...], labels: dict[str, Label], title: str,
-             unit: str, prefix: str, fmt: str, limit: float | None = None) -> str:
+def _stacked(
+    rows: list[Row],
+    parts: tuple[str, ...],
+    labels: dict[str, Label],
+    title: str,
+    unit: str,
+    prefix: str,
+    fmt: str,
+    limit: float | None = None,
+) -> str:
     fig = _figure(9.0, 1.2 + 0.42 * len(rows))
     ax = fig.add_subplot()
     names = [("* " if r.chosen else "") + r.label for r in rows]
     ys = list(range(len(rows)))[::-1]
     for j, key in enumerate(parts):
         left = [sum(r.parts[k] for k in parts[:j]) for r in rows]
-        bars = ax.barh(ys, [r.parts[key] for r in rows], left=left, height=0.62, color=_COLOURS[j % len(_COLOURS)],
-                       label=labels[key].column)
+        bars = ax.barh(
+            ys,
+            [r.parts[key] for r in rows],
+            left=left,
+            height=0.62,
+            color=_COLOURS[j % len(_COLOURS)],
+            label=labels[key].column,
+        )
         for i, bar in enumerate(bars):
             bar.set_gid(f"{prefix}-{i}-{key}")
     for i, (y, r) in enumerate(zip(ys, rows)):
@@ -193,22 +219,40 @@ def _stacked(rows: list[Row], parts: tuple[str, ...], labels: dict[str, Label], 
     ax.set_yticks(ys, names, fontsize=8)
     ax.set_xlabel(unit)
     ax.set_title(title, loc="left")
-    ax.legend(ncols=len(parts), loc="upper center", bbox_to_anchor=(0.5, -0.5 / (1 + len(rows) / 4)), frameon=False,
-              fontsize=8)
+    ax.legend(
+        ncols=len(parts),
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.5 / (1 + len(rows) / 4)),
+        frameon=False,
+        fontsize=8,
+    )
     return _svg(fig)
 
 
 def draw_memory(pd: PlanDir) -> str:
     rows, capacity = memory_rows(pd)
-    return _stacked(rows, MEMORY_PARTS, MEMORY_LABELS,
-             f"{pd.doc.model.name} on {pd.doc.cluster.name}: memory per GPU (* chosen)", "GiB", "memory",
-             ".1f", limit=capacity)
+    return _stacked(
+        rows,
+        MEMORY_PARTS,
+        MEMORY_LABELS,
+        f"{pd.doc.model.name} on {pd.doc.cluster.name}: memory per GPU (* chosen)",
+        "GiB",
+        "memory",
+        ".1f",
+        limit=capacity,
+    )
 
 
 def draw_time(pd: PlanDir) -> str:
-    return _stacked(time_rows(pd), TIME_PARTS, TIME_LABELS,
-             f"{pd.doc.model.name} on {pd.doc.cluster.name}: time per step, exposed communication (* chosen)", "s",
-             "time", ".4g")
+    return _stacked(
+        time_rows(pd),
+        TIME_PARTS,
+        TIME_LABELS,
+        f"{pd.doc.model.name} on {pd.doc.cluster.name}: time per step, exposed communication (* chosen)",
+        "s",
+        "time",
+        ".4g",
+    )
 
 
 def draw_schedule(pd: PlanDir) -> str:
@@ -229,12 +273,25 @@ def draw_schedule(pd: PlanDir) -> str:
             bars.append([b.start, b.end])
     dense = len(blocks) > 400  # white edges would wash thin passes out
     for (stage, shade), bars in sorted(runs.items()):
-        ax.broken_barh([(a, e - a) for a, e in bars], (pp - 1 - stage - 0.4, 0.8), facecolors=shades[shade],
-                       edgecolors="none" if dense else "white", linewidth=0.3, gid=f"schedule-stage{stage}-{'FFBB'[shade]}{shade % 2}")
+        ax.broken_barh(
+            [(a, e - a) for a, e in bars],
+            (pp - 1 - stage - 0.4, 0.8),
+            facecolors=shades[shade],
+            edgecolors="none" if dense else "white",
+            linewidth=0.3,
+            gid=f"schedule-stage{stage}-{'FFBB'[shade]}{shade % 2}",
+        )
     if not dense:
         for b in blocks:
-            ax.text((b.start + b.end) / 2, pp - 1 - b.stage, str(b.micro_batch + 1), ha="center", va="center",
-                    fontsize=6, color="white")
+            ax.text(
+                (b.start + b.end) / 2,
+                pp - 1 - b.stage,
+                str(b.micro_batch + 1),
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white",
+            )
     ax.set_yticks(range(pp), [f"stage {s}" for s in range(pp)][::-1], fontsize=8)
     ax.set_xlabel("s (forward blue, backward orange, the shade alternating by chunk; gaps: bubble and sends)")
     ax.set_title(f"{pd.doc.model.name}: {caption}", loc="left")
@@ -251,13 +308,16 @@ def draw_steps(pd: PlanDir, runs: list[Path]) -> str:
         recs = read_steps(run / "metrics.jsonl")
         steps = [r["step"] for r in recs]
         loss_ax.plot(steps, [r["loss"] for r in recs], label=run.name, gid=f"steps-loss-{i}")
-        time_ax.plot(steps, [r["step_time_s"] for r in recs], marker=".", linewidth=0.8, label=run.name,
-                     gid=f"steps-time-{i}")
-    time_ax.axhline(predicted, color="#D55E00", linestyle="--", gid="steps-predicted",
-                    label=f"predicted {predicted:.4g} s")
+        time_ax.plot(
+            steps, [r["step_time_s"] for r in recs], marker=".", linewidth=0.8, label=run.name, gid=f"steps-time-{i}"
+        )
+    time_ax.axhline(
+        predicted, color="#D55E00", linestyle="--", gid="steps-predicted", label=f"predicted {predicted:.4g} s"
+    )
     if isinstance(interval, float):
-        time_ax.axhspan(predicted * (1 - interval), predicted * (1 + interval), color="#D55E00", alpha=0.12,
-                        gid="steps-interval")
+        time_ax.axhspan(
+            predicted * (1 - interval), predicted * (1 + interval), color="#D55E00", alpha=0.12, gid="steps-interval"
+        )
     loss_ax.set_ylabel("loss")
     time_ax.set_ylabel("step time (s)")
     time_ax.set_xlabel("step")

@@ -40,14 +40,22 @@ class ProjectConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    cluster: str | None = Field(default=None, min_length=1, max_length=200,
-                                description="default --cluster for plan, submit and calibrate")
-    profiles_dir: str | None = Field(default=None, min_length=1,
-                                     description="your cluster profiles (NAME.yaml); a name there wins over a shipped one")
-    plans_dir: str = Field(default="plans", min_length=1,
-                           description="`dsorch plan SPEC` writes PLANS_DIR/<spec>-<cluster>/")
-    runs_dir: str = Field(default="runs", min_length=1,
-                          description="`dsorch submit` writes checkpoints and metrics to RUNS_DIR/<plan>-<key>/")
+    cluster: str | None = Field(
+        default=None, min_length=1, max_length=200, description="default --cluster for plan, submit and calibrate"
+    )
+    profiles_dir: str | None = Field(
+        default=None,
+        min_length=1,
+        description="your cluster profiles (NAME.yaml); a name there wins over a shipped one",
+    )
+    plans_dir: str = Field(
+        default="plans", min_length=1, description="`dsorch plan SPEC` writes PLANS_DIR/<spec>-<cluster>/"
+    )
+    runs_dir: str = Field(
+        default="runs",
+        min_length=1,
+        description="`dsorch submit` writes checkpoints and metrics to RUNS_DIR/<plan>-<key>/",
+    )
 
 
 @dataclass(frozen=True)
@@ -94,8 +102,10 @@ class Project:
         directory when there is one (where `dsorch trial` writes the profile it calibrates)."""
         setting = self._resolve(flag, "--profiles-dir", ENV_PROFILES_DIR, "profiles_dir", env)
         if setting.value is None and (self.root / DEFAULT_PROFILES_DIR).is_dir():
-            return Setting(str(self.root / DEFAULT_PROFILES_DIR), f"{setting.origin}; the experiment directory's "
-                                                                  f"{DEFAULT_PROFILES_DIR}/")
+            return Setting(
+                str(self.root / DEFAULT_PROFILES_DIR),
+                f"{setting.origin}; the experiment directory's {DEFAULT_PROFILES_DIR}/",
+            )
         return setting
 
     @property
@@ -106,12 +116,17 @@ class Project:
     def runs_dir(self) -> Path:
         return self.root / self.config.runs_dir
 
-    def default_plan_dir(self, spec_name: str, cluster: str, runtime: str, nodes: int | None = None,
-                         gpus_per_node: int | None = None) -> Path:
+    def default_plan_dir(
+        self, spec_name: str, cluster: str, runtime: str, nodes: int | None = None, gpus_per_node: int | None = None
+    ) -> Path:
         """PLANS_DIR/<spec>-<cluster>[-<N>n][-<G>g][-<runtime>]: predictable, so `dsorch submit` can
         find it, and a resized or other-runtime plan does not overwrite the full-size one."""
-        name = (f"{spec_name}-{cluster}" + (f"-{nodes}n" if nodes else "") + (f"-{gpus_per_node}g" if gpus_per_node else "")
-                + ("" if runtime == "deepspeed" else f"-{runtime}"))
+        name = (
+            f"{spec_name}-{cluster}"
+            + (f"-{nodes}n" if nodes else "")
+            + (f"-{gpus_per_node}g" if gpus_per_node else "")
+            + ("" if runtime == "deepspeed" else f"-{runtime}")
+        )
         return self.plans_dir / (_UNSAFE.sub("-", name).strip("-.") or "plan")
 
     def plan_dirs(self) -> list[Path]:
@@ -168,9 +183,12 @@ def find_plan(project: Project, cwd: Path, cluster: Setting) -> Path:
     rel = _rel(project.plans_dir, cwd)
     note = f" (not counted, they do not load: {', '.join(broken)}; `dsorch validate` says why)" if broken else ""
     if not plans:
-        raise DsorchError(f"no PLAN_DIR given and {rel}/ has no plan directory for `dsorch submit` (the deepspeed "
-                          f"runtime){note}; write one with `dsorch plan SPEC"
-                          + (f" --cluster {cluster.value}" if cluster.value else " --cluster NAME") + "` or pass PLAN_DIR.")
+        raise DsorchError(
+            f"no PLAN_DIR given and {rel}/ has no plan directory for `dsorch submit` (the deepspeed "
+            f"runtime){note}; write one with `dsorch plan SPEC"
+            + (f" --cluster {cluster.value}" if cluster.value else " --cluster NAME")
+            + "` or pass PLAN_DIR."
+        )
     if cluster.value is not None:
         matching = [p for p, c in plans.items() if c == cluster.value]
         what = f"for cluster {cluster.describe()}"
@@ -181,8 +199,10 @@ def find_plan(project: Project, cwd: Path, cluster: Setting) -> Path:
         return matching[0]
     if not matching:
         have = ", ".join(f"{_rel(p, cwd)} ({c})" for p, c in plans.items())
-        raise DsorchError(f"no PLAN_DIR given and no plan in {rel}/ {what}; plans there: {have}{note}. Plan one with "
-                          f"`dsorch plan SPEC --cluster {cluster.value}`, or pass PLAN_DIR.")
+        raise DsorchError(
+            f"no PLAN_DIR given and no plan in {rel}/ {what}; plans there: {have}{note}. Plan one with "
+            f"`dsorch plan SPEC --cluster {cluster.value}`, or pass PLAN_DIR."
+        )
     listing = "\n  ".join(f"{_rel(p, cwd)} (cluster {plans[p]})" for p in matching)
     raise DsorchError(f"no PLAN_DIR given and {len(matching)} plans in {rel}/ {what}; say which:\n  {listing}")
 
@@ -238,5 +258,9 @@ def render_config(cluster: str | None, profiles_dir: str | None, plans_dir: str,
     def scalar(v: str | None) -> str:
         return "null" if v is None else yaml.safe_dump(v, default_style=None).strip().removesuffix("\n...")
 
-    return CONFIG_TEMPLATE.format(cluster=scalar(cluster), profiles_dir=scalar(profiles_dir),
-                                  plans_dir=scalar(plans_dir), runs_dir=scalar(runs_dir))
+    return CONFIG_TEMPLATE.format(
+        cluster=scalar(cluster),
+        profiles_dir=scalar(profiles_dir),
+        plans_dir=scalar(plans_dir),
+        runs_dir=scalar(runs_dir),
+    )

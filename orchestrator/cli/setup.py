@@ -20,12 +20,14 @@ from orchestrator.cli.common import (
 from orchestrator.errors import DsorchError
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   dsorch completion bash > ~/.dsorch-complete.bash && echo '. ~/.dsorch-complete.bash' >> ~/.bashrc
   dsorch completion zsh > ~/.dsorch-complete.zsh   # then source it from ~/.zshrc
   dsorch completion fish > ~/.config/fish/completions/dsorch.fish
-""")
+"""
+)
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell):
     """Print the shell completion script for dsorch (click's shell completion: commands, options,
@@ -37,19 +39,35 @@ def completion(shell):
     click.echo(cls(root, {}, "dsorch", "_DSORCH_COMPLETE").source())
 
 
-@click.command("import-hf", epilog="""\b
+@click.command(
+    "import-hf",
+    epilog="""\b
 Examples:
   dsorch import-hf Meta-Llama-3-8B/config.json --out specs/llama3-8b.yaml
   dsorch import-hf config.json --seq-length 4096 --global-batch-size 1024 --name qwen2-7b
-""")
+""",
+)
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Spec file to write; default: print it.")
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Spec file to write; default: print it.",
+)
 @click.option("--name", default=None, help="The spec's name; default the config's _name_or_path, else its folder.")
-@click.option("--seq-length", type=click.IntRange(1, 100_000_000), default=None,
-              help="training.seq_length; default max_position_embeddings, at most 8192.")
-@click.option("--global-batch-size", type=click.IntRange(1, 100_000_000), default=None,
-              help="training.global_batch_size in sequences; default about 4M tokens per step.")
+@click.option(
+    "--seq-length",
+    type=click.IntRange(1, 100_000_000),
+    default=None,
+    help="training.seq_length; default max_position_embeddings, at most 8192.",
+)
+@click.option(
+    "--global-batch-size",
+    type=click.IntRange(1, 100_000_000),
+    default=None,
+    help="training.global_batch_size in sequences; default about 4M tokens per step.",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 def import_hf(config, out, name, seq_length, global_batch_size, force):
     """Make a model spec from a Hugging Face config.json (Llama, Mistral, Qwen2, Gemma, GPT-NeoX,
@@ -68,17 +86,22 @@ def import_hf(config, out, name, seq_length, global_batch_size, force):
         if out.exists() and not force:
             raise UserError(f"--out {out} exists; pass --force to overwrite it, or choose another path.")
     imp = import_config(config, name)
-    doc = spec_document(imp, f"Hugging Face config.json ({imp.family}), imported by dsorch import-hf",
-                        seq_length, global_batch_size)
+    doc = spec_document(
+        imp, f"Hugging Face config.json ({imp.family}), imported by dsorch import-hf", seq_length, global_batch_size
+    )
     try:
         SpecFile.model_validate(doc)
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()[:5])
-        raise UserError(f"{config}: the imported spec is not valid: {problems}. Fix it with --seq-length / "
-                        f"--global-batch-size, or write the spec by hand.")
-    text = ("# Imported from a Hugging Face config.json by `dsorch import-hf`. The model section is the\n"
-            "# config's; the training section is a starting point: set the sequence, batch and length you train.\n"
-            + yaml.safe_dump(doc, sort_keys=False, width=100))
+        raise UserError(
+            f"{config}: the imported spec is not valid: {problems}. Fix it with --seq-length / "
+            f"--global-batch-size, or write the spec by hand."
+        )
+    text = (
+        "# Imported from a Hugging Face config.json by `dsorch import-hf`. The model section is the\n"
+        "# config's; the training section is a starting point: set the sequence, batch and length you train.\n"
+        + yaml.safe_dump(doc, sort_keys=False, width=100)
+    )
     for note in imp.notes:
         click.echo(f"note: not carried: {note}.", err=True)
     if out is None:
@@ -86,8 +109,11 @@ def import_hf(config, out, name, seq_length, global_batch_size, force):
         return
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, text)
-    click.echo(f"wrote {display_path(out)}: {imp.family}, {doc['model']['num_layers']} layers, hidden "
-               f"{doc['model']['hidden_size']}; next: dsorch plan {display_path(out)}", err=False)
+    click.echo(
+        f"wrote {display_path(out)}: {imp.family}, {doc['model']['num_layers']} layers, hidden "
+        f"{doc['model']['hidden_size']}; next: dsorch plan {display_path(out)}",
+        err=False,
+    )
 
 
 @click.command()
@@ -103,8 +129,10 @@ def profiles(name, as_json, profiles_dir):
     pdir = resolve_profiles_dir(cwd_project(), profiles_dir)
     if name:
         lp = load_profile(name, pdir)
-        doc = {"source": {"origin": lp.source.origin, "path": str(lp.source.path)},
-               **lp.profile.model_dump(mode="json")}
+        doc = {
+            "source": {"origin": lp.source.origin, "path": str(lp.source.path)},
+            **lp.profile.model_dump(mode="json"),
+        }
         if as_json:
             click.echo(json.dumps(doc, indent=2))
         else:
@@ -115,13 +143,31 @@ def profiles(name, as_json, profiles_dir):
         try:
             p = load_profile(pname, pdir).profile
         except DsorchError as e:  # one broken profile must not hide the others
-            rows.append({"name": pname, "origin": src.origin, "path": str(src.path), "nodes": None,
-                         "gpus_per_node": None, "gpu": None, "gpu_memory_gib": None,
-                         "description": f"INVALID: {' '.join(str(e).split())}"})
+            rows.append(
+                {
+                    "name": pname,
+                    "origin": src.origin,
+                    "path": str(src.path),
+                    "nodes": None,
+                    "gpus_per_node": None,
+                    "gpu": None,
+                    "gpu_memory_gib": None,
+                    "description": f"INVALID: {' '.join(str(e).split())}",
+                }
+            )
             continue
-        rows.append({"name": pname, "origin": src.origin, "path": str(src.path), "nodes": p.nodes,
-                     "gpus_per_node": p.gpus_per_node, "gpu": p.gpu.name, "gpu_memory_gib": p.gpu.memory_gib,
-                     "description": p.description})
+        rows.append(
+            {
+                "name": pname,
+                "origin": src.origin,
+                "path": str(src.path),
+                "nodes": p.nodes,
+                "gpus_per_node": p.gpus_per_node,
+                "gpu": p.gpu.name,
+                "gpu_memory_gib": p.gpu.memory_gib,
+                "description": p.description,
+            }
+        )
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -130,19 +176,39 @@ def profiles(name, as_json, profiles_dir):
     make_console().print(profile_table(rows))
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   dsorch init --cluster dgx16                       # in your experiment repository
   dsorch init --cluster mycluster --profiles-dir profiles   # your own profile in profiles/mycluster.yaml
-""")
+"""
+)
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path), default=".")
-@click.option("--cluster", "-c", default=None, metavar="NAME", shell_complete=complete_cluster, help="Default cluster profile of this repository.")
-@click.option("--profiles-dir", default=None, metavar="DIR",
-              help="Directory of your own cluster profiles, relative to DIRECTORY.")
-@click.option("--plans-dir", default="plans", show_default=True, metavar="DIR",
-              help="Where `dsorch plan SPEC` writes plan directories, relative to DIRECTORY.")
-@click.option("--runs-dir", default="runs", show_default=True, metavar="DIR",
-              help="Where `dsorch submit` writes checkpoints and metrics, relative to DIRECTORY.")
+@click.option(
+    "--cluster",
+    "-c",
+    default=None,
+    metavar="NAME",
+    shell_complete=complete_cluster,
+    help="Default cluster profile of this repository.",
+)
+@click.option(
+    "--profiles-dir", default=None, metavar="DIR", help="Directory of your own cluster profiles, relative to DIRECTORY."
+)
+@click.option(
+    "--plans-dir",
+    default="plans",
+    show_default=True,
+    metavar="DIR",
+    help="Where `dsorch plan SPEC` writes plan directories, relative to DIRECTORY.",
+)
+@click.option(
+    "--runs-dir",
+    default="runs",
+    show_default=True,
+    metavar="DIR",
+    help="Where `dsorch submit` writes checkpoints and metrics, relative to DIRECTORY.",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing dsorch.yaml.")
 def init(directory, cluster, profiles_dir, plans_dir, runs_dir, force):
     """Write dsorch.yaml for an experiment repository: its default cluster, profiles, plans and runs.
@@ -157,21 +223,27 @@ def init(directory, cluster, profiles_dir, plans_dir, runs_dir, force):
     target = directory / CONFIG_NAME
     for flag, value in (("--profiles-dir", profiles_dir), ("--plans-dir", plans_dir), ("--runs-dir", runs_dir)):
         if value is not None and (Path(value).is_absolute() or ".." in Path(value).parts or "\n" in value):
-            raise UserError(f"{flag} {value!r}: give a path inside {directory}, relative to it, so the "
-                            f"repository works wherever it is cloned.")
+            raise UserError(
+                f"{flag} {value!r}: give a path inside {directory}, relative to it, so the "
+                f"repository works wherever it is cloned."
+            )
     if target.exists() and not force:
         raise UserError(f"{target} exists; edit it, or pass --force to overwrite it.")
     if profiles_dir is not None and not (directory / profiles_dir).is_dir():
-        raise UserError(f"--profiles-dir {profiles_dir}: {directory / profiles_dir} is not a directory; create it "
-                        f"and put your cluster profiles (NAME.yaml) in it first.")
+        raise UserError(
+            f"--profiles-dir {profiles_dir}: {directory / profiles_dir} is not a directory; create it "
+            f"and put your cluster profiles (NAME.yaml) in it first."
+        )
     if cluster is not None:
         load_profile(cluster, directory / profiles_dir if profiles_dir else None)
     ignore, old, missing = missing_ignore_lines(directory, plans_dir, runs_dir)
     write_text_atomic(target, render_config(cluster, profiles_dir, plans_dir, runs_dir))
     if missing:
         write_text_atomic(ignore, merged_ignore(old, missing))
-    click.echo(f"wrote {display_path(target)}" + (f": default cluster {cluster}" if cluster else ": no default cluster "
-                                            "(add one with `cluster: NAME`)"))
+    click.echo(
+        f"wrote {display_path(target)}"
+        + (f": default cluster {cluster}" if cluster else ": no default cluster (add one with `cluster: NAME`)")
+    )
     if missing:
         click.echo(f"{'added to' if old else 'wrote'} {display_path(ignore)}: {' '.join(missing)}")
     click.echo(f"  next: dsorch plan SPEC  ->  {plans_dir}/<spec>-<cluster>/;  dsorch submit [--cluster NAME]")

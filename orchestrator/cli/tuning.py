@@ -25,21 +25,38 @@ from orchestrator.cli.common import (
 )
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   dsorch replan runs/llama3-8b-dgx16-3 --nodes 12      # a run dir
   dsorch replan 41234 --nodes 12                         # or the job that wrote it
   dsorch submit plans/llama3-8b-dgx16-12n --resume-from runs/llama3-8b-dgx16-3
-""")
+"""
+)
 @click.argument("run", metavar="RUN_DIR|JOB")
 @click.option("--nodes", type=click.IntRange(1, 1_000_000), default=None, help="Nodes to go on with.")
-@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
-              help="GPUs (processes) per node to go on with (default: as planned).")
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The new plan directory (default: the old one's name plus -<N>n).")
-@pin_options("tp", "pp", "dp", "zero_stage", "micro_batch_size",
-             zero_stage=dict(low=1, high=2, help="Pin the ZeRO stage (1 or 2: what converts)."),
-             micro_batch_size=dict(help="Pin the micro-batch size."))
+@click.option(
+    "--gpus-per-node",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="GPUs (processes) per node to go on with (default: as planned).",
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The new plan directory (default: the old one's name plus -<N>n).",
+)
+@pin_options(
+    "tp",
+    "pp",
+    "dp",
+    "zero_stage",
+    "micro_batch_size",
+    zero_stage=dict(low=1, high=2, help="Pin the ZeRO stage (1 or 2: what converts)."),
+    micro_batch_size=dict(help="Pin the micro-batch size."),
+)
 @profiles_dir_option
 def replan(run, nodes, gpus_per_node, out, pins, profiles_dir):
     """Re-plan a run for another number of nodes and convert its newest checkpoint to the new layout.
@@ -60,41 +77,76 @@ def replan(run, nodes, gpus_per_node, out, pins, profiles_dir):
     r = do_replan(project, run_dir, nodes, gpus_per_node, pins, out, resolve_profiles_dir(project, profiles_dir))
     p = r.plan
     click.echo(f"{display_path(run_dir)}: checkpoint of step {r.step}, layout {r.source.short()}")
-    click.echo(f"re-planned for {p.profile.nodes} x {p.profile.gpus_per_node} of {p.profile.name}: {p.layout.short()}, "
-               f"{p.chosen.memory_gib['total']:.1f} GiB per GPU, predicted {p.chosen.step_time_s:.3g} s/step "
-               f"(global batch {p.layout.global_batch_size} kept)")
-    click.echo(f"wrote {display_path(r.out)}/; converted the checkpoint to {display_path(r.universal)}/ (DeepSpeed universal)")
+    click.echo(
+        f"re-planned for {p.profile.nodes} x {p.profile.gpus_per_node} of {p.profile.name}: {p.layout.short()}, "
+        f"{p.chosen.memory_gib['total']:.1f} GiB per GPU, predicted {p.chosen.step_time_s:.3g} s/step "
+        f"(global batch {p.layout.global_batch_size} kept)"
+    )
+    click.echo(
+        f"wrote {display_path(r.out)}/; converted the checkpoint to {display_path(r.universal)}/ (DeepSpeed universal)"
+    )
     click.echo(f"  continue: dsorch submit {display_path(r.out)} --resume-from {display_path(run_dir)}")
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   dsorch trial examples/tiny.yaml --cluster local --top 2 --wait
   dsorch trial examples/llama3-8b.yaml --cluster dgx16 --nodes 2 --steps 30     # submit and return
   dsorch trial --status trials/llama3-8b-dgx16-2n
   dsorch trial --collect trials/llama3-8b-dgx16-2n [--wait]
-""")
+"""
+)
 @click.argument("target", metavar="SPEC_OR_TRIAL_DIR", type=click.Path(path_type=Path))
-@click.option("--cluster", "-c", default=None, metavar="NAME", shell_complete=complete_cluster,
-              help="Cluster profile to measure on; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.")
-@click.option("--top", type=click.IntRange(1, 100), default=3, show_default=True,
-              help="Layouts measured by rank; the best layout of every other family is measured besides.")
-@click.option("--steps", type=click.IntRange(5, 100_000), default=20, show_default=True,
-              help="Steps per trial; the first fifth is warm-up and not measured.")
+@click.option(
+    "--cluster",
+    "-c",
+    default=None,
+    metavar="NAME",
+    shell_complete=complete_cluster,
+    help="Cluster profile to measure on; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.",
+)
+@click.option(
+    "--top",
+    type=click.IntRange(1, 100),
+    default=3,
+    show_default=True,
+    help="Layouts measured by rank; the best layout of every other family is measured besides.",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(5, 100_000),
+    default=20,
+    show_default=True,
+    help="Steps per trial; the first fifth is warm-up and not measured.",
+)
 @click.option("--nodes", type=click.IntRange(1, 1_000_000), default=None, help="Override the profile's node count.")
-@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
-              help="Override the profile's GPUs (processes) per node.")
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Trial directory to write (default trials/<spec>-<cluster>/).")
+@click.option(
+    "--gpus-per-node",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Override the profile's GPUs (processes) per node.",
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Trial directory to write (default trials/<spec>-<cluster>/).",
+)
 @click.option("--dry-run", is_flag=True, help="Show the trials and their cost; write and submit nothing.")
 @click.option("--wait", is_flag=True, help="Wait for every trial (progress on stderr), then collect.")
 @click.option("--status", "show_status", is_flag=True, help="SPEC_OR_TRIAL_DIR is a trial directory: show its trials.")
-@click.option("--collect", is_flag=True,
-              help="SPEC_OR_TRIAL_DIR is a trial directory whose trials ended: compare, calibrate, re-plan.")
+@click.option(
+    "--collect",
+    is_flag=True,
+    help="SPEC_OR_TRIAL_DIR is a trial directory whose trials ended: compare, calibrate, re-plan.",
+)
 @click.option("--name", default=None, help="Name of the calibrated profile (default: <cluster>-measured).")
 @profiles_dir_option
-def trial(target, cluster, top, steps, nodes, gpus_per_node, out, dry_run, wait, show_status, collect, name,
-          profiles_dir):
+def trial(
+    target, cluster, top, steps, nodes, gpus_per_node, out, dry_run, wait, show_status, collect, name, profiles_dir
+):
     """Measure the top layouts of SPEC on the cluster, calibrate its profile from them, re-plan.
 
     The top layouts by prediction, and the best of every other family (ZeRO-3, pipeline, TP-heavy,
@@ -129,7 +181,9 @@ def trial(target, cluster, top, steps, nodes, gpus_per_node, out, dry_run, wait,
             records = trials.states(reg, manifest)
             con.print(trial_state_table(manifest, records))
             if not any(r.active for r in records):
-                click.echo(f"all {len(records)} trials ended; finish with: dsorch trial --collect {display_path(target)}")
+                click.echo(
+                    f"all {len(records)} trials ended; finish with: dsorch trial --collect {display_path(target)}"
+                )
             return
         _finish_trials(project, reg, target, manifest, pdir, name, wait)
         return
@@ -139,21 +193,29 @@ def trial(target, cluster, top, steps, nodes, gpus_per_node, out, dry_run, wait,
     lp = load_cluster(project, project.cluster(cluster), pdir)
     proposal = trials.propose(spec_file, lp, top, steps, nodes, gpus_per_node)
     if out is None:
-        out = project.root / "trials" / project.default_plan_dir(spec_file.name, lp.profile.name, "deepspeed", nodes,
-                                                                 gpus_per_node).name
+        out = (
+            project.root
+            / "trials"
+            / project.default_plan_dir(spec_file.name, lp.profile.name, "deepspeed", nodes, gpus_per_node).name
+        )
     check_out_path(out, "--out")
     con.print(f"trials of {spec_file.name} on {lp.profile.name} ({proposal.world_size} GPUs), {steps} steps each:")
     con.print(trial_proposal_table(proposal))
     click.echo(trial_cost_text(proposal, steps))
     if dry_run:
         return
-    manifest = trials.start(project, target, spec_file, loaded_spec.sha256, lp, proposal, out, steps, top, nodes,
-                            gpus_per_node, pdir)
+    manifest = trials.start(
+        project, target, spec_file, loaded_spec.sha256, lp, proposal, out, steps, top, nodes, gpus_per_node, pdir
+    )
     ids = ", ".join(t.job_id for t in manifest.trials)
-    click.echo(f"submitted {len(manifest.trials)} trials as one job array ({manifest.executor}): {ids}; "
-               f"trial directory {display_path(out)}")
+    click.echo(
+        f"submitted {len(manifest.trials)} trials as one job array ({manifest.executor}): {ids}; "
+        f"trial directory {display_path(out)}"
+    )
     if not wait:
-        click.echo(f"  progress: dsorch trial --status {display_path(out)}    when done: dsorch trial --collect {display_path(out)}")
+        click.echo(
+            f"  progress: dsorch trial --status {display_path(out)}    when done: dsorch trial --collect {display_path(out)}"
+        )
         return
     _finish_trials(project, reg, out, manifest, pdir, name, wait=True)
 
@@ -165,9 +227,11 @@ def _finish_trials(project, reg, trial_dir: Path, manifest, profiles_dir, name, 
     records = _wait_trials(reg, manifest) if wait else trials.states(reg, manifest)
     active = [r for r in records if r.active]
     if active:
-        raise UserError(f"{len(active)} of {len(records)} trials in {display_path(trial_dir)} are still queued or running "
-                        f"({', '.join(r.job_id for r in active)}); pass --wait, or see `dsorch trial --status "
-                        f"{display_path(trial_dir)}`.")
+        raise UserError(
+            f"{len(active)} of {len(records)} trials in {display_path(trial_dir)} are still queued or running "
+            f"({', '.join(r.job_id for r in active)}); pass --wait, or see `dsorch trial --status "
+            f"{display_path(trial_dir)}`."
+        )
     results = trials.results_of(Path(trial_dir), manifest, records)
     con = make_console()
     con.print(trial_results_table(results))
@@ -183,10 +247,19 @@ def _wait_trials(reg, manifest):
         running = sum(r.state == "RUNNING" for r in records)
         done = [r for r in records if not r.active]
         failed = sum(r.state != "COMPLETED" for r in done)
-        now = next((f"; {t.dir} at step {r.last_step or 0}/{manifest.steps}" for t, r in zip(manifest.trials, records)
-                    if r.state == "RUNNING"), "")
-        return (f"trials: {len(records) - running - len(done)} queued, {running} running, {len(done)} done"
-                + (f" ({failed} failed)" if failed else "") + now)
+        now = next(
+            (
+                f"; {t.dir} at step {r.last_step or 0}/{manifest.steps}"
+                for t, r in zip(manifest.trials, records)
+                if r.state == "RUNNING"
+            ),
+            "",
+        )
+        return (
+            f"trials: {len(records) - running - len(done)} queued, {running} running, {len(done)} done"
+            + (f" ({failed} failed)" if failed else "")
+            + now
+        )
 
     with status_line("trials: submitted") as show:
         for records in poll(lambda: trials.states(reg, manifest), every_s=2):
@@ -195,19 +268,37 @@ def _wait_trials(reg, manifest):
                 return records
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   dsorch calibrate runs/tiny-1 --cluster local --out my-local.yaml
   dsorch calibrate measured.jsonl --cluster dgx16 --name dgx16-calibrated --out profiles/dgx16-calibrated.yaml
-""")
+"""
+)
 @click.argument("metrics", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--cluster", "-c", default=None, metavar="NAME", shell_complete=complete_cluster,
-              help="Profile whose efficiencies to fit; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.")
-@click.option("--plan", "plan_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Plan directory the runs used (default: found next to each metrics.jsonl).")
+@click.option(
+    "--cluster",
+    "-c",
+    default=None,
+    metavar="NAME",
+    shell_complete=complete_cluster,
+    help="Profile whose efficiencies to fit; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.",
+)
+@click.option(
+    "--plan",
+    "plan_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Plan directory the runs used (default: found next to each metrics.jsonl).",
+)
 @click.option("--name", default=None, help="Name of the calibrated profile (default: NAME-calibrated).")
-@click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the calibrated profile here (default: print it).")
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the calibrated profile here (default: print it).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the fit report as JSON.")
 @profiles_dir_option
 def calibrate(metrics, cluster, plan_dir, name, out, as_json, profiles_dir):

@@ -35,15 +35,26 @@ import yaml
 
 from orchestrator.spec.cluster import ClusterProfile
 
-FIELDS = ("gemm", "attention", "hbm", "intra_node_comm", "inter_node_comm", "dp_overlap", "tp_overlap",
-          "zero3_stall_us")
+FIELDS = (
+    "gemm",
+    "attention",
+    "hbm",
+    "intra_node_comm",
+    "inter_node_comm",
+    "dp_overlap",
+    "tp_overlap",
+    "zero3_stall_us",
+)
 TABLE_FILE = "calibration.yaml"
 ENGINE_NAMES = ("megatron", "deepspeed-zero3", "deepspeed")
 # Where an engine without data of its own takes its kernel efficiencies from: DeepSpeed below
 # ZeRO-3 runs the same PyTorch kernels (dsorch's entrypoint) as its ZeRO-3, and ZeRO-3/FSDP the
 # same GEMMs as Megatron-LM on a GPU neither has been measured on.
-BORROWS = {"deepspeed": ("deepspeed-zero3", "megatron"), "deepspeed-zero3": ("megatron",),
-           "megatron": ("deepspeed-zero3",)}
+BORROWS = {
+    "deepspeed": ("deepspeed-zero3", "megatron"),
+    "deepspeed-zero3": ("megatron",),
+    "megatron": ("deepspeed-zero3",),
+}
 
 
 def engine_of(runtime: str, zero_stage) -> np.ndarray:
@@ -99,17 +110,31 @@ class Resolved:
             return None
         return self.held_out_max if self.held_out_max is not None else self.max_rel_error
 
-    def beyond(self, tp: int, pp: int, cp: int, fp8: bool, tp_overlap: bool = False,
-               dp_overlap: bool = False, megatron_fsdp: bool = False) -> str | None:
+    def beyond(
+        self,
+        tp: int,
+        pp: int,
+        cp: int,
+        fp8: bool,
+        tp_overlap: bool = False,
+        dp_overlap: bool = False,
+        megatron_fsdp: bool = False,
+    ) -> str | None:
         """What of a layout lies beyond the runs the entry was fitted on, in words; None if nothing."""
         if self.domain != "fitted" or not self.covers:
             return None
         c = dict(self.covers)
-        out = [f"{name} {v} (its runs: up to {c[name]})" for name, v in (("tp", tp), ("pp", pp), ("cp", cp))
-               if v > c.get(name, 1)]
-        for used, key, what in ((fp8, "fp8", "FP8 GEMMs"), (tp_overlap, "tp_overlap", "TP communication overlap"),
-                                (dp_overlap, "dp_overlap", "overlapped DP reduction"),
-                                (megatron_fsdp, "megatron_fsdp", "Megatron-FSDP's sharded gradients")):
+        out = [
+            f"{name} {v} (its runs: up to {c[name]})"
+            for name, v in (("tp", tp), ("pp", pp), ("cp", cp))
+            if v > c.get(name, 1)
+        ]
+        for used, key, what in (
+            (fp8, "fp8", "FP8 GEMMs"),
+            (tp_overlap, "tp_overlap", "TP communication overlap"),
+            (dp_overlap, "dp_overlap", "overlapped DP reduction"),
+            (megatron_fsdp, "megatron_fsdp", "Megatron-FSDP's sharded gradients"),
+        ):
             if used and not c.get(key):
                 out.append(f"{what} (none of its runs)")
         return ", ".join(out) or None
@@ -140,8 +165,9 @@ def _matches(entry: dict, profile: ClusterProfile, with_fabric: bool) -> bool:
     return not with_fabric or entry.get("inter_node") == profile.inter_node.kind
 
 
-def hardware_entry(profile: ClusterProfile, engine: str = "megatron",
-                   table: dict | None = None) -> tuple[dict | None, str, str]:
+def hardware_entry(
+    profile: ClusterProfile, engine: str = "megatron", table: dict | None = None
+) -> tuple[dict | None, str, str]:
     """The entry for ``engine`` on the profile's hardware, its domain ("fitted" only when it is the
     engine's own, fitted on runs on this GPU and fabric) and, outside it, why."""
     table = calibration_table() if table is None else table
@@ -154,12 +180,14 @@ def hardware_entry(profile: ClusterProfile, engine: str = "megatron",
                 if name != engine:
                     return entry, "borrowed", f"no {engine} runs on {gpu} (efficiencies of {entry['id']})"
                 if not with_fabric:
-                    return entry, "borrowed", (f"{entry['id']} was fitted on {entry.get('inter_node')}, not "
-                                               f"{fabric}")
+                    return entry, "borrowed", (f"{entry['id']} was fitted on {entry.get('inter_node')}, not {fabric}")
                 measured = {g.lower() for g in entry.get("measured_gpus", [gpu])}
                 if gpu.lower() not in measured:
-                    return entry, "borrowed", (f"{entry['id']} has no runs on {gpu} (its runs: "
-                                               f"{', '.join(entry['measured_gpus'])})")
+                    return (
+                        entry,
+                        "borrowed",
+                        (f"{entry['id']} has no runs on {gpu} (its runs: {', '.join(entry['measured_gpus'])})"),
+                    )
                 return entry, "fitted", ""
     return None, "default", f"no calibration for {gpu} and {engine}"
 
@@ -186,10 +214,19 @@ def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table:
         domain, reason = "adjusted", f"the profile states {', '.join(stated)}"
     err = (entry or {}).get("step_time_error") or table["default"].get("step_time_error") or {}
     covers = tuple(sorted((k, int(v)) for k, v in ((entry or {}).get("covers") or {}).items()))
-    return Resolved(**values, sources=tuple(sources), entry=None if entry is None else entry["id"],
-                    mean_rel_error=err.get("mean"), max_rel_error=err.get("max"), engine=engine,
-                    rows=err.get("rows"), domain=domain, covers=covers, reason=reason,
-                    held_out_max=err.get("held_out_max"))
+    return Resolved(
+        **values,
+        sources=tuple(sources),
+        entry=None if entry is None else entry["id"],
+        mean_rel_error=err.get("mean"),
+        max_rel_error=err.get("max"),
+        engine=engine,
+        rows=err.get("rows"),
+        domain=domain,
+        covers=covers,
+        reason=reason,
+        held_out_max=err.get("held_out_max"),
+    )
 
 
 def per_layout(profile: ClusterProfile, runtime: str, zero_stage) -> tuple[dict[str, np.ndarray], dict[str, Resolved]]:

@@ -52,8 +52,6 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from orchestrator.spec.cluster import ClusterProfile
-from orchestrator.spec.model import ModelSpec, TrainingSpec
 from orchestrator.costmodel.calibration import FIELDS, Resolved, per_layout
 from orchestrator.costmodel.flops import model_flops_per_step
 from orchestrator.costmodel.memory import (
@@ -65,6 +63,8 @@ from orchestrator.costmodel.memory import (
     state_bytes,
 )
 from orchestrator.costmodel.stacks import MEMORY_PARTS, TIME_PARTS, MemoryStack, TimeStack
+from orchestrator.spec.cluster import ClusterProfile
+from orchestrator.spec.model import ModelSpec, TrainingSpec
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 # Not a level dsorch plans: torchtitan's per-op selective checkpointing, which published FSDP runs
@@ -109,15 +109,27 @@ ENGINES = {
     # tp > 1 dsorch's ds_config sets pipeline.pipe_partitioned/grad_partitioned, so each tp rank
     # sends 1/tp of the activation and the receiver all-gathers it over NVLink (the same
     # scatter/gather as Megatron's); with SP the activation is already sequence-sharded, 1/tp.
-    "deepspeed": Engine(dp_overlap=True, dp_overlap_with_pp=False, param_gather_overlap=False,
-                        tp_overlap=False, p2p_scatter_gather=True, p2p_overlap=False),
+    "deepspeed": Engine(
+        dp_overlap=True,
+        dp_overlap_with_pp=False,
+        param_gather_overlap=False,
+        tp_overlap=False,
+        p2p_scatter_gather=True,
+        p2p_overlap=False,
+    ),
     # Megatron-LM as dsorch launches it: --overlap-grad-reduce / --overlap-param-gather with the
     # distributed optimizer; --tp-comm-overlap only where the spec asks (it needs Transformer
     # Engine userbuffers). Megatron-Core sends the whole (s, b, h) activation between stages, s/tp
     # only with sequence parallelism (pipeline_parallel/schedules.py get_tensor_shapes): the 2021
     # scatter/gather optimization is gone.
-    "megatron": Engine(dp_overlap=True, dp_overlap_with_pp=True, param_gather_overlap=True,
-                       tp_overlap=False, p2p_scatter_gather=False, p2p_overlap=True),
+    "megatron": Engine(
+        dp_overlap=True,
+        dp_overlap_with_pp=True,
+        param_gather_overlap=True,
+        tp_overlap=False,
+        p2p_scatter_gather=False,
+        p2p_overlap=True,
+    ),
 }
 
 
@@ -131,8 +143,12 @@ def runtime_engine(runtime: str, training: TrainingSpec) -> Engine:
 
 def _take(obj, idx):
     """A dataclass of arrays (nested ones included) cut down to the entries ``idx``."""
-    return type(obj)(**{f.name: _take(v, idx) if is_dataclass(v := getattr(obj, f.name)) else np.asarray(v)[idx]
-                        for f in fields(obj)})
+    return type(obj)(
+        **{
+            f.name: _take(v, idx) if is_dataclass(v := getattr(obj, f.name)) else np.asarray(v)[idx]
+            for f in fields(obj)
+        }
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -158,7 +174,7 @@ class Candidates:
     def __len__(self) -> int:
         return int(np.asarray(self.tp).size)
 
-    def take(self, idx) -> "Candidates":
+    def take(self, idx) -> Candidates:
         return _take(self, idx)
 
 
@@ -178,7 +194,7 @@ class Evaluation:
     # engines (FSDP) are compared without it (calibrate/rows.py predicted_peak_gib).
     entrypoint_activations: np.ndarray
 
-    def take(self, idx) -> "Evaluation":
+    def take(self, idx) -> Evaluation:
         return _take(self, idx)
 
 
@@ -262,8 +278,15 @@ def _rates(values) -> SimpleNamespace:
     return SimpleNamespace(**{f: values[f] for f in FIELDS})
 
 
-def _inputs(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str, c: Candidates,
-            eff: SimpleNamespace, eng: Engine) -> _Inputs:
+def _inputs(
+    model: ModelSpec,
+    training: TrainingSpec,
+    profile: ClusterProfile,
+    runtime: str,
+    c: Candidates,
+    eff: SimpleNamespace,
+    eng: Engine,
+) -> _Inputs:
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
     tp, pp, zero = f64(c.tp), f64(c.pp), np.asarray(c.zero_stage)
     h = float(model.hidden_size)
@@ -291,14 +314,39 @@ def _inputs(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, r
     last_params = ll * layer_params_local + out_local + tied_copy
     params_stage = np.maximum(np.maximum(first_params, middle_params), np.where(pp > 1, last_params, 0.0))
     cp = f64(c.cp)
-    return _Inputs(model=model, training=training, profile=profile, runtime=runtime, eff=eff, eng=eng, tp=tp, pp=pp,
-                   dp=f64(c.dp), vpp=f64(c.vpp), micro_batch_size=f64(c.micro_batch_size),
-                   grad_accum_steps=f64(c.grad_accum_steps), zero_stage=zero, recompute=np.asarray(c.recompute),
-                   sequence_parallel=np.asarray(c.sequence_parallel, dtype=bool), lf=lf, lm=lm, ll=ll,
-                   act_bytes=4 if training.precision == "fp32" else 2, weight_b=weight_b, grad_b=grad_b, opt_b=opt_b,
-                   comm_grad_b=comm_grad_b, cp=cp, s_local=float(training.seq_length) / cp, dpc=f64(c.dp) * cp,
-                   layer_params_local=layer_params_local, first_params=first_params, middle_params=middle_params,
-                   last_params=last_params, params_stage=params_stage)
+    return _Inputs(
+        model=model,
+        training=training,
+        profile=profile,
+        runtime=runtime,
+        eff=eff,
+        eng=eng,
+        tp=tp,
+        pp=pp,
+        dp=f64(c.dp),
+        vpp=f64(c.vpp),
+        micro_batch_size=f64(c.micro_batch_size),
+        grad_accum_steps=f64(c.grad_accum_steps),
+        zero_stage=zero,
+        recompute=np.asarray(c.recompute),
+        sequence_parallel=np.asarray(c.sequence_parallel, dtype=bool),
+        lf=lf,
+        lm=lm,
+        ll=ll,
+        act_bytes=4 if training.precision == "fp32" else 2,
+        weight_b=weight_b,
+        grad_b=grad_b,
+        opt_b=opt_b,
+        comm_grad_b=comm_grad_b,
+        cp=cp,
+        s_local=float(training.seq_length) / cp,
+        dpc=f64(c.dp) * cp,
+        layer_params_local=layer_params_local,
+        first_params=first_params,
+        middle_params=middle_params,
+        last_params=last_params,
+        params_stage=params_stage,
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -314,32 +362,77 @@ class _LayerActivations:
 def _layer_activations(x: _Inputs) -> _LayerActivations:
     model, training, tp, rc = x.model, x.training, x.tp, x.recompute
     s, mbs, sp = x.s_local, x.micro_batch_size, x.sequence_parallel  # with cp, each rank holds s/cp of every sequence
-    h, f, a, kv = float(model.hidden_size), float(model.ffn_hidden_size), float(model.num_attention_heads), float(model.kv_heads)
+    h, f, a, kv = (
+        float(model.hidden_size),
+        float(model.ffn_hidden_size),
+        float(model.num_attention_heads),
+        float(model.kv_heads),
+    )
     act_bytes = x.act_bytes
     fp8 = training.fp8 is not None
     act_layer = activation_bytes_per_layer(
-        s, mbs, h, f, a, kv, tp, sp, rc, swiglu=model.gated, flash=training.flash_attention,
-        hidden_dropout=training.hidden_dropout > 0, attention_dropout=training.attention_dropout > 0,
-        act_bytes=act_bytes, fp8=fp8)
+        s,
+        mbs,
+        h,
+        f,
+        a,
+        kv,
+        tp,
+        sp,
+        rc,
+        swiglu=model.gated,
+        flash=training.flash_attention,
+        hidden_dropout=training.hidden_dropout > 0,
+        attention_dropout=training.attention_dropout > 0,
+        act_bytes=act_bytes,
+        fp8=fp8,
+    )
     # Backward working set: the layer being back-propagated holds gradient buffers about the size
     # of its full activations (and, under recomputation, its rematerialized activations). Counted
     # once per stage, the same for every recompute level, so recompute never looks worse than none.
     working_layer = activation_bytes_per_layer(
-        s, mbs, h, f, a, kv, tp, sp, np.zeros_like(rc), swiglu=model.gated,
-        flash=training.flash_attention, hidden_dropout=training.hidden_dropout > 0,
-        attention_dropout=training.attention_dropout > 0, act_bytes=act_bytes, fp8=fp8)
+        s,
+        mbs,
+        h,
+        f,
+        a,
+        kv,
+        tp,
+        sp,
+        np.zeros_like(rc),
+        swiglu=model.gated,
+        flash=training.flash_attention,
+        hidden_dropout=training.hidden_dropout > 0,
+        attention_dropout=training.attention_dropout > 0,
+        act_bytes=act_bytes,
+        fp8=fp8,
+    )
     # The deepspeed runtime is dsorch's own entrypoint, whose layer keeps RoPE's cast tables and the
     # norms' 1/rms beside what the formula counts (memory.entrypoint_extra_bytes_per_layer, measured).
     if x.runtime == "deepspeed":
+
         def extra(level):
-            return entrypoint_extra_bytes_per_layer(s, mbs, float(model.head_dim), tp, sp, level,
-                                                    rmsnorm=model.normalization == "rmsnorm",
-                                                    rope=model.position_embedding == "rope", act_bytes=act_bytes)
+            return entrypoint_extra_bytes_per_layer(
+                s,
+                mbs,
+                float(model.head_dim),
+                tp,
+                sp,
+                level,
+                rmsnorm=model.normalization == "rmsnorm",
+                rope=model.position_embedding == "rope",
+                act_bytes=act_bytes,
+            )
+
         layer_extra, working_extra = extra(rc), extra(np.zeros_like(rc))
     else:
         layer_extra = working_extra = np.zeros_like(tp)
-    return _LayerActivations(saved=act_layer + layer_extra, working=working_layer + working_extra,
-                             saved_entrypoint=layer_extra, working_entrypoint=working_extra)
+    return _LayerActivations(
+        saved=act_layer + layer_extra,
+        working=working_layer + working_extra,
+        saved_entrypoint=layer_extra,
+        working_entrypoint=working_extra,
+    )
 
 
 def _comm_buffers(x: _Inputs) -> np.ndarray:
@@ -417,12 +510,19 @@ def _memory(x: _Inputs) -> _Memory:
         w, g, o = model_state_bytes(params_local, x.dpc, zero, x.weight_b, x.grad_b, x.opt_b)
         inflight = in_flight_micro_batches(pp, vpp, gas, stage_index)
         act = layers * layer.saved * inflight + layer.working + extra_act + (out_buf * inflight if outputs else 0.0)
-        return _StageMemory(params=w + layers * fp8_weights, grads=g, optimizer=o, activations=act,
-                            entrypoint_activations=layers * layer.saved_entrypoint * inflight + layer.working_entrypoint)
+        return _StageMemory(
+            params=w + layers * fp8_weights,
+            grads=g,
+            optimizer=o,
+            activations=act,
+            entrypoint_activations=layers * layer.saved_entrypoint * inflight + layer.working_entrypoint,
+        )
 
-    stages = (stage_memory(x.lf, x.first_params, 0.0, np.where(pp == 1, logits, 0.0)),
-              stage_memory(x.lm, x.middle_params, np.minimum(1.0, pp - 1), 0.0),
-              stage_memory(x.ll, x.last_params, pp - 1, logits, outputs=False))
+    stages = (
+        stage_memory(x.lf, x.first_params, 0.0, np.where(pp == 1, logits, 0.0)),
+        stage_memory(x.lm, x.middle_params, np.minimum(1.0, pp - 1), 0.0),
+        stage_memory(x.ll, x.last_params, pp - 1, logits, outputs=False),
+    )
     buffers = _comm_buffers(x)
     framework = np.full_like(tp, x.profile.memory_overhead_gib * GIB)
 
@@ -431,9 +531,18 @@ def _memory(x: _Inputs) -> _Memory:
     pick = lambda name: np.choose(which, [getattr(st, name) for st in stages])  # noqa: E731
     params_b, grads_b, opt_bytes, act_b = pick("params"), pick("grads"), pick("optimizer"), pick("activations")
     total = params_b + grads_b + opt_bytes + act_b + (framework + buffers)
-    return _Memory(stack=MemoryStack(params=params_b, grads=grads_b, optimizer=opt_bytes, activations=act_b,
-                                     comm_buffers=buffers, framework=framework, total=total),
-                   entrypoint_activations=pick("entrypoint_activations"))
+    return _Memory(
+        stack=MemoryStack(
+            params=params_b,
+            grads=grads_b,
+            optimizer=opt_bytes,
+            activations=act_b,
+            comm_buffers=buffers,
+            framework=framework,
+            total=total,
+        ),
+        entrypoint_activations=pick("entrypoint_activations"),
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -479,8 +588,14 @@ def _roofline(x: _Inputs) -> _Roofline:
     fp8_peak = fp8_peak_flops(x.profile)
     if fp8 and fp8_peak is None:  # rules.check_training refuses this before planning
         raise ValueError(f"training.fp8 needs gpu.peak_tflops.fp8 in profile '{x.profile.name}'")
-    return _Roofline(peak=peak, flop_rate=flop_rate, layer_rate=fp8_peak * x.eff.gemm if fp8 else flop_rate,
-                     hbm=x.profile.gpu.hbm_bandwidth_gbps * 1e9 * x.eff.hbm, act_bytes=float(x.act_bytes), fp8=fp8)
+    return _Roofline(
+        peak=peak,
+        flop_rate=flop_rate,
+        layer_rate=fp8_peak * x.eff.gemm if fp8 else flop_rate,
+        hbm=x.profile.gpu.hbm_bandwidth_gbps * 1e9 * x.eff.hbm,
+        act_bytes=float(x.act_bytes),
+        fp8=fp8,
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -505,15 +620,21 @@ def _attention(x: _Inputs, roof: _Roofline) -> _Attention:
         sc_flops_f = 0.5 * 4.0 * mbs * heads_local * s_local * s * d_head
         sc_bytes_f = s_local * mbs * (2 * h + 2 * kv_dim) / x.tp * e
         score_f = sc_flops_f / (roof.peak * x.eff.attention) + sc_bytes_f / roof.hbm
-        return _Attention(forward=_Work(seconds=score_f, flops=sc_flops_f),
-                          backward=_Work(seconds=2.5 * score_f, flops=2.5 * sc_flops_f), elementwise=0.0)
+        return _Attention(
+            forward=_Work(seconds=score_f, flops=sc_flops_f),
+            backward=_Work(seconds=2.5 * score_f, flops=2.5 * sc_flops_f),
+            elementwise=0.0,
+        )
     # Batched per head: (s x d) @ (d x s) and (s x s) @ (s x d), full s x s computed.
     forward = roof.gemm(s, s, d_head, mbs * heads_local) + roof.gemm(s, d_head, s, mbs * heads_local)
     # Fused scale-mask-softmax reads and writes the scores; attention dropout reads them,
     # writes its output and a 1-byte mask (Korthikanti et al. 2022, Sec. 4.1).
     drop = (2 * e + 1) if training.attention_dropout > 0 else 0.0
-    return _Attention(forward=forward, backward=_Work(seconds=2 * forward.seconds, flops=2 * forward.flops),
-                      elementwise=mbs * heads_local * s * s * (2 * e + drop) / roof.hbm)
+    return _Attention(
+        forward=forward,
+        backward=_Work(seconds=2 * forward.seconds, flops=2 * forward.flops),
+        elementwise=mbs * heads_local * s * s * (2 * e + drop) / roof.hbm,
+    )
 
 
 def _elementwise_forward(x: _Inputs, roof: _Roofline) -> np.ndarray:
@@ -530,8 +651,9 @@ def _elementwise_forward(x: _Inputs, roof: _Roofline) -> np.ndarray:
     sharded = ((3 * f if swiglu else 2 * f) * e + rotary) / tp
     # FP8: every linear layer casts its input forward and its output gradient backward (read 16-bit,
     # write 8-bit), counted with the forward's element-wise traffic.
-    fp8_cast = (3.0 * ((h + h + h + f) + ((h + 2 * kv_dim) / tp + h + (2 * f if swiglu else f) / tp + h))
-                if roof.fp8 else 0.0)
+    fp8_cast = (
+        3.0 * ((h + h + h + f) + ((h + 2 * kv_dim) / tp + h + (2 * f if swiglu else f) / tp + h)) if roof.fp8 else 0.0
+    )
     T = x.s_local * x.micro_batch_size
     return T * (np.where(x.sequence_parallel, replicated / tp, replicated) + sharded + fp8_cast / 2) / roof.hbm
 
@@ -552,9 +674,12 @@ def _compute(x: _Inputs) -> _Compute:
     roof = _roofline(x)
     T = x.s_local * x.micro_batch_size  # tokens per micro-batch on this rank
     qkv, proj = roof.gemm(T, (h + 2 * kv_dim) / tp, h, linear=True), roof.gemm(T, h, h / tp, linear=True)
-    dense = (qkv + proj  # QKV (column parallel), attention output projection (row parallel)
-             + roof.gemm(T, (2 * f if model.gated else f) / tp, h, linear=True)  # MLP up (+gate)
-             + roof.gemm(T, h, f / tp, linear=True))  # MLP down
+    dense = (
+        qkv
+        + proj  # QKV (column parallel), attention output projection (row parallel)
+        + roof.gemm(T, (2 * f if model.gated else f) / tp, h, linear=True)  # MLP up (+gate)
+        + roof.gemm(T, h, f / tp, linear=True)
+    )  # MLP down
     att = _attention(x, roof)
     elem_f = _elementwise_forward(x, roof) + att.elementwise
     # Backward: about twice the forward's traffic (gradient in and out, saved input read).
@@ -565,13 +690,19 @@ def _compute(x: _Inputs) -> _Compute:
     # the MLP's w3 in Llama's order wq, wk, wv, wo, w1, w3, w2) and every non-mm op; attention
     # (SDPA) is saved.
     op = roof.gemm(T, kv_dim / tp, h) + proj + roof.gemm(T, f / tp, h)
-    layer_rc = np.where(full_rc, layer_f, np.where(sel_rc, att.forward.seconds + att.elementwise,
-                                                   np.where(op_rc, op.seconds + elem_f, 0.0)))
+    layer_rc = np.where(
+        full_rc,
+        layer_f,
+        np.where(sel_rc, att.forward.seconds + att.elementwise, np.where(op_rc, op.seconds + elem_f, 0.0)),
+    )
     layer_time_mb = layer_f + layer_b + layer_rc
     sc_flops_f = att.forward.flops
-    layer_flops_mb = (3 * dense.flops + sc_flops_f + att.backward.flops
-                      + np.where(full_rc, dense.flops + sc_flops_f,
-                                 np.where(sel_rc, sc_flops_f, np.where(op_rc, op.flops, 0.0))))
+    layer_flops_mb = (
+        3 * dense.flops
+        + sc_flops_f
+        + att.backward.flops
+        + np.where(full_rc, dense.flops + sc_flops_f, np.where(sel_rc, sc_flops_f, np.where(op_rc, op.flops, 0.0)))
+    )
     # Logits on the last stage (vocab-parallel): one GEMM three times, and the fused cross-entropy
     # reading the 16-bit logits and writing fp32 softmax and its gradient.
     logit = roof.gemm(T, V / tp, h)
@@ -579,8 +710,12 @@ def _compute(x: _Inputs) -> _Compute:
     lf, lm, ll = x.lf, x.lm, x.ll
     compute_mb = np.maximum(lm * layer_time_mb, np.maximum(lf * layer_time_mb, ll * layer_time_mb + logit_time_mb))
     flops_step = gas * np.maximum(np.maximum(lm, lf) * layer_flops_mb, ll * layer_flops_mb + 3 * logit.flops)
-    return _Compute(per_micro_batch=compute_mb, per_step=gas * compute_mb, flops_step=flops_step,
-                    attention_layer_mb=att.forward.seconds + att.backward.seconds)
+    return _Compute(
+        per_micro_batch=compute_mb,
+        per_step=gas * compute_mb,
+        flops_step=flops_step,
+        attention_layer_mb=att.forward.seconds + att.backward.seconds,
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -596,11 +731,12 @@ class _Links:
 def _links(x: _Inputs) -> _Links:
     profile, eff = x.profile, x.eff
     g = profile.gpus_per_node
-    return _Links(nvlink=profile.intra_node.bandwidth_gbps * 1e9 / 2 * eff.intra_node_comm,  # one direction
-                  nvlink_latency=profile.intra_node.latency_us * 1e-6,
-                  ib=(profile.inter_node.bandwidth_gbps / 8 * 1e9 * profile.inter_node.nics_per_node / g
-                      * eff.inter_node_comm),
-                  ib_latency=profile.inter_node.latency_us * 1e-6)
+    return _Links(
+        nvlink=profile.intra_node.bandwidth_gbps * 1e9 / 2 * eff.intra_node_comm,  # one direction
+        nvlink_latency=profile.intra_node.latency_us * 1e-6,
+        ib=(profile.inter_node.bandwidth_gbps / 8 * 1e9 * profile.inter_node.nics_per_node / g * eff.inter_node_comm),
+        ib_latency=profile.inter_node.latency_us * 1e-6,
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -613,8 +749,9 @@ def _tp_comm_mb(x: _Inputs, links: _Links) -> _Overlapped:
     """Tensor-parallel collectives of the largest stage, per micro-batch."""
     T = x.s_local * x.micro_batch_size
     n_coll = 4 + 2 * (x.recompute == 2)
-    tp_layer_mb = n_coll * _ring_time(T * float(x.model.hidden_size) * float(x.act_bytes), x.tp, links.nvlink,
-                                      links.nvlink_latency, 2.0)
+    tp_layer_mb = n_coll * _ring_time(
+        T * float(x.model.hidden_size) * float(x.act_bytes), x.tp, links.nvlink, links.nvlink_latency, 2.0
+    )
     tp_total_mb = x.stage_layers * tp_layer_mb
     # --tp-comm-overlap needs sequence parallelism (validate_args), so it hides TP traffic only there.
     hidden = np.where(x.sequence_parallel & x.eng.tp_overlap, x.eff.tp_overlap, 0.0)
@@ -649,15 +786,17 @@ def _dp_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     k = np.where(one_node, dpc, in_node)
 
     def coll(nbytes, factor, buckets):
-        t = _hierarchical_time(nbytes, dpc, k, links.nvlink, links.nvlink_latency, links.ib, links.ib_latency,
-                               factor)
+        t = _hierarchical_time(nbytes, dpc, k, links.nvlink, links.nvlink_latency, links.ib, links.ib_latency, factor)
         # One latency chain per bucket (DeepSpeed reduce_bucket_size, Megatron's DDP buckets).
         lat = np.where(one_node, links.nvlink_latency, links.ib_latency) * factor * np.maximum(dpc - 1, 0.0)
         return t + np.maximum(buckets - 1, 0.0) * np.where(dpc > 1, lat, 0.0)
 
     # Megatron sizes its buckets by the dp-cp group (training.py resolve_ddp_bucket_size).
-    bucket_elems = (ZERO_BUCKET_ELEMENTS if x.runtime == "deepspeed"
-                    else np.maximum(MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP * dpc))
+    bucket_elems = (
+        ZERO_BUCKET_ELEMENTS
+        if x.runtime == "deepspeed"
+        else np.maximum(MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP * dpc)
+    )
     buckets = np.ceil(x.params_stage / bucket_elems)
     grad_bytes = x.params_stage * x.comm_grad_b
     weight_bytes = x.params_stage * x.weight_b
@@ -673,8 +812,10 @@ def _dp_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     # gradient buffer after the last micro-batch (engine.py buffered_allreduce_fallback), not
     # overlapped, then all-gathers the updated bf16 weights (bf16_optimizer.py).
     bf16_optimizer = (x.runtime == "deepspeed") & (training.precision == "bf16") & (zero == 1)
-    dp_total = np.select([zero == 0, bf16_optimizer, zero == 1, zero == 2, zero == 3],
-                         [allreduce, allreduce + ag, rs + ag, gas * rs + ag, gas * zero3_per_mb])
+    dp_total = np.select(
+        [zero == 0, bf16_optimizer, zero == 1, zero == 2, zero == 3],
+        [allreduce, allreduce + ag, rs + ag, gas * rs + ag, gas * zero3_per_mb],
+    )
     # What can hide it: the gradient reduction overlaps the last micro-batch's backward (2/3 of its
     # compute: DeepSpeed overlap_comm, Megatron --overlap-grad-reduce, which reduces only on the
     # last micro-batch); the weight all-gather overlaps the first forward (1/3) with Megatron's
@@ -682,8 +823,15 @@ def _dp_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     # prefetches over the whole step.
     compute, compute_mb = comp.per_step, comp.per_micro_batch
     can_overlap = eng.dp_overlap & ((pp == 1) | eng.dp_overlap_with_pp) & ~bf16_optimizer
-    window = np.where(zero == 3, compute, np.where(zero == 2, compute * 2.0 / 3.0,
-                      compute_mb * (2.0 / 3.0 + np.where((zero == 1) & eng.param_gather_overlap, 1.0 / 3.0, 0.0))))
+    window = np.where(
+        zero == 3,
+        compute,
+        np.where(
+            zero == 2,
+            compute * 2.0 / 3.0,
+            compute_mb * (2.0 / 3.0 + np.where((zero == 1) & eng.param_gather_overlap, 1.0 / 3.0, 0.0)),
+        ),
+    )
     hide = np.where(can_overlap, window * eff.dp_overlap, 0.0)
     # ZeRO-3 / FSDP: every layer's weight all-gather (forward, backward) and gradient reduce-scatter
     # is its own collective per micro-batch, issued from the host between layers; what no bandwidth
@@ -725,13 +873,26 @@ def _communication(x: _Inputs, comp: _Compute) -> _Communication:
     links = _links(x)
     tp = _tp_comm_mb(x, links)
     dp = _dp_comm(x, links, comp)
-    return _Communication(tp_comm_mb=tp.exposed, tp_comm_total=x.grad_accum_steps * tp.total,
-                          pp_comm=_pp_comm(x, links), dp_comm=dp.exposed, dp_comm_total=dp.total,
-                          cp_comm=_cp_comm(x, links, comp))
+    return _Communication(
+        tp_comm_mb=tp.exposed,
+        tp_comm_total=x.grad_accum_steps * tp.total,
+        pp_comm=_pp_comm(x, links),
+        dp_comm=dp.exposed,
+        dp_comm_total=dp.total,
+        cp_comm=_cp_comm(x, links, comp),
+    )
 
 
-def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
-             c: Candidates, *, efficiency: Resolved | None = None, engine: Engine | None = None) -> Evaluation:
+def evaluate(
+    model: ModelSpec,
+    training: TrainingSpec,
+    profile: ClusterProfile,
+    runtime: str,
+    c: Candidates,
+    *,
+    efficiency: Resolved | None = None,
+    engine: Engine | None = None,
+) -> Evaluation:
     """Memory and time stacks of every layout in ``c``: ``_memory``, ``_compute`` and
     ``_communication`` on the same inputs, put together.
 
@@ -757,11 +918,26 @@ def evaluate(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, 
     mfu = mflops / (step * (x.tp * x.cp * x.pp * x.dp) * peak)
     # The at-peak bound: the stage's FLOPs at the fastest rate any of them runs at.
     best_peak = max(peak, fp8_peak_flops(profile) or 0.0) if training.fp8 else peak
-    time = TimeStack(compute=comp.per_step, tp_comm=tp_comm, bubble=bubble, pp_comm=comm.pp_comm,
-                     dp_comm=comm.dp_comm, cp_comm=comm.cp_comm, optimizer=optimizer_step, step=step)
-    return Evaluation(memory=mem.stack, time=time, tokens_per_s=tokens / step, mfu=mfu,
-                      compute_at_peak=comp.flops_step / best_peak, tp_comm_total=comm.tp_comm_total,
-                      dp_comm_total=comm.dp_comm_total, entrypoint_activations=mem.entrypoint_activations)
+    time = TimeStack(
+        compute=comp.per_step,
+        tp_comm=tp_comm,
+        bubble=bubble,
+        pp_comm=comm.pp_comm,
+        dp_comm=comm.dp_comm,
+        cp_comm=comm.cp_comm,
+        optimizer=optimizer_step,
+        step=step,
+    )
+    return Evaluation(
+        memory=mem.stack,
+        time=time,
+        tokens_per_s=tokens / step,
+        mfu=mfu,
+        compute_at_peak=comp.flops_step / best_peak,
+        tp_comm_total=comm.tp_comm_total,
+        dp_comm_total=comm.dp_comm_total,
+        entrypoint_activations=mem.entrypoint_activations,
+    )
 
 
 def invariant_violations(c: Candidates, ev: Evaluation) -> list[str]:
@@ -778,7 +954,9 @@ def invariant_violations(c: Candidates, ev: Evaluation) -> list[str]:
         bad.append("context-parallel traffic with cp = 1")
     if np.any(mem.total < mem.params):
         bad.append("total memory below the local parameter shard")
-    parts = [(f"memory {k}", getattr(mem, k)) for k in MEMORY_PARTS] + [(f"time {k}", getattr(time, k)) for k in TIME_PARTS]
+    parts = [(f"memory {k}", getattr(mem, k)) for k in MEMORY_PARTS] + [
+        (f"time {k}", getattr(time, k)) for k in TIME_PARTS
+    ]
     for name, arr in parts:
         if np.any(~np.isfinite(arr)) or np.any(arr < 0):
             bad.append(f"{name} negative or not finite")

@@ -31,4 +31,3 @@ def model_flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: i
     w, sc = layer_forward_flops_per_token(model, seq_length)
     fwd = model.num_layers * (w + sc) + logits_forward_flops_per_token(model)
     return 3.0 * fwd * seq_length * global_batch_size
-

@@ -86,8 +86,24 @@ def model_state_bytes(params, dp, zero_stage, weight_b, grad_b, opt_b):
     return w, g, o
 
 
-def activation_bytes_per_layer(s, b, h, f, a, kv, t, sp, recompute, *, swiglu=True, flash=True,
-                               hidden_dropout=False, attention_dropout=False, act_bytes=2, fp8=False):
+def activation_bytes_per_layer(
+    s,
+    b,
+    h,
+    f,
+    a,
+    kv,
+    t,
+    sp,
+    recompute,
+    *,
+    swiglu=True,
+    flash=True,
+    hidden_dropout=False,
+    attention_dropout=False,
+    act_bytes=2,
+    fp8=False,
+):
     """Activation bytes one transformer layer keeps for one micro-batch, Korthikanti et al. 2022.
 
     ``recompute`` is 0 (none), 1 (selective) or 2 (full); ``sp`` is sequence parallelism.
@@ -136,8 +152,10 @@ def activation_bytes_per_layer(s, b, h, f, a, kv, t, sp, recompute, *, swiglu=Tr
     full = np.where(sp, 2 * sbh * scale / t, 2 * sbh * scale)
     # torchtitan's op SAC (calibration only, evaluate.RC_TORCHTITAN_OP) keeps the layer input, the
     # outputs of every other mm (wq, wv, w1, w2 in Llama's order) and SDPA's output and log-sum-exp.
-    op = (np.where(sp, 2 * sbh * scale / t, 2 * sbh * scale)
-          + ((2 + 2 * kv / a + 2 + 2) * sbh * scale + 2 * s * b * f * scale + scores) / t)
+    op = (
+        np.where(sp, 2 * sbh * scale / t, 2 * sbh * scale)
+        + ((2 + 2 * kv / a + 2 + 2) * sbh * scale + 2 * s * b * f * scale + scores) / t
+    )
     return np.where(rc == 2, full, np.where(rc == 3, op, per_layer))
 
 

@@ -126,34 +126,125 @@ class Axis:
 
 
 AXES: tuple[Axis, ...] = (
-    Axis(name="tp", label="tp", column="TP", flag="--tp", high=1024, neutral=1, short="tp{}", splits_world=True,
-         help="Pin the tensor-parallel degree."),
-    Axis(name="pp", label="pp", column="PP", flag="--pp", neutral=1, short="pp{}", splits_world=True,
-         help="Pin the pipeline-parallel degree."),
-    Axis(name="dp", label="dp", column="DP", flag="--dp", high=1_000_000_000, short="dp{}", splits_world=True,
-         help="Pin the data-parallel degree."),
-    Axis(name="vpp", label="vpp", column="VPP", flag="--vpp", neutral=1, short="vpp{}", omit_neutral=True,
-         help="Pin virtual pipeline stages per rank (interleaved schedule; megatron runtime only)."),
-    Axis(name="zero_stage", label="ZeRO stage", column="ZeRO", flag="--zero", low=0, high=3, neutral=0,
-         short="zero{}",
-         help="Pin the ZeRO stage (megatron runtime: 1 = distributed optimizer, 2 = Megatron-FSDP "
-              "optim_grads, gradients sharded too; 2 is searched only when pinned)."),
-    Axis(name="micro_batch_size", label="micro-batch", column="MBS", flag="--mbs", high=100_000_000, short="mbs{}",
-         help="Pin the micro-batch size (sequences)."),
-    Axis(name="grad_accum_steps", label="grad accumulation", column="GAS", high=100_000_000, short="gas{}",
-         help="Micro-batches per optimizer step: the global batch over micro-batch size x dp."),
-    Axis(name="recompute", label="recompute", column="recompute", kind=str, choices=RECOMPUTE_LEVELS,
-         flag="--recompute", neutral="none", short="rc={}", help="Pin activation recomputation."),
-    Axis(name="sequence_parallel", label="sequence parallel", column="SP", kind=bool, flag="--sp/--no-sp",
-         neutral=False, short="+sp", omit_neutral=True, help="Pin sequence parallelism on or off."),
-    Axis(name="cp", label="cp", column="CP", flag="--cp", neutral=1, since_0_1=False, short="cp{}",
-         omit_neutral=True, splits_world=True,
-         help="Pin the context-parallel degree (ring attention; megatron runtime only)."),
+    Axis(
+        name="tp",
+        label="tp",
+        column="TP",
+        flag="--tp",
+        high=1024,
+        neutral=1,
+        short="tp{}",
+        splits_world=True,
+        help="Pin the tensor-parallel degree.",
+    ),
+    Axis(
+        name="pp",
+        label="pp",
+        column="PP",
+        flag="--pp",
+        neutral=1,
+        short="pp{}",
+        splits_world=True,
+        help="Pin the pipeline-parallel degree.",
+    ),
+    Axis(
+        name="dp",
+        label="dp",
+        column="DP",
+        flag="--dp",
+        high=1_000_000_000,
+        short="dp{}",
+        splits_world=True,
+        help="Pin the data-parallel degree.",
+    ),
+    Axis(
+        name="vpp",
+        label="vpp",
+        column="VPP",
+        flag="--vpp",
+        neutral=1,
+        short="vpp{}",
+        omit_neutral=True,
+        help="Pin virtual pipeline stages per rank (interleaved schedule; megatron runtime only).",
+    ),
+    Axis(
+        name="zero_stage",
+        label="ZeRO stage",
+        column="ZeRO",
+        flag="--zero",
+        low=0,
+        high=3,
+        neutral=0,
+        short="zero{}",
+        help="Pin the ZeRO stage (megatron runtime: 1 = distributed optimizer, 2 = Megatron-FSDP "
+        "optim_grads, gradients sharded too; 2 is searched only when pinned).",
+    ),
+    Axis(
+        name="micro_batch_size",
+        label="micro-batch",
+        column="MBS",
+        flag="--mbs",
+        high=100_000_000,
+        short="mbs{}",
+        help="Pin the micro-batch size (sequences).",
+    ),
+    Axis(
+        name="grad_accum_steps",
+        label="grad accumulation",
+        column="GAS",
+        high=100_000_000,
+        short="gas{}",
+        help="Micro-batches per optimizer step: the global batch over micro-batch size x dp.",
+    ),
+    Axis(
+        name="recompute",
+        label="recompute",
+        column="recompute",
+        kind=str,
+        choices=RECOMPUTE_LEVELS,
+        flag="--recompute",
+        neutral="none",
+        short="rc={}",
+        help="Pin activation recomputation.",
+    ),
+    Axis(
+        name="sequence_parallel",
+        label="sequence parallel",
+        column="SP",
+        kind=bool,
+        flag="--sp/--no-sp",
+        neutral=False,
+        short="+sp",
+        omit_neutral=True,
+        help="Pin sequence parallelism on or off.",
+    ),
+    Axis(
+        name="cp",
+        label="cp",
+        column="CP",
+        flag="--cp",
+        neutral=1,
+        since_0_1=False,
+        short="cp{}",
+        omit_neutral=True,
+        splits_world=True,
+        help="Pin the context-parallel degree (ring attention; megatron runtime only).",
+    ),
 )
 AXIS: dict[str, Axis] = {a.name: a for a in AXES}
 # The order of short(): sequence parallelism is a mode of tp, cp splits what tp leaves.
-SHORT_ORDER = ("tp", "sequence_parallel", "cp", "pp", "vpp", "dp", "zero_stage", "micro_batch_size",
-               "grad_accum_steps", "recompute")
+SHORT_ORDER = (
+    "tp",
+    "sequence_parallel",
+    "cp",
+    "pp",
+    "vpp",
+    "dp",
+    "zero_stage",
+    "micro_batch_size",
+    "grad_accum_steps",
+    "recompute",
+)
 # Equal step time and memory: the layout with the smaller value of the first of these wins (the
 # search's lexsort keys; dp and grad_accum_steps follow from the others).
 TIEBREAK = ("tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "recompute", "sequence_parallel")
@@ -180,7 +271,7 @@ def short_text(values: Mapping[str, Any]) -> str:
     return out
 
 
-def _pins_of(cls, layout: Layout) -> "Pins":
+def _pins_of(cls, layout: Layout) -> Pins:
     """The pins that make the search evaluate exactly ``layout`` (its trial, its re-plan)."""
     return cls(**{f.name: getattr(layout, f.name) for f in dataclasses.fields(cls)})
 
@@ -216,12 +307,20 @@ if TYPE_CHECKING:  # the fields are the pinnable axes, made below: a type checke
 else:
     # Layout fields fixed by the user; None means 'search it'. Pins.of(layout) pins a whole layout.
     Pins = dataclasses.make_dataclass(
-        "Pins", [(a.name, a.kind | None, dataclasses.field(default=None)) for a in PINNABLE],
-        frozen=True, kw_only=True, slots=True,
-        namespace={"of": classmethod(_pins_of), "all_pinned": _all_pinned, "words": _pin_words,
-                   "pinned": _pinned,
-                   "replaced": lambda self, **changes: dataclasses.replace(self, **changes),
-                   "__doc__": "Layout fields fixed by the user; None means 'search it'."})
+        "Pins",
+        [(a.name, a.kind | None, dataclasses.field(default=None)) for a in PINNABLE],
+        frozen=True,
+        kw_only=True,
+        slots=True,
+        namespace={
+            "of": classmethod(_pins_of),
+            "all_pinned": _all_pinned,
+            "words": _pin_words,
+            "pinned": _pinned,
+            "replaced": lambda self, **changes: dataclasses.replace(self, **changes),
+            "__doc__": "Layout fields fixed by the user; None means 'search it'.",
+        },
+    )
     Pins.__module__ = __name__
 
 

@@ -43,8 +43,9 @@ class Plan:
     @property
     def resize_flags(self) -> str:
         """The plan command's resizing flags, for the regenerate line in plan.yaml."""
-        return ((f" --nodes {self.nodes_override}" if self.nodes_override else "")
-                + (f" --gpus-per-node {self.gpus_per_node_override}" if self.gpus_per_node_override else ""))
+        return (f" --nodes {self.nodes_override}" if self.nodes_override else "") + (
+            f" --gpus-per-node {self.gpus_per_node_override}" if self.gpus_per_node_override else ""
+        )
 
     @property
     def layout(self) -> Layout:
@@ -64,39 +65,83 @@ def _pins_text(pins: Pins) -> str:
     return f" with {', '.join(items)} pinned" if items else ""
 
 
-def make_plan(spec: SpecFile, spec_path: str, spec_sha256: str, loaded: LoadedProfile, runtime: str,
-              pins: Pins, *, nodes: int | None = None, gpus_per_node: int | None = None, memory_margin_gib: float = 0.0,
-              keep: int = KEEP, shown_path: str | None = None, measured_fit: dict | None = None) -> Plan:
+def make_plan(
+    spec: SpecFile,
+    spec_path: str,
+    spec_sha256: str,
+    loaded: LoadedProfile,
+    runtime: str,
+    pins: Pins,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    memory_margin_gib: float = 0.0,
+    keep: int = KEEP,
+    shown_path: str | None = None,
+    measured_fit: dict | None = None,
+) -> Plan:
     """``spec_path`` goes into the generated files; ``shown_path`` (the path as the user gave it)
     into error messages."""
     if gpus_per_node is not None and gpus_per_node > loaded.profile.gpus_per_node:
-        raise LayoutError(f"--gpus-per-node {gpus_per_node}: profile '{loaded.profile.name}' has {loaded.profile.gpus_per_node} "
-                          f"GPUs per node; --gpus-per-node plans for part of a node (a larger count needs a profile "
-                          f"that says so, e.g. one that extends it with gpus_per_node: {gpus_per_node}).")
+        raise LayoutError(
+            f"--gpus-per-node {gpus_per_node}: profile '{loaded.profile.name}' has {loaded.profile.gpus_per_node} "
+            f"GPUs per node; --gpus-per-node plans for part of a node (a larger count needs a profile "
+            f"that says so, e.g. one that extends it with gpus_per_node: {gpus_per_node})."
+        )
     if memory_margin_gib >= loaded.profile.gpu.memory_gib:
-        raise LayoutError(f"--memory-margin {memory_margin_gib:g} GiB leaves nothing of the {loaded.profile.gpu.memory_gib:g} "
-                          f"GiB per GPU; use a margin below the GPU memory.")
+        raise LayoutError(
+            f"--memory-margin {memory_margin_gib:g} GiB leaves nothing of the {loaded.profile.gpu.memory_gib:g} "
+            f"GiB per GPU; use a margin below the GPU memory."
+        )
     profile = loaded.profile.resized(nodes, gpus_per_node)
     problems = check_model(spec.model, runtime) + check_training(spec.training, profile, runtime)
     if problems:
         raise LayoutError(f"{shown_path or spec_path}: " + "; ".join(problems) + ".")
-    result = search(spec.model, spec.training, profile, runtime, pins, memory_margin_gib=memory_margin_gib,
-                    keep=keep, measured_fit=measured_fit)
+    result = search(
+        spec.model,
+        spec.training,
+        profile,
+        runtime,
+        pins,
+        memory_margin_gib=memory_margin_gib,
+        keep=keep,
+        measured_fit=measured_fit,
+    )
     if result.evaluated == 0:
         reasons = explain_pins(spec.model, spec.training, profile, runtime, pins)
         if not reasons:
-            reasons = [f"no layout of {profile.world_size} GPUs satisfies the pinned values and the batch arithmetic "
-                       f"(global_batch_size {spec.training.global_batch_size} must divide by dp x micro-batch)"]
-        raise LayoutError(f"no legal layout for {spec.name} on {profile.name} ({_nodes(profile.nodes)}){_pins_text(pins)}: "
-                          + "; ".join(reasons) + ".")
+            reasons = [
+                f"no layout of {profile.world_size} GPUs satisfies the pinned values and the batch arithmetic "
+                f"(global_batch_size {spec.training.global_batch_size} must divide by dp x micro-batch)"
+            ]
+        raise LayoutError(
+            f"no legal layout for {spec.name} on {profile.name} ({_nodes(profile.nodes)}){_pins_text(pins)}: "
+            + "; ".join(reasons)
+            + "."
+        )
     if result.best is None:
         raise NoFeasibleLayout(_nothing_fits(spec, profile, runtime, pins, result, memory_margin_gib))
-    return Plan(spec, spec_path, spec_sha256, profile, loaded.source.origin, loaded.sha256, runtime, pins,
-                memory_margin_gib, result, result.best, nodes, gpus_per_node, keep)
+    return Plan(
+        spec,
+        spec_path,
+        spec_sha256,
+        profile,
+        loaded.source.origin,
+        loaded.sha256,
+        runtime,
+        pins,
+        memory_margin_gib,
+        result,
+        result.best,
+        nodes,
+        gpus_per_node,
+        keep,
+    )
 
 
-def _nothing_fits(spec: SpecFile, profile: ClusterProfile, runtime: str, pins: Pins, result: SearchResult,
-                  margin: float) -> str:
+def _nothing_fits(
+    spec: SpecFile, profile: ClusterProfile, runtime: str, pins: Pins, result: SearchResult, margin: float
+) -> str:
     closest = result.closest[0]
     L = closest.layout
     cap = result.capacity_gib
@@ -109,19 +154,31 @@ def _nothing_fits(spec: SpecFile, profile: ClusterProfile, runtime: str, pins: P
         return lines[0] + " Unpin some of the layout (drop --tp/--pp/--mbs/...) or use more nodes (--nodes)."
     if runtime == "megatron" and pins.zero_stage is None:
         # Megatron-FSDP is searched only when pinned (rules.MEGATRON_FSDP_ZERO): say so when it would fit.
-        fsdp = search(spec.model, spec.training, profile, runtime, pins.replaced(zero_stage=MEGATRON_FSDP_ZERO),
-                      memory_margin_gib=margin, keep=1).best
+        fsdp = search(
+            spec.model,
+            spec.training,
+            profile,
+            runtime,
+            pins.replaced(zero_stage=MEGATRON_FSDP_ZERO),
+            memory_margin_gib=margin,
+            keep=1,
+        ).best
         if fsdp is not None:
-            lines.append(f"With Megatron-FSDP's sharded gradients (--zero {MEGATRON_FSDP_ZERO}, searched only when "
-                         f"pinned) {fsdp.layout.short()} fits at {fsdp.memory_gib['total']:.1f} GiB per GPU.")
+            lines.append(
+                f"With Megatron-FSDP's sharded gradients (--zero {MEGATRON_FSDP_ZERO}, searched only when "
+                f"pinned) {fsdp.layout.short()} fits at {fsdp.memory_gib['total']:.1f} GiB per GPU."
+            )
     more = minimum_nodes(spec.model, spec.training, profile, runtime, pins, memory_margin_gib=margin)
     if more is not None:
         n, best = more
         B = best.layout
-        lines.append(f"It needs at least {_nodes(n)} of {profile.name} (rerun with --nodes {n}): there {B.short()} takes "
-                     f"{best.memory_gib['total']:.1f} GiB per GPU.")
+        lines.append(
+            f"It needs at least {_nodes(n)} of {profile.name} (rerun with --nodes {n}): there {B.short()} takes "
+            f"{best.memory_gib['total']:.1f} GiB per GPU."
+        )
     else:
-        lines.append("No node count up to 64x the profile's makes it fit; use GPUs with more memory, a shorter "
-                     "seq_length or a smaller global batch.")
+        lines.append(
+            "No node count up to 64x the profile's makes it fit; use GPUs with more memory, a shorter "
+            "seq_length or a smaller global batch."
+        )
     return " ".join(lines)
-

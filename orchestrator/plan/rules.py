@@ -62,8 +62,7 @@ def uses_megatron_fsdp(runtime: str, zero_stage: int) -> bool:
     return runtime == "megatron" and zero_stage == MEGATRON_FSDP_ZERO
 
 
-def zero_stages(runtime: str, pp: int, precision: str, grad_accum_steps: int,
-                pinned: int | None = None) -> list[int]:
+def zero_stages(runtime: str, pp: int, precision: str, grad_accum_steps: int, pinned: int | None = None) -> list[int]:
     """The ZeRO stages a runtime can run a layout with (the solver enumerates exactly these);
     ``pinned`` is the stage the user asked for, if any."""
     if runtime == "megatron":
@@ -120,8 +119,13 @@ def uses_tp_overlap(runtime: str, training: TrainingSpec, layout: Layout) -> boo
     with tp > 1 and sequence parallelism (validate_args refuses it otherwise)."""
     # Not with Megatron-FSDP: TE's overlap wants CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron-FSDP
     # refuses (validate_args: "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset").
-    return (runtime == "megatron" and training.tp_comm_overlap and layout.tp > 1 and layout.sequence_parallel
-            and not uses_megatron_fsdp(runtime, layout.zero_stage))
+    return (
+        runtime == "megatron"
+        and training.tp_comm_overlap
+        and layout.tp > 1
+        and layout.sequence_parallel
+        and not uses_megatron_fsdp(runtime, layout.zero_stage)
+    )
 
 
 def sp_options(tp: int, cp: int, seq_length: int) -> list[bool]:
@@ -140,80 +144,120 @@ def interleaving_fits(vpp: int, pp: int, grad_accum_steps: int) -> bool:
 def tp_degrees(model: ModelSpec, gpus_per_node: int) -> list[int]:
     from orchestrator.plan.layout import divisors
 
-    return [t for t in divisors(gpus_per_node)
-            if model.num_attention_heads % t == 0 and model.kv_heads % t == 0]
+    return [t for t in divisors(gpus_per_node) if model.num_attention_heads % t == 0 and model.kv_heads % t == 0]
 
 
-def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, profile: ClusterProfile,
-                 runtime: str) -> list[str]:
+def check_layout(
+    layout: Layout, model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str
+) -> list[str]:
     """Every rule ``layout`` breaks, as sentences with a fix (empty when legal)."""
     r: list[str] = []
     L = layout
     world = profile.world_size
     if L.world_size != world:
-        r.append(f"tp*cp*pp*dp = {L.tp}*{L.cp}*{L.pp}*{L.dp} = {L.world_size} but the cluster has {world} GPUs "
-                 f"({profile.nodes} x {profile.gpus_per_node}); choose degrees whose product is {world}")
+        r.append(
+            f"tp*cp*pp*dp = {L.tp}*{L.cp}*{L.pp}*{L.dp} = {L.world_size} but the cluster has {world} GPUs "
+            f"({profile.nodes} x {profile.gpus_per_node}); choose degrees whose product is {world}"
+        )
     if L.cp > 1:
         if runtime != "megatron":
-            r.append(f"cp={L.cp}: context parallelism (ring attention) is a Megatron-LM feature; the bundled "
-                     f"DeepSpeed entrypoint has none (nor DeepSpeed-Ulysses); use cp=1 or --runtime megatron")
+            r.append(
+                f"cp={L.cp}: context parallelism (ring attention) is a Megatron-LM feature; the bundled "
+                f"DeepSpeed entrypoint has none (nor DeepSpeed-Ulysses); use cp=1 or --runtime megatron"
+            )
         elif not training.flash_attention:
-            r.append(f"cp={L.cp} needs Megatron-LM's fused attention (Transformer Engine); the unfused attention "
-                     f"refuses context parallelism: set training.flash_attention true or use cp=1")
+            r.append(
+                f"cp={L.cp} needs Megatron-LM's fused attention (Transformer Engine); the unfused attention "
+                f"refuses context parallelism: set training.flash_attention true or use cp=1"
+            )
         if not _splits_for_cp(training.seq_length, L.cp):
-            r.append(f"seq_length {training.seq_length} is not a multiple of 2 x cp = {2 * L.cp} (Megatron-LM "
-                     f"splits each sequence into 2 x cp chunks); choose a cp that fits")
+            r.append(
+                f"seq_length {training.seq_length} is not a multiple of 2 x cp = {2 * L.cp} (Megatron-LM "
+                f"splits each sequence into 2 x cp chunks); choose a cp that fits"
+            )
     if L.tp > profile.gpus_per_node or profile.gpus_per_node % L.tp:
-        r.append(f"tp={L.tp} must divide gpus_per_node={profile.gpus_per_node}: tensor parallelism stays inside "
-                 f"one node's NVLink domain (Narayanan et al. 2021, Sec. 3.3)")
+        r.append(
+            f"tp={L.tp} must divide gpus_per_node={profile.gpus_per_node}: tensor parallelism stays inside "
+            f"one node's NVLink domain (Narayanan et al. 2021, Sec. 3.3)"
+        )
     if model.num_attention_heads % L.tp:
-        r.append(f"tp={L.tp} does not divide num_attention_heads={model.num_attention_heads}; "
-                 f"use a tp that divides the head count")
+        r.append(
+            f"tp={L.tp} does not divide num_attention_heads={model.num_attention_heads}; "
+            f"use a tp that divides the head count"
+        )
     if model.kv_heads % L.tp:
-        r.append(f"tp={L.tp} does not divide num_kv_heads={model.kv_heads}; Megatron-LM shards whole key/value "
-                 f"groups, so use tp <= {model.kv_heads} dividing it")
+        r.append(
+            f"tp={L.tp} does not divide num_kv_heads={model.kv_heads}; Megatron-LM shards whole key/value "
+            f"groups, so use tp <= {model.kv_heads} dividing it"
+        )
     split = stage_split(model.num_layers, L.pp)
     if split is None:
-        r.append(f"pp={L.pp} cannot split num_layers={model.num_layers} into stages: use a pp that divides "
-                 f"{model.num_layers} (or {model.num_layers + 2}, with one layer fewer on the first and last stage)")
+        r.append(
+            f"pp={L.pp} cannot split num_layers={model.num_layers} into stages: use a pp that divides "
+            f"{model.num_layers} (or {model.num_layers + 2}, with one layer fewer on the first and last stage)"
+        )
     if L.vpp > 1:
         if runtime == "deepspeed":
-            r.append(f"vpp={L.vpp}: DeepSpeed's pipeline engine runs plain 1F1B with no interleaved schedule; "
-                     f"use vpp=1 or --runtime megatron")
+            r.append(
+                f"vpp={L.vpp}: DeepSpeed's pipeline engine runs plain 1F1B with no interleaved schedule; "
+                f"use vpp=1 or --runtime megatron"
+            )
         elif L.pp == 1:
             r.append(f"vpp={L.vpp} needs pp > 1 (virtual stages interleave pipeline stages); use vpp=1")
         elif L.pp == 2 and not training.overlap_p2p_comm:
-            r.append(f"vpp={L.vpp} with training.overlap_p2p_comm false needs pp > 2 (Megatron-LM's validate_args); "
-                     f"use vpp=1, pp > 2, or overlap the sends")
+            r.append(
+                f"vpp={L.vpp} with training.overlap_p2p_comm false needs pp > 2 (Megatron-LM's validate_args); "
+                f"use vpp=1, pp > 2, or overlap the sends"
+            )
         elif split is not None and split.middle % L.vpp:
-            r.append(f"vpp={L.vpp} must divide the {split.middle} layers per pipeline rank (pp={L.pp}"
-                     + (", the first and last counting the embedding and the loss as a layer each"
-                        if split.kind != "even" else "") + "); choose a vpp dividing them")
+            r.append(
+                f"vpp={L.vpp} must divide the {split.middle} layers per pipeline rank (pp={L.pp}"
+                + (
+                    ", the first and last counting the embedding and the loss as a layer each"
+                    if split.kind != "even"
+                    else ""
+                )
+                + "); choose a vpp dividing them"
+            )
         elif not interleaving_fits(L.vpp, L.pp, L.grad_accum_steps):
-            r.append(f"the interleaved schedule needs the number of micro-batches ({L.grad_accum_steps}) to be a "
-                     f"multiple of pp={L.pp} (Narayanan et al. 2021, Sec. 2.2.2); change the micro-batch size")
+            r.append(
+                f"the interleaved schedule needs the number of micro-batches ({L.grad_accum_steps}) to be a "
+                f"multiple of pp={L.pp} (Narayanan et al. 2021, Sec. 2.2.2); change the micro-batch size"
+            )
     if L.global_batch_size != training.global_batch_size:
-        r.append(f"micro_batch_size*grad_accum_steps*dp = {L.micro_batch_size}*{L.grad_accum_steps}*{L.dp} = "
-                 f"{L.global_batch_size} but global_batch_size is {training.global_batch_size}; choose a micro-batch "
-                 f"size that divides global_batch_size/dp")
+        r.append(
+            f"micro_batch_size*grad_accum_steps*dp = {L.micro_batch_size}*{L.grad_accum_steps}*{L.dp} = "
+            f"{L.global_batch_size} but global_batch_size is {training.global_batch_size}; choose a micro-batch "
+            f"size that divides global_batch_size/dp"
+        )
     if L.zero_stage not in zero_stages(runtime, L.pp, training.precision, L.grad_accum_steps, L.zero_stage):
         if runtime == "megatron":
-            r.append(f"zero_stage={L.zero_stage}: on Megatron-LM dsorch plans zero_stage 1 (the distributed "
-                     f"optimizer) and 2 (Megatron-FSDP optim_grads: gradients sharded too); Megatron-FSDP's "
-                     f"optim_grads_params (ZeRO-3) is not modelled: use zero_stage 0, 1 or 2, or the deepspeed runtime")
+            r.append(
+                f"zero_stage={L.zero_stage}: on Megatron-LM dsorch plans zero_stage 1 (the distributed "
+                f"optimizer) and 2 (Megatron-FSDP optim_grads: gradients sharded too); Megatron-FSDP's "
+                f"optim_grads_params (ZeRO-3) is not modelled: use zero_stage 0, 1 or 2, or the deepspeed runtime"
+            )
         elif L.pp > 1 and L.zero_stage > 1:
-            r.append(f"zero_stage={L.zero_stage} cannot be combined with pp={L.pp} in DeepSpeed's pipeline engine "
-                     f"(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1")
+            r.append(
+                f"zero_stage={L.zero_stage} cannot be combined with pp={L.pp} in DeepSpeed's pipeline engine "
+                f"(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1"
+            )
         else:
-            r.append(f"zero_stage=0 with bf16 and {L.grad_accum_steps} micro-batches per step: DeepSpeed accumulates "
-                     f"gradients in fp32 only from ZeRO-1 on, and bf16 accumulation loses gradient over many "
-                     f"micro-batches; use zero_stage>=1 (or one micro-batch per step)")
+            r.append(
+                f"zero_stage=0 with bf16 and {L.grad_accum_steps} micro-batches per step: DeepSpeed accumulates "
+                f"gradients in fp32 only from ZeRO-1 on, and bf16 accumulation loses gradient over many "
+                f"micro-batches; use zero_stage>=1 (or one micro-batch per step)"
+            )
     if L.sequence_parallel and L.tp == 1:
-        r.append("sequence parallelism splits the tensor-parallel region's activations and needs tp > 1; "
-                 "use --no-sp or tp > 1")
+        r.append(
+            "sequence parallelism splits the tensor-parallel region's activations and needs tp > 1; "
+            "use --no-sp or tp > 1"
+        )
     elif L.sequence_parallel and True not in sp_options(L.tp, L.cp, training.seq_length):
-        r.append(f"sequence parallelism splits each rank's {training.seq_length // L.cp} tokens over tp={L.tp}, "
-                 f"which does not divide them; use --no-sp or a tp dividing {training.seq_length // L.cp}")
+        r.append(
+            f"sequence parallelism splits each rank's {training.seq_length // L.cp} tokens over tp={L.tp}, "
+            f"which does not divide them; use --no-sp or a tp dividing {training.seq_length // L.cp}"
+        )
     return r
 
 
@@ -224,11 +268,11 @@ def check_model(model: ModelSpec, runtime: str) -> list[str]:
         # megatron/training/arguments.py offers --swiglu and --quick-geglu (a different GeGLU), and
         # its GPT layer is sequential (attention, then MLP).
         if model.activation == "geglu":
-            problems.append("model.activation geglu (Gemma's tanh GeGLU) has no Megatron-LM flag; use the deepspeed "
-                            "runtime")
+            problems.append(
+                "model.activation geglu (Gemma's tanh GeGLU) has no Megatron-LM flag; use the deepspeed runtime"
+            )
         if model.parallel_residual:
-            problems.append("model.parallel_residual: Megatron-LM's GPT layer is sequential; use the deepspeed "
-                            "runtime")
+            problems.append("model.parallel_residual: Megatron-LM's GPT layer is sequential; use the deepspeed runtime")
     return problems
 
 
@@ -236,21 +280,31 @@ def check_training(training: TrainingSpec, profile: ClusterProfile, runtime: str
     """What the runtime refuses about the training settings, whatever the layout."""
     problems = []
     if profile.backend == "gloo" and training.precision == "fp16":
-        problems.append(f"precision fp16 is refused by DeepSpeed on CPU (profile '{profile.name}' uses gloo); "
-                        f"set training.precision to bf16 or fp32")
+        problems.append(
+            f"precision fp16 is refused by DeepSpeed on CPU (profile '{profile.name}' uses gloo); "
+            f"set training.precision to bf16 or fp32"
+        )
     if training.fp8 is not None:
         if runtime != "megatron":
-            problems.append(f"training.fp8 {training.fp8!r}: FP8 GEMMs come from Transformer Engine under Megatron-LM; "
-                            f"the bundled DeepSpeed entrypoint has none: use --runtime megatron or drop training.fp8")
+            problems.append(
+                f"training.fp8 {training.fp8!r}: FP8 GEMMs come from Transformer Engine under Megatron-LM; "
+                f"the bundled DeepSpeed entrypoint has none: use --runtime megatron or drop training.fp8"
+            )
         elif profile.gpu.peak_tflops.fp8 is None:
-            problems.append(f"training.fp8 {training.fp8!r}: profile '{profile.name}' states no FP8 peak for "
-                            f"{profile.gpu.name} (gpu.peak_tflops.fp8; FP8 tensor cores start with Hopper and Ada): "
-                            f"add it to the profile or drop training.fp8")
+            problems.append(
+                f"training.fp8 {training.fp8!r}: profile '{profile.name}' states no FP8 peak for "
+                f"{profile.gpu.name} (gpu.peak_tflops.fp8; FP8 tensor cores start with Hopper and Ada): "
+                f"add it to the profile or drop training.fp8"
+            )
     if runtime != "megatron" and training.tp_comm_overlap:
-        problems.append("training.tp_comm_overlap is Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers); "
-                        "the deepspeed runtime does not overlap TP collectives: use --runtime megatron or set it false")
+        problems.append(
+            "training.tp_comm_overlap is Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers); "
+            "the deepspeed runtime does not overlap TP collectives: use --runtime megatron or set it false"
+        )
     if runtime == "megatron" and training.train_steps is None:
         # megatron/training/training.py (pretrain): "either train-iters or train-samples should be provided".
-        problems.append("the megatron runtime needs the training length (Megatron-LM's --train-iters): set "
-                        "training.steps or training.train_tokens")
+        problems.append(
+            "the megatron runtime needs the training length (Megatron-LM's --train-iters): set "
+            "training.steps or training.train_tokens"
+        )
     return problems

@@ -81,7 +81,7 @@ class SearchResult:
     capacity_gib: float
     rejected_rules: dict[str, int] = field(default_factory=dict)
     # The best layout of each family the search evaluated (plan.md's decision, dsorch plot).
-    families: tuple["FamilyBest", ...] = ()
+    families: tuple[FamilyBest, ...] = ()
 
     @property
     def best(self) -> Scored | None:
@@ -96,8 +96,9 @@ class FamilyBest:
     evaluated: int  # legal layouts of the family
 
 
-def _family_bests(cand: Candidates, ev: Evaluation, order: np.ndarray, fits: np.ndarray, capacity: float,
-                  confidence) -> tuple[FamilyBest, ...]:
+def _family_bests(
+    cand: Candidates, ev: Evaluation, order: np.ndarray, fits: np.ndarray, capacity: float, confidence
+) -> tuple[FamilyBest, ...]:
     codes = family_codes(cand.tp, cand.pp, cand.zero_stage, cand.cp)
     rank = np.empty(len(order), dtype=np.int64)
     feasible_order = order[fits[order]]
@@ -110,8 +111,9 @@ def _family_bests(cand: Candidates, ev: Evaluation, order: np.ndarray, fits: np.
         ok = feasible_order[members[feasible_order]]
         if len(ok):
             i = int(ok[0])
-            out.append(FamilyBest(name, _scored(cand, ev, i, capacity, confidence, fits), int(rank[i]),
-                                  int(members.sum())))
+            out.append(
+                FamilyBest(name, _scored(cand, ev, i, capacity, confidence, fits), int(rank[i]), int(members.sum()))
+            )
         else:
             idx = np.flatnonzero(members)
             i = int(idx[np.lexsort((ev.time.step[idx], ev.memory.total[idx]))][0])
@@ -133,8 +135,9 @@ RULE_ZERO_PP = "ZeRO-2/3 with pipeline parallelism (DeepSpeed)"
 RULE_ZERO_BF16 = "bf16 ZeRO-0 with gradient accumulation (DeepSpeed accumulates in fp32 from ZeRO-1)"
 
 
-def enumerate_layouts(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
-                      pins: Pins = Pins()) -> tuple[Candidates, dict[str, int]]:
+def enumerate_layouts(
+    model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str, pins: Pins = Pins()
+) -> tuple[Candidates, dict[str, int]]:
     """All legal layouts (honouring pins) as arrays, plus how many combinations each rule ruled
     out (counted where the rule applies: a tp degree, a (tp, pp) pair, or a whole layout)."""
     world = profile.world_size
@@ -184,11 +187,28 @@ def _layouts_at(tp, cp, pp, dp, split, model, training, runtime, pins, reject) -
             for z in wanted:
                 if z not in zeros:
                     reject(RULE_ZERO_PP if z > 1 and pp > 1 else RULE_ZERO_BF16, inner)
-            for z, rc, sp in itertools.product([z for z in wanted if z in zeros],
-                                               _options(pins, "recompute", RECOMPUTE_LEVELS),
-                                               _options(pins, "sequence_parallel", sps)):
-                rows.append(_row(dict(tp=tp, pp=pp, dp=dp, vpp=vpp, zero_stage=z, micro_batch_size=mbs,
-                                      grad_accum_steps=gas, recompute=rc, sequence_parallel=sp, cp=cp), split))
+            for z, rc, sp in itertools.product(
+                [z for z in wanted if z in zeros],
+                _options(pins, "recompute", RECOMPUTE_LEVELS),
+                _options(pins, "sequence_parallel", sps),
+            ):
+                rows.append(
+                    _row(
+                        dict(
+                            tp=tp,
+                            pp=pp,
+                            dp=dp,
+                            vpp=vpp,
+                            zero_stage=z,
+                            micro_batch_size=mbs,
+                            grad_accum_steps=gas,
+                            recompute=rc,
+                            sequence_parallel=sp,
+                            cp=cp,
+                        ),
+                        split,
+                    )
+                )
     return rows
 
 
@@ -198,8 +218,10 @@ _SPLIT_COLUMNS = ("layers_first", "layers_middle", "layers_last")
 
 def _row(layout: dict, split) -> dict:
     """One layout (its axes by name) as a row of Candidates: every axis coded, the stage split."""
-    return {**{a.name: a.code(layout[a.name]) for a in AXES},
-            **dict(zip(_SPLIT_COLUMNS, (split.first, split.middle, split.last)))}
+    return {
+        **{a.name: a.code(layout[a.name]) for a in AXES},
+        **dict(zip(_SPLIT_COLUMNS, (split.first, split.middle, split.last))),
+    }
 
 
 def _candidates(rows: list[dict]) -> Candidates:
@@ -226,10 +248,15 @@ def _confidence(profile: ClusterProfile, runtime: str, training: TrainingSpec, z
 
     def of(L: Layout) -> tuple[float | None, str]:
         r = resolved[str(engine_of(runtime, L.zero_stage).item())]
-        beyond = r.beyond(L.tp, L.pp, L.cp, training.fp8 is not None,
-                          tp_overlap=uses_tp_overlap(runtime, training, L),
-                          dp_overlap=eng.dp_overlap and L.dp * L.cp > 1 and (L.pp == 1 or eng.dp_overlap_with_pp),
-                          megatron_fsdp=uses_megatron_fsdp(runtime, L.zero_stage))
+        beyond = r.beyond(
+            L.tp,
+            L.pp,
+            L.cp,
+            training.fp8 is not None,
+            tp_overlap=uses_tp_overlap(runtime, training, L),
+            dp_overlap=eng.dp_overlap and L.dp * L.cp > 1 and (L.pp == 1 or eng.dp_overlap_with_pp),
+            megatron_fsdp=uses_megatron_fsdp(runtime, L.zero_stage),
+        )
         if beyond:
             return None, f"outside the fitted domain of {r.entry}: {beyond}"
         return r.interval, r.describe()
@@ -242,8 +269,18 @@ def _scored(c: Candidates, ev: Evaluation, i: int, capacity_gib: float, confiden
     mem = {k: float(getattr(ev.memory, k)[i]) / GIB for k in MEMORY_KEYS}
     t = {k: float(getattr(ev.time, k)[i]) for k in TIME_PARTS}
     interval, basis = confidence(layout)
-    return Scored(layout, mem, t, float(ev.time.step[i]), float(ev.tokens_per_s[i]), float(ev.mfu[i]),
-                  bool(mem["total"] <= capacity_gib) if fits is None else bool(fits[i]), capacity_gib, interval, basis)
+    return Scored(
+        layout,
+        mem,
+        t,
+        float(ev.time.step[i]),
+        float(ev.tokens_per_s[i]),
+        float(ev.mfu[i]),
+        bool(mem["total"] <= capacity_gib) if fits is None else bool(fits[i]),
+        capacity_gib,
+        interval,
+        basis,
+    )
 
 
 def _index_of(c: Candidates, layout: Layout) -> np.ndarray:
@@ -251,9 +288,17 @@ def _index_of(c: Candidates, layout: Layout) -> np.ndarray:
     return np.logical_and.reduce([getattr(c, a.name) == a.code(getattr(layout, a.name)) for a in AXES])
 
 
-def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
-           pins: Pins = Pins(), *, memory_margin_gib: float = 0.0, keep: int = 10,
-           measured_fit: dict[Layout, bool] | None = None) -> SearchResult:
+def search(
+    model: ModelSpec,
+    training: TrainingSpec,
+    profile: ClusterProfile,
+    runtime: str,
+    pins: Pins = Pins(),
+    *,
+    memory_margin_gib: float = 0.0,
+    keep: int = 10,
+    measured_fit: dict[Layout, bool] | None = None,
+) -> SearchResult:
     """Evaluate every legal layout and rank those that fit, fastest first.
 
     Ties in step time are broken by lower memory, then by the layout's fields, so the ranking
@@ -291,35 +336,49 @@ def search(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, ru
 _COMPLETION = {"zero_stage": 1, "micro_batch_size": 1}
 
 
-def explain_pins(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
-                 pins: Pins) -> list[str]:
+def explain_pins(
+    model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str, pins: Pins
+) -> list[str]:
     """Why pinned values admit no legal layout: the rules a best-effort completion breaks."""
     world = profile.world_size
-    values = {a.name: getattr(pins, a.name) if getattr(pins, a.name) is not None else _COMPLETION.get(a.name, a.neutral)
-              for a in PINNABLE}
+    values = {
+        a.name: getattr(pins, a.name) if getattr(pins, a.name) is not None else _COMPLETION.get(a.name, a.neutral)
+        for a in PINNABLE
+    }
     if values["dp"] is None:
         split = [n for n in SHORT_ORDER if AXIS[n].splits_world and n != "dp"]
         product = math.prod(values[n] for n in split)
         if world % product:
-            return [f"{'*'.join(split)} = {'*'.join(str(values[n]) for n in split)} = {product} does not divide the "
-                    f"cluster's {world} GPUs ({profile.nodes} x {profile.gpus_per_node}); choose degrees whose product "
-                    f"divides {world}"]
+            return [
+                f"{'*'.join(split)} = {'*'.join(str(values[n]) for n in split)} = {product} does not divide the "
+                f"cluster's {world} GPUs ({profile.nodes} x {profile.gpus_per_node}); choose degrees whose product "
+                f"divides {world}"
+            ]
         values["dp"] = max(1, world // product)
     gas = max(1, training.global_batch_size // (values["micro_batch_size"] * values["dp"]))
     layout = Layout(**values, grad_accum_steps=gas)
     return check_layout(layout, model, training, profile, runtime)
 
 
-def minimum_nodes(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str,
-                  pins: Pins = Pins(), *, memory_margin_gib: float = 0.0, max_factor: int = 64) -> tuple[int, Scored] | None:
+def minimum_nodes(
+    model: ModelSpec,
+    training: TrainingSpec,
+    profile: ClusterProfile,
+    runtime: str,
+    pins: Pins = Pins(),
+    *,
+    memory_margin_gib: float = 0.0,
+    max_factor: int = 64,
+) -> tuple[int, Scored] | None:
     """The smallest node count (above the profile's) at which some layout fits, with that layout."""
     start = profile.nodes + 1
     # Every count just above the profile's, then doublings: a search takes milliseconds, but a
     # scan of every count up to 64x would not.
-    counts = sorted({*range(start, start + 32), *(profile.nodes * 2 ** k for k in range(1, 7))})
+    counts = sorted({*range(start, start + 32), *(profile.nodes * 2**k for k in range(1, 7))})
     for nodes in [n for n in counts if n <= profile.nodes * max_factor]:
-        res = search(model, training, profile.resized(nodes=nodes), runtime, pins, memory_margin_gib=memory_margin_gib,
-                     keep=1)
+        res = search(
+            model, training, profile.resized(nodes=nodes), runtime, pins, memory_margin_gib=memory_margin_gib, keep=1
+        )
         if res.best is not None:
             return nodes, res.best
     return None

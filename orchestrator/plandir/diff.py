@@ -13,7 +13,6 @@ from orchestrator.plan.layout import AXIS, Layout
 from orchestrator.plandir.reader import PlanDir
 
 
-
 @dataclass
 class PlanDiff:
     inputs: list[tuple[str, object, object]] = field(default_factory=list)
@@ -29,17 +28,35 @@ class PlanDiff:
 
     @property
     def empty(self) -> bool:
-        return not any((self.inputs, self.profile, self.spec, self.layout, self.memory, self.predicted, self.flags,
-                        self.ds_config, self.files))
+        return not any(
+            (
+                self.inputs,
+                self.profile,
+                self.spec,
+                self.layout,
+                self.memory,
+                self.predicted,
+                self.flags,
+                self.ds_config,
+                self.files,
+            )
+        )
 
     def as_dict(self) -> dict:
         def rows(items, keys=("name", "before", "after")):
             return [dict(zip(keys, x)) for x in items]
 
-        return {"inputs": rows(self.inputs), "cluster_profile": rows(self.profile), "model_spec": rows(self.spec),
-                "layout": rows(self.layout), "memory_gib_per_gpu": rows(self.memory),
-                "predicted": rows(self.predicted), "megatron_flags": rows(self.flags, ("flag", "before", "after")),
-                "ds_config": rows(self.ds_config, ("key", "before", "after")), "files": self.files}
+        return {
+            "inputs": rows(self.inputs),
+            "cluster_profile": rows(self.profile),
+            "model_spec": rows(self.spec),
+            "layout": rows(self.layout),
+            "memory_gib_per_gpu": rows(self.memory),
+            "predicted": rows(self.predicted),
+            "megatron_flags": rows(self.flags, ("flag", "before", "after")),
+            "ds_config": rows(self.ds_config, ("key", "before", "after")),
+            "files": self.files,
+        }
 
 
 def parse_flags(text: str) -> dict[str, str]:
@@ -77,16 +94,24 @@ def field_changes(before: dict, after: dict) -> list[tuple[str, object, object]]
 def diff_plans(a: PlanDir, b: PlanDir) -> PlanDiff:
     d = PlanDiff()
     da, db = a.doc, b.doc
-    ins_a = {"model spec": f"{da.spec.name} ({da.inputs.model_spec.sha256[:12]})",
-             "cluster": f"{da.cluster.name}, {da.cluster.nodes} x {da.cluster.gpus_per_node} {da.cluster.gpu} "
-                        f"({da.inputs.cluster_profile.sha256[:12]})",
-             "runtime": da.runtime, "dsorch": da.dsorch_version, "pinned": da.inputs.pinned,
-             "memory margin GiB": da.inputs.memory_margin_gib}
-    ins_b = {"model spec": f"{db.spec.name} ({db.inputs.model_spec.sha256[:12]})",
-             "cluster": f"{db.cluster.name}, {db.cluster.nodes} x {db.cluster.gpus_per_node} {db.cluster.gpu} "
-                        f"({db.inputs.cluster_profile.sha256[:12]})",
-             "runtime": db.runtime, "dsorch": db.dsorch_version, "pinned": db.inputs.pinned,
-             "memory margin GiB": db.inputs.memory_margin_gib}
+    ins_a = {
+        "model spec": f"{da.spec.name} ({da.inputs.model_spec.sha256[:12]})",
+        "cluster": f"{da.cluster.name}, {da.cluster.nodes} x {da.cluster.gpus_per_node} {da.cluster.gpu} "
+        f"({da.inputs.cluster_profile.sha256[:12]})",
+        "runtime": da.runtime,
+        "dsorch": da.dsorch_version,
+        "pinned": da.inputs.pinned,
+        "memory margin GiB": da.inputs.memory_margin_gib,
+    }
+    ins_b = {
+        "model spec": f"{db.spec.name} ({db.inputs.model_spec.sha256[:12]})",
+        "cluster": f"{db.cluster.name}, {db.cluster.nodes} x {db.cluster.gpus_per_node} {db.cluster.gpu} "
+        f"({db.inputs.cluster_profile.sha256[:12]})",
+        "runtime": db.runtime,
+        "dsorch": db.dsorch_version,
+        "pinned": db.inputs.pinned,
+        "memory margin GiB": db.inputs.memory_margin_gib,
+    }
     d.inputs = _changed(ins_a, ins_b, ordered=True)
     # Plans written before plan.yaml recorded the profile (profile: null) show only its hash above.
     if da.profile is not None and db.profile is not None:
@@ -96,8 +121,7 @@ def diff_plans(a: PlanDir, b: PlanDir) -> PlanDiff:
     d.layout = [(AXIS[k].label if k in AXIS else k, x, y) for k, x, y in _changed(la, lb, ordered=True)]
     d.memory = _changed(da.memory_gib_per_gpu, db.memory_gib_per_gpu, ordered=True)
     keys = ("step_time_s", "tokens_per_s", "mfu", "model_tflops_per_gpu", "time_to_train_days")
-    d.predicted = _changed({k: da.predicted.get(k) for k in keys}, {k: db.predicted.get(k) for k in keys},
-                           ordered=True)
+    d.predicted = _changed({k: da.predicted.get(k) for k in keys}, {k: db.predicted.get(k) for k in keys}, ordered=True)
     fa, fb = parse_flags(a.texts.get("megatron_args.txt", "")), parse_flags(b.texts.get("megatron_args.txt", ""))
     d.flags = _changed(fa, fb)
     ca = _flatten(json.loads(a.texts["ds_config.json"])) if "ds_config.json" in a.texts else {}
@@ -128,9 +152,14 @@ def diff_text(d: PlanDiff, name_a: str, name_b: str) -> str:
     if d.empty:
         return f"{name_a} and {name_b}: no differences.\n"
     out = [f"{name_a} -> {name_b}"]
-    sections = (("inputs", d.inputs, False), ("cluster profile fields", d.profile, False),
-                ("model spec fields", d.spec, False), ("layout", d.layout, False),
-                ("memory per GPU (GiB)", d.memory, True), ("prediction", d.predicted, True))
+    sections = (
+        ("inputs", d.inputs, False),
+        ("cluster profile fields", d.profile, False),
+        ("model spec fields", d.spec, False),
+        ("layout", d.layout, False),
+        ("memory per GPU (GiB)", d.memory, True),
+        ("prediction", d.predicted, True),
+    )
     for title, rows, relative in sections:
         if rows:
             out.append(f"{title}:")
@@ -152,7 +181,6 @@ def diff_text(d: PlanDiff, name_a: str, name_b: str) -> str:
     return "\n".join(out) + "\n"
 
 
-
 def stale_inputs(plan_dir, the_plan) -> list[str]:
     """Why a committed plan differs from what its inputs give now (`plan --check`): the cluster
     profile's and the spec's fields that changed since it was planned, and the layout it would get
@@ -167,10 +195,15 @@ def stale_inputs(plan_dir, the_plan) -> list[str]:
         return []
     lines = []
     for what, key, sha, now, name in (
-            ("cluster profile", "cluster_profile", the_plan.profile_sha256, the_plan.profile.model_dump(mode="json"),
-             the_plan.profile.name),
-            ("model spec", "model_spec", the_plan.spec_sha256, the_plan.spec.model_dump(mode="json"),
-             the_plan.spec_path)):
+        (
+            "cluster profile",
+            "cluster_profile",
+            the_plan.profile_sha256,
+            the_plan.profile.model_dump(mode="json"),
+            the_plan.profile.name,
+        ),
+        ("model spec", "model_spec", the_plan.spec_sha256, the_plan.spec.model_dump(mode="json"), the_plan.spec_path),
+    ):
         was = (inputs.get(key) or {}).get("sha256") if isinstance(inputs, dict) else None
         if was is None or was == sha:
             continue
@@ -191,9 +224,11 @@ def stale_inputs(plan_dir, the_plan) -> list[str]:
     # field of the difference above comes from that, not from a change to the profile.
     origin = (inputs.get("cluster_profile") or {}).get("origin") if isinstance(inputs, dict) else None
     if origin is not None and origin != the_plan.profile_origin:
-        lines.append(f"the cluster profile {the_plan.profile.name} was a {origin} profile when planned and is a "
-                     f"{the_plan.profile_origin} one now; if the {origin} one was meant, pass its directory with "
-                     f"--profiles-dir (or $DSORCH_PROFILES_DIR, or profiles_dir in dsorch.yaml).")
+        lines.append(
+            f"the cluster profile {the_plan.profile.name} was a {origin} profile when planned and is a "
+            f"{the_plan.profile_origin} one now; if the {origin} one was meant, pass its directory with "
+            f"--profiles-dir (or $DSORCH_PROFILES_DIR, or profiles_dir in dsorch.yaml)."
+        )
     if lines:
         now_layout = the_plan.layout.as_dict()
         if isinstance(old_layout, dict) and any(old_layout.get(k) != v for k, v in now_layout.items()):
@@ -201,8 +236,10 @@ def stale_inputs(plan_dir, the_plan) -> list[str]:
                 was = Layout(**old_layout).short()
             except (TypeError, ValueError):
                 was = "the committed layout"
-            lines.append(f"the best layout now: {the_plan.layout.short()} ({the_plan.chosen.step_time_s:.4g} s per "
-                         f"step), was {was}.")
+            lines.append(
+                f"the best layout now: {the_plan.layout.short()} ({the_plan.chosen.step_time_s:.4g} s per "
+                f"step), was {was}."
+            )
         else:
             lines.append(f"the best layout is unchanged: {the_plan.layout.short()}.")
     return lines

@@ -147,15 +147,21 @@ class PlanDir:
     def ranked(self) -> list[ScoredDoc]:
         """The ranked layouts with their stacks, the chosen one first (the order of ``explain.layouts``)."""
         d = self.doc
-        chosen = ScoredDoc(layout=d.layout, memory_gib_per_gpu=d.memory_gib_per_gpu, predicted=d.predicted,
-                           time_breakdown_s=d.time_breakdown_s)
+        chosen = ScoredDoc(
+            layout=d.layout,
+            memory_gib_per_gpu=d.memory_gib_per_gpu,
+            predicted=d.predicted,
+            time_breakdown_s=d.time_breakdown_s,
+        )
         # A plan.yaml written before each stack was stated once has 'overhead' in place of comm_buffers
         # and framework (those were in explain.layouts only): it still loads for every other reader.
         missing = [k for k in MEMORY_KEYS if k not in d.memory_gib_per_gpu]
         missing += [k for k in TIME_PARTS if k not in d.time_breakdown_s]
         if missing:
-            raise PlanError(f"{self.path / PLAN_FILE}: its stacks have no {', '.join(missing)} (an older dsorch wrote "
-                            f"it); regenerate it with the command in its first lines.")
+            raise PlanError(
+                f"{self.path / PLAN_FILE}: its stacks have no {', '.join(missing)} (an older dsorch wrote "
+                f"it); regenerate it with the command in its first lines."
+            )
         return [chosen, *d.alternatives]
 
     @property
@@ -178,8 +184,10 @@ def read_text(path: Path, what: str = "file") -> str:
         if not path.is_file():
             raise PlanError(f"{path}: not a regular file; regenerate the plan directory with `dsorch plan`.")
         if path.stat().st_size > MAX_FILE_BYTES:
-            raise PlanError(f"{path}: {path.stat().st_size:,} bytes is too large for a dsorch {what}; regenerate it "
-                            f"with `dsorch plan`.")
+            raise PlanError(
+                f"{path}: {path.stat().st_size:,} bytes is too large for a dsorch {what}; regenerate it "
+                f"with `dsorch plan`."
+            )
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise PlanError(f"{path}: not UTF-8 text (byte {e.start}); regenerate it with `dsorch plan`.")
@@ -197,9 +205,11 @@ def _fmt_errors(e: ValidationError, path: Path) -> str:
 
 
 def changed_message(f: Path) -> str:
-    return (f"{f} was changed after dsorch wrote it (its sha256 differs from the one plan.yaml records); change "
-            f"the model spec or the profile and re-plan, instead of editing the generated files. The command is "
-            f"in the first lines of plan.yaml.")
+    return (
+        f"{f} was changed after dsorch wrote it (its sha256 differs from the one plan.yaml records); change "
+        f"the model spec or the profile and re-plan, instead of editing the generated files. The command is "
+        f"in the first lines of plan.yaml."
+    )
 
 
 def load_plan_dir(path: str | Path, *, strict: bool = True) -> PlanDir:
@@ -211,12 +221,15 @@ def load_plan_dir(path: str | Path, *, strict: bool = True) -> PlanDir:
     if path.exists() and not path.is_dir():
         raise PlanError(f"{path} is a file, not a plan directory; pass the directory `dsorch plan` wrote.")
     if not path.is_dir():
-        raise PlanError(f"plan directory {path} does not exist; write one with `dsorch plan SPEC --cluster NAME "
-                        f"--out {path}`.")
+        raise PlanError(
+            f"plan directory {path} does not exist; write one with `dsorch plan SPEC --cluster NAME --out {path}`."
+        )
     plan_file = path / PLAN_FILE
     if not plan_file.exists():
-        raise PlanError(f"{path} has no plan.yaml file, so it is not a plan directory; write one with `dsorch plan "
-                        f"SPEC --cluster NAME --out {path}`.")
+        raise PlanError(
+            f"{path} has no plan.yaml file, so it is not a plan directory; write one with `dsorch plan "
+            f"SPEC --cluster NAME --out {path}`."
+        )
     doc = _parse(read_text(plan_file, "plan.yaml"), plan_file)
     texts: dict[str, str] = {}
     changed: list[str] = []
@@ -225,15 +238,18 @@ def load_plan_dir(path: str | Path, *, strict: bool = True) -> PlanDir:
             raise PlanError(f"{plan_file}: files lists {name!r}, which dsorch does not write; regenerate the plan.")
         f = path / name
         if not f.exists():
-            raise PlanError(f"{f} is missing; regenerate the plan directory with `dsorch plan` (the command is in "
-                            f"the first lines of plan.yaml).")
+            raise PlanError(
+                f"{f} is missing; regenerate the plan directory with `dsorch plan` (the command is in "
+                f"the first lines of plan.yaml)."
+            )
         texts[name] = read_text(f)
         if sha256_text(texts[name]) != digest:
             if strict:
                 raise PlanError(changed_message(f))
             changed.append(name)
-    needed = {"megatron_args.txt", "launch.sh", "job.sbatch"} | ({"ds_config.json"} if doc.runtime == "deepspeed"
-                                                                    else set())
+    needed = {"megatron_args.txt", "launch.sh", "job.sbatch"} | (
+        {"ds_config.json"} if doc.runtime == "deepspeed" else set()
+    )
     missing = sorted(needed - set(texts))
     if missing:
         raise PlanError(f"{plan_file}: records no hash for {', '.join(missing)}; regenerate the plan.")
@@ -246,13 +262,15 @@ def _parse(text: str, plan_file: Path) -> PlanDoc:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise PlanError(f"{plan_file}: not valid YAML ({' '.join(str(e).split())[:300]}); regenerate it with "
-                        f"`dsorch plan`.")
+        raise PlanError(
+            f"{plan_file}: not valid YAML ({' '.join(str(e).split())[:300]}); regenerate it with `dsorch plan`."
+        )
     except (ValueError, RecursionError) as e:
         raise PlanError(f"{plan_file}: a value cannot be read ({e}); regenerate it with `dsorch plan`.")
     if not isinstance(raw, dict):
-        raise PlanError(f"{plan_file}: not a dsorch plan (no mapping at the top level); regenerate it with "
-                        f"`dsorch plan`.")
+        raise PlanError(
+            f"{plan_file}: not a dsorch plan (no mapping at the top level); regenerate it with `dsorch plan`."
+        )
     try:
         return PlanDoc.model_validate(raw)
     except ValidationError as e:
@@ -263,8 +281,11 @@ def plan_dir_of(path: str | Path, files: dict[str, str]) -> PlanDir:
     """The plan directory that ``files`` (just generated, not written) would make at ``path``: what
     `plan --check` draws the pictures of, to compare them with those in ``path``/plots/."""
     path = Path(path)
-    return PlanDir(path, _parse(files[PLAN_FILE], path / PLAN_FILE),
-                   {name: text for name, text in files.items() if name != PLAN_FILE})
+    return PlanDir(
+        path,
+        _parse(files[PLAN_FILE], path / PLAN_FILE),
+        {name: text for name, text in files.items() if name != PLAN_FILE},
+    )
 
 
 def _check_consistent(doc: PlanDoc, plan_file: Path) -> None:
@@ -273,13 +294,18 @@ def _check_consistent(doc: PlanDoc, plan_file: Path) -> None:
     if world_of(L.model_dump()) != c.world_size:
         problems.append(f"layout {WORLD_PRODUCT} = {world_of(L.model_dump())} but cluster.world_size is {c.world_size}")
     if c.nodes * c.gpus_per_node != c.world_size:
-        problems.append(f"cluster.nodes x gpus_per_node = {c.nodes * c.gpus_per_node} but world_size is "
-                        f"{c.world_size}")
+        problems.append(f"cluster.nodes x gpus_per_node = {c.nodes * c.gpus_per_node} but world_size is {c.world_size}")
     if L.micro_batch_size * L.grad_accum_steps * L.dp != t.global_batch_size:
-        problems.append(f"micro-batch x accumulation x dp = {L.micro_batch_size * L.grad_accum_steps * L.dp} but "
-                        f"the spec's global batch is {t.global_batch_size}")
-    if (doc.model.name, doc.model.seq_length, doc.model.global_batch_size, doc.model.precision) != \
-            (doc.spec.name, t.seq_length, t.global_batch_size, t.precision):
+        problems.append(
+            f"micro-batch x accumulation x dp = {L.micro_batch_size * L.grad_accum_steps * L.dp} but "
+            f"the spec's global batch is {t.global_batch_size}"
+        )
+    if (doc.model.name, doc.model.seq_length, doc.model.global_batch_size, doc.model.precision) != (
+        doc.spec.name,
+        t.seq_length,
+        t.global_batch_size,
+        t.precision,
+    ):
         problems.append("the model section disagrees with the spec")
     if problems:
         raise PlanError(f"{plan_file}: " + "; ".join(problems) + "; regenerate it with `dsorch plan`.")

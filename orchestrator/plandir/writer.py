@@ -15,6 +15,7 @@ from pathlib import Path
 
 from orchestrator.errors import OutputError
 from orchestrator.plandir.reader import GENERATED
+
 EXECUTABLE = ("launch.sh", "job.sbatch")
 
 
@@ -95,13 +96,17 @@ def _write_plan_dir(out: Path, parent: Path, files: dict[str, str]) -> None:
         # Every destination must be replaceable before the first rename, so that a plan
         # directory is never left half old, half new.
         if not os.access(out, os.W_OK | os.X_OK):
-            raise OutputError(f"--out {out}: the directory is not writable; fix its permissions or choose another. "
-                              f"Nothing was written.")
+            raise OutputError(
+                f"--out {out}: the directory is not writable; fix its permissions or choose another. "
+                f"Nothing was written."
+            )
         for name in [*files, *GENERATED]:
             dest = out / name
             if dest.is_dir():
-                raise OutputError(f"--out {out}: {dest} is a directory where dsorch writes a file; remove it and "
-                                  f"rerun. Nothing was written.")
+                raise OutputError(
+                    f"--out {out}: {dest} is a directory where dsorch writes a file; remove it and "
+                    f"rerun. Nothing was written."
+                )
         staged: list[tuple[Path, Path]] = []
         try:
             for name, text in files.items():
@@ -117,8 +122,10 @@ def _write_plan_dir(out: Path, parent: Path, files: dict[str, str]) -> None:
     except OutputError:
         raise
     except OSError as e:
-        raise OutputError(f"--out {out}: cannot write the plan directory ({e.strerror or e}); choose a directory you "
-                          f"can write to, or fix its permissions.")
+        raise OutputError(
+            f"--out {out}: cannot write the plan directory ({e.strerror or e}); choose a directory you "
+            f"can write to, or fix its permissions."
+        )
 
 
 def diff_plan_dir(out: Path, files: dict[str, str]) -> str:
@@ -138,8 +145,14 @@ def diff_plan_dir(out: Path, files: dict[str, str]) -> str:
             state = "differs from" if path.exists() else "is missing from"
             chunks.append(f"{path} {state} the picture of the regenerated plan\n")
         elif old != new:
-            chunks.extend(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                               fromfile=f"{path} (on disk)", tofile=f"{path} (regenerated)"))
+            chunks.extend(
+                difflib.unified_diff(
+                    old.splitlines(keepends=True),
+                    new.splitlines(keepends=True),
+                    fromfile=f"{path} (on disk)",
+                    tofile=f"{path} (regenerated)",
+                )
+            )
     return "".join(chunks)
 
 

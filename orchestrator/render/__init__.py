@@ -22,7 +22,8 @@ def render_all(plan: Plan) -> dict[str, str]:
     }
     if plan.runtime == "deepspeed":
         files["ds_config.json"] = render_ds_config(plan)
-    files["plan.md"] = render_plan_md(plan, {name: sha256_text(text) for name, text in sorted(files.items())},
-                                      regenerate_command(plan))
+    files["plan.md"] = render_plan_md(
+        plan, {name: sha256_text(text) for name, text in sorted(files.items())}, regenerate_command(plan)
+    )
     files["plan.yaml"] = render_plan_yaml(plan, {name: sha256_text(text) for name, text in sorted(files.items())})
     return dict(sorted(files.items()))

@@ -110,38 +110,54 @@ def _scheduler(plan: Plan) -> dict:
     opt = t.optimizer
     steps = t.train_steps
     if steps is None:
-        return {"type": "WarmupLR",
-                "params": {"warmup_min_lr": 0.0, "warmup_max_lr": opt.lr, "warmup_num_steps": opt.warmup_steps,
-                           "warmup_type": "linear"}}
-    return {"type": "WarmupCosineLR",
-            "params": {"total_num_steps": steps, "warmup_num_steps": min(opt.warmup_steps, steps),
-                       "warmup_min_ratio": 0.0, "cos_min_ratio": round(opt.min_lr / opt.lr, 6),
-                       "warmup_type": "linear"}}
+        return {
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": opt.lr,
+                "warmup_num_steps": opt.warmup_steps,
+                "warmup_type": "linear",
+            },
+        }
+    return {
+        "type": "WarmupCosineLR",
+        "params": {
+            "total_num_steps": steps,
+            "warmup_num_steps": min(opt.warmup_steps, steps),
+            "warmup_min_ratio": 0.0,
+            "cos_min_ratio": round(opt.min_lr / opt.lr, 6),
+            "warmup_type": "linear",
+        },
+    }
 
 
 def _zero(plan: Plan) -> dict:
     z = plan.layout.zero_stage
     cfg: dict = {"stage": z}
     if z >= 1:
-        cfg.update({
-            # Overlap the gradient reduction with the backward pass; keep gradients contiguous to
-            # avoid fragmentation (DeepSpeed ZeRO docs).
-            "overlap_comm": True,
-            "contiguous_gradients": True,
-            "reduce_scatter": True,
-            # Buckets in elements; dsorch's memory model counts them (costmodel.evaluate).
-            "reduce_bucket_size": ZERO_BUCKET_ELEMENTS,
-            "allgather_bucket_size": ZERO_BUCKET_ELEMENTS,
-            "round_robin_gradients": False,
-        })
+        cfg.update(
+            {
+                # Overlap the gradient reduction with the backward pass; keep gradients contiguous to
+                # avoid fragmentation (DeepSpeed ZeRO docs).
+                "overlap_comm": True,
+                "contiguous_gradients": True,
+                "reduce_scatter": True,
+                # Buckets in elements; dsorch's memory model counts them (costmodel.evaluate).
+                "reduce_bucket_size": ZERO_BUCKET_ELEMENTS,
+                "allgather_bucket_size": ZERO_BUCKET_ELEMENTS,
+                "round_robin_gradients": False,
+            }
+        )
     if z == 3:
-        cfg.update({
-            "stage3_prefetch_bucket_size": 50_000_000,
-            "stage3_param_persistence_threshold": 100_000,
-            "stage3_max_live_parameters": ZERO3_MAX_LIVE_PARAMETERS,
-            "stage3_max_reuse_distance": ZERO3_MAX_LIVE_PARAMETERS,
-            "stage3_gather_16bit_weights_on_model_save": True,
-        })
+        cfg.update(
+            {
+                "stage3_prefetch_bucket_size": 50_000_000,
+                "stage3_param_persistence_threshold": 100_000,
+                "stage3_max_live_parameters": ZERO3_MAX_LIVE_PARAMETERS,
+                "stage3_max_reuse_distance": ZERO3_MAX_LIVE_PARAMETERS,
+                "stage3_gather_16bit_weights_on_model_save": True,
+            }
+        )
     return cfg
 
 

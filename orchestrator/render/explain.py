@@ -45,8 +45,17 @@ def ranked_layouts(plan: Plan) -> list[Ranked]:
     out = []
     for s in plan.result.ranked:
         mem, t = stacks(s)
-        out.append(Ranked(scored=s, layout=s.layout.short(), chosen=s.layout == plan.chosen.layout, memory_gib=mem,
-                          time_s=t, step_time_s=_r(s.step_time_s, 4), vs_chosen=_r(s.step_time_s / best - 1.0, 4)))
+        out.append(
+            Ranked(
+                scored=s,
+                layout=s.layout.short(),
+                chosen=s.layout == plan.chosen.layout,
+                memory_gib=mem,
+                time_s=t,
+                step_time_s=_r(s.step_time_s, 4),
+                vs_chosen=_r(s.step_time_s / best - 1.0, 4),
+            )
+        )
     return out
 
 
@@ -70,8 +79,13 @@ def _close_call(plan: Plan) -> dict | None:
     # unknown and so is the verdict.
     max_err = a.interval
     within = None if max_err is None else bool(gap <= max_err)
-    return {"first": a.layout.short(), "second": b.layout.short(), "gap": _r(gap, 4),
-            "model_max_error": None if max_err is None else _r(max_err, 4), "within_model_error": within}
+    return {
+        "first": a.layout.short(),
+        "second": b.layout.short(),
+        "gap": _r(gap, 4),
+        "model_max_error": None if max_err is None else _r(max_err, 4),
+        "within_model_error": within,
+    }
 
 
 def explain_doc(plan: Plan) -> dict:
@@ -79,17 +93,24 @@ def explain_doc(plan: Plan) -> dict:
     sections), rejections, model error."""
     res = plan.result
     layouts = [{"layout": r.layout, "chosen": r.chosen, "vs_chosen": r.vs_chosen} for r in ranked_layouts(plan)]
-    rejected = [{"layout": s.layout.short(), "needs_gib": _r(s.memory_gib["total"]), "over_gib": _r(s.over_gib)}
-                for s in res.closest]
+    rejected = [
+        {"layout": s.layout.short(), "needs_gib": _r(s.memory_gib["total"]), "over_gib": _r(s.over_gib)}
+        for s in res.closest
+    ]
     eff = _chosen_efficiency(plan)
     mean_err, max_err, entry = _model_error(plan)
     return {
         "efficiency": {k: _r(v, 4) for k, v in eff.values().items()},
         "efficiency_source": {f: src for f, src in eff.sources},
-        "model_step_time_error": {"calibration": entry, "engine": eff.engine, "domain": eff.domain,
-                                  "rows": eff.rows, "mean": None if mean_err is None else _r(mean_err, 4),
-                                  "max": None if max_err is None else _r(max_err, 4),
-                                  "confidence": plan.chosen.basis},
+        "model_step_time_error": {
+            "calibration": entry,
+            "engine": eff.engine,
+            "domain": eff.domain,
+            "rows": eff.rows,
+            "mean": None if mean_err is None else _r(mean_err, 4),
+            "max": None if max_err is None else _r(max_err, 4),
+            "confidence": plan.chosen.basis,
+        },
         "capacity_gib": _r(res.capacity_gib),
         "layouts": layouts,
         "rejected_by_memory": {"count": res.rejected_memory, "closest": rejected},
@@ -111,21 +132,32 @@ def explain_text(plan: Plan) -> str:
     e = ", ".join(f"{k} {v:g}" for k, v in doc["efficiency"].items())
     out.append(f"Efficiencies ({src}): {e}")
     if err["domain"] in ("fitted", "borrowed") and err["max"] is not None:
-        out.append(f"Model step-time error of {err['calibration']} on its {err['rows']} published runs: mean "
-                   f"{100 * err['mean']:.1f}%, max {100 * err['max']:.1f}%")
+        out.append(
+            f"Model step-time error of {err['calibration']} on its {err['rows']} published runs: mean "
+            f"{100 * err['mean']:.1f}%, max {100 * err['max']:.1f}%"
+        )
     out.append(f"Chosen layout's step time: {err['confidence']}")
     out.append("")
     out.append(f"Memory per GPU (GiB, binding pipeline stage; capacity {doc['capacity_gib']:g} GiB):")
     mh = ["layout", *(MEMORY_LABELS[k].column for k in MEMORY_KEYS)]
-    rows = [[("* " if L.chosen else "  ") + L.layout, *[f"{L.memory_gib[k]:.1f}" for k in MEMORY_KEYS]]
-            for L in ranked_layouts(plan)]
+    rows = [
+        [("* " if L.chosen else "  ") + L.layout, *[f"{L.memory_gib[k]:.1f}" for k in MEMORY_KEYS]]
+        for L in ranked_layouts(plan)
+    ]
     widths = [max(len(r[i]) for r in [mh, *rows]) for i in range(len(mh))]
     out += [_fmt_row(mh, widths), *[_fmt_row(r, widths) for r in rows]]
     out.append("")
     out.append("Time per step (s; exposed communication only):")
     th = ["layout", *(TIME_LABELS[k].column for k in TIME_KEYS), "vs best"]
-    rows = [[("* " if L.chosen else "  ") + L.layout, *[f"{L.time_s[k]:.3f}" for k in TIME_PARTS],
-             f"{L.step_time_s:.3f}", f"{100 * L.vs_chosen:+.1f}%"] for L in ranked_layouts(plan)]
+    rows = [
+        [
+            ("* " if L.chosen else "  ") + L.layout,
+            *[f"{L.time_s[k]:.3f}" for k in TIME_PARTS],
+            f"{L.step_time_s:.3f}",
+            f"{100 * L.vs_chosen:+.1f}%",
+        ]
+        for L in ranked_layouts(plan)
+    ]
     widths = [max(len(r[i]) for r in [th, *rows]) for i in range(len(th))]
     out += [_fmt_row(th, widths), *[_fmt_row(r, widths) for r in rows]]
     if doc["ruled_out"]:
@@ -143,14 +175,20 @@ def explain_text(plan: Plan) -> str:
         out.append("")
         gap = 100 * top["gap"]
         if top["within_model_error"] is None:
-            out.append(f"The top two layouts are {gap:.1f}% apart, and the chosen one is outside the fitted domain, "
-                       f"where the model's error is unknown: measure both ({top['first']} and {top['second']}) "
-                       f"before committing to one.")
+            out.append(
+                f"The top two layouts are {gap:.1f}% apart, and the chosen one is outside the fitted domain, "
+                f"where the model's error is unknown: measure both ({top['first']} and {top['second']}) "
+                f"before committing to one."
+            )
         elif top["within_model_error"]:
-            out.append(f"The top two layouts are {gap:.1f}% apart, within the model's own error "
-                       f"(max {100 * top['model_max_error']:.1f}% on its calibration set): measure both "
-                       f"({top['first']} and {top['second']}) before committing to one.")
+            out.append(
+                f"The top two layouts are {gap:.1f}% apart, within the model's own error "
+                f"(max {100 * top['model_max_error']:.1f}% on its calibration set): measure both "
+                f"({top['first']} and {top['second']}) before committing to one."
+            )
         else:
-            out.append(f"The chosen layout is {gap:.1f}% faster than the next ({top['second']}), more than the "
-                       f"model's max error of {100 * top['model_max_error']:.1f}%.")
+            out.append(
+                f"The chosen layout is {gap:.1f}% faster than the next ({top['second']}), more than the "
+                f"model's max error of {100 * top['model_max_error']:.1f}%."
+            )
     return "\n".join(out) + "\n"

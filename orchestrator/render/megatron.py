@@ -214,14 +214,21 @@ def _pretrain_gpt_flags(plan: Plan) -> _Flags:
 
 
 # The sections in the order their flags appear in megatron_args.txt.
-_SECTIONS = (_parallelism_flags, _data_parallel_flags, _batch_and_recompute_flags, _model_flags,
-             _precision_flags, _optimizer_flags, _tokenizer_flags, _pretrain_gpt_flags)
+_SECTIONS = (
+    _parallelism_flags,
+    _data_parallel_flags,
+    _batch_and_recompute_flags,
+    _model_flags,
+    _precision_flags,
+    _optimizer_flags,
+    _tokenizer_flags,
+    _pretrain_gpt_flags,
+)
 
 
 def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
     """(flag, value) in megatron_args.txt's order; value None for a switch."""
-    return [(flag, None if value is None else _fmt(value))
-            for section in _SECTIONS for flag, value in section(plan)]
+    return [(flag, None if value is None else _fmt(value)) for section in _SECTIONS for flag, value in section(plan)]
 
 
 def render_megatron_args(plan: Plan) -> str:

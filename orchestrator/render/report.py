@@ -11,9 +11,9 @@ import re
 import yaml
 
 from orchestrator.costmodel.flops import model_flops_per_step
-from orchestrator.render.explain import explain_doc, stacks
 from orchestrator.plan.make import KEEP, Plan
 from orchestrator.plan.solver import Scored
+from orchestrator.render.explain import explain_doc, stacks
 
 
 def _r(x: float, nd: int = 3) -> float:
@@ -120,8 +120,10 @@ def regenerate_command(plan: Plan) -> str:
     # --top past the default lists more alternatives in plan.yaml and plan.md: without it the line
     # would write another directory.
     top = f" --top {plan.keep}" if plan.keep > KEEP else ""
-    return (f"dsorch plan {plan.spec_path} --cluster {plan.profile.name}{plan.resize_flags} --runtime {plan.runtime} "
-            f"--out <this dir>{_pin_flags(plan)}{top}")
+    return (
+        f"dsorch plan {plan.spec_path} --cluster {plan.profile.name}{plan.resize_flags} --runtime {plan.runtime} "
+        f"--out <this dir>{_pin_flags(plan)}{top}"
+    )
 
 
 def recorded_nodes(plan_yaml: str, cluster: str) -> int | None:

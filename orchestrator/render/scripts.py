@@ -12,9 +12,9 @@ import shlex
 import jinja2
 
 from orchestrator.plan.make import Plan
+from orchestrator.plan.rules import uses_megatron_fsdp
 from orchestrator.render.megatron import checkpoint_dir
 from orchestrator.resources import templates_dir
-from orchestrator.plan.rules import uses_megatron_fsdp
 from orchestrator.spec.sbatch import job_name, rank_env, sbatch_parameters
 
 MASTER_PORT = 29500
@@ -66,9 +66,17 @@ STOP_HANDLERS = {
 
 
 def render_launch(plan: Plan) -> str:
-    return _env().get_template("launch.sh.j2").render(
-        **_common(plan), master_port=MASTER_PORT, env=launch_env(plan), unset=launch_unset(plan),
-        stop_handler=STOP_HANDLERS[plan.runtime])
+    return (
+        _env()
+        .get_template("launch.sh.j2")
+        .render(
+            **_common(plan),
+            master_port=MASTER_PORT,
+            env=launch_env(plan),
+            unset=launch_unset(plan),
+            stop_handler=STOP_HANDLERS[plan.runtime],
+        )
+    )
 
 
 def _sbatch_value(v: str) -> str:
@@ -78,8 +86,10 @@ def _sbatch_value(v: str) -> str:
 def sbatch_options(plan: Plan) -> list[tuple[str, str | None]]:
     """job.sbatch's lines for the profile's sbatch parameters: ``--KEY=VALUE``, or ``--KEY`` alone
     where the value is True (``--exclusive``), as submitit's ``_as_sbatch_flag`` writes them."""
-    return [(key, None if value is True else _sbatch_value(str(value)))
-            for key, value in sbatch_parameters(plan.profile.slurm).items()]
+    return [
+        (key, None if value is True else _sbatch_value(str(value)))
+        for key, value in sbatch_parameters(plan.profile.slurm).items()
+    ]
 
 
 def _megatron_save_dir(plan: Plan) -> str:
@@ -92,9 +102,18 @@ def _megatron_save_dir(plan: Plan) -> str:
 def render_sbatch(plan: Plan) -> str:
     s = plan.profile.slurm
     megatron = plan.runtime == "megatron"
-    return _env().get_template("job.sbatch.j2").render(
-        **_common(plan), job_name=job_name(plan.spec.name), gpus=plan.profile.backend == "nccl",
-        cpus_per_node=s.cpus_per_task * plan.profile.gpus_per_node, slurm=s, sbatch_options=sbatch_options(plan),
-        megatron_save_dir=_megatron_save_dir(plan) if megatron else None,
-        save_interval=plan.spec.training.checkpoint.interval,
-        train_iters=plan.spec.training.train_steps if megatron else None)
+    return (
+        _env()
+        .get_template("job.sbatch.j2")
+        .render(
+            **_common(plan),
+            job_name=job_name(plan.spec.name),
+            gpus=plan.profile.backend == "nccl",
+            cpus_per_node=s.cpus_per_task * plan.profile.gpus_per_node,
+            slurm=s,
+            sbatch_options=sbatch_options(plan),
+            megatron_save_dir=_megatron_save_dir(plan) if megatron else None,
+            save_interval=plan.spec.training.checkpoint.interval,
+            train_iters=plan.spec.training.train_steps if megatron else None,
+        )
+    )

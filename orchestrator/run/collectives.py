@@ -79,8 +79,7 @@ def _init() -> _Ranks:
     dist.init_process_group("nccl" if gpu else "gloo", timeout=timedelta(seconds=180))
     world = dist.get_world_size()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    return _Ranks(rank=dist.get_rank(), world=world, per_node=per_node, nodes=world // per_node, device=device,
-                 gpu=gpu)
+    return _Ranks(rank=dist.get_rank(), world=world, per_node=per_node, nodes=world // per_node, device=device, gpu=gpu)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,8 +99,9 @@ def _reachability(r: _Ranks) -> _Reach:
     r.sync()
     allreduce_ok = int(ones.item()) == r.world * (r.world + 1) // 2
     pairwise = r.world <= PAIRWISE_MAX
-    return _Reach(hosts=hosts, allreduce_ok=allreduce_ok, pairwise=pairwise,
-                  unreachable=_unreachable_pairs(r) if pairwise else [])
+    return _Reach(
+        hosts=hosts, allreduce_ok=allreduce_ok, pairwise=pairwise, unreachable=_unreachable_pairs(r) if pairwise else []
+    )
 
 
 def _unreachable_pairs(r: _Ranks) -> list[list[int]]:
@@ -126,8 +126,9 @@ def _groups(r: _Ranks) -> list[tuple[str, object, int]]:
     """(name, process group, ranks in it) of each group the sweep measures. Every rank creates every
     group, in the same order: torch.distributed.new_group is collective over the whole world."""
     node_groups = [dist.new_group(list(range(n * r.per_node, (n + 1) * r.per_node))) for n in range(r.nodes)]
-    cross_groups = ([dist.new_group([n * r.per_node + i for n in range(r.nodes)]) for i in range(r.per_node)]
-                    if r.nodes > 1 else [])
+    cross_groups = (
+        [dist.new_group([n * r.per_node + i for n in range(r.nodes)]) for i in range(r.per_node)] if r.nodes > 1 else []
+    )
     out: list[tuple[str, object, int]] = [("world", None, r.world)]
     if r.per_node > 1:
         out.append(("intra-node", node_groups[r.rank // r.per_node], r.per_node))
@@ -152,6 +153,7 @@ def _measure(r: _Ranks, name: str, group, n: int, op: str, size: int, iters: int
 
         def run():
             dist.all_gather(parts, inp, group=group)
+
     for _ in range(WARMUP):
         run()
     r.sync()
@@ -164,22 +166,40 @@ def _measure(r: _Ranks, name: str, group, n: int, op: str, size: int, iters: int
     dist.all_reduce(t, op=dist.ReduceOp.MAX)  # gloo and nccl both reduce float64 on CPU/GPU
     secs = float(t.item())
     algbw = nbytes / secs / 1e9
-    return {"group": name, "ranks": n, "op": op, "bytes": nbytes, "time_us": round(secs * 1e6, 2),
-            "algbw_gbs": round(algbw, 4), "busbw_gbs": round(algbw * bus_factor(op, n), 4)}
+    return {
+        "group": name,
+        "ranks": n,
+        "op": op,
+        "bytes": nbytes,
+        "time_us": round(secs * 1e6, 2),
+        "algbw_gbs": round(algbw, 4),
+        "busbw_gbs": round(algbw * bus_factor(op, n), 4),
+    }
 
 
 def run_ranks(out: Path, max_bytes: int, iters: int) -> None:
     """This rank's part of the doctor job; rank 0 writes OUT/doctor.json."""
     r = _init()
     reach = _reachability(r)
-    results = [_measure(r, name, group, n, op, size, iters) for name, group, n in _groups(r)
-               for op in ("all_reduce", "all_gather") for size in sizes(max_bytes)]
+    results = [
+        _measure(r, name, group, n, op, size, iters)
+        for name, group, n in _groups(r)
+        for op in ("all_reduce", "all_gather")
+        for size in sizes(max_bytes)
+    ]
     if r.rank == 0:
-        doc = {"world_size": r.world, "nodes": r.nodes, "ranks_per_node": r.per_node,
-               "backend": "nccl" if r.gpu else "gloo", "hosts": sorted(set(reach.hosts)),
-               "allreduce_ok": reach.allreduce_ok,
-               "pairwise": "checked" if reach.pairwise else f"skipped above {PAIRWISE_MAX} ranks",
-               "unreachable": sorted(reach.unreachable), "iters": iters, "results": results}
+        doc = {
+            "world_size": r.world,
+            "nodes": r.nodes,
+            "ranks_per_node": r.per_node,
+            "backend": "nccl" if r.gpu else "gloo",
+            "hosts": sorted(set(reach.hosts)),
+            "allreduce_ok": reach.allreduce_ok,
+            "pairwise": "checked" if reach.pairwise else f"skipped above {PAIRWISE_MAX} ranks",
+            "unreachable": sorted(reach.unreachable),
+            "iters": iters,
+            "results": results,
+        }
         tmp = out / (DOCTOR_RESULT + ".tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         tmp.replace(out / DOCTOR_RESULT)

@@ -43,8 +43,15 @@ class DoctorSubmission:
     submitted_at: float  # time.time() at submission: the deadline counts from it
 
 
-def submit_checks(root: Path, profile: ClusterProfile, *, nodes: int | None, max_size_mib: int | None,
-                  iters: int | None, timeout_min: int) -> DoctorSubmission:
+def submit_checks(
+    root: Path,
+    profile: ClusterProfile,
+    *,
+    nodes: int | None,
+    max_size_mib: int | None,
+    iters: int | None,
+    timeout_min: int,
+) -> DoctorSubmission:
     """Queue the doctor job on ``nodes`` nodes of ``profile`` (default all), its files under
     ROOT/.dsorch/doctor/. Messages up to ``max_size_mib`` MiB (default 256 on GPUs, 16 on CPU
     ranks), ``iters`` timed repetitions per size (default 20 on GPUs, 5 on CPU ranks)."""
@@ -58,8 +65,9 @@ def submit_checks(root: Path, profile: ClusterProfile, *, nodes: int | None, max
     spec = scheduler.JobSpec.of(profile, job_name(f"doctor-{profile.name}"), time_min=timeout_min)
     job = DoctorJob(str(folder), max_bytes, iters or (20 if gpu else 5), gpu)
     job_id = scheduler.submit(spec, folder, job)
-    return DoctorSubmission(job_id=job_id, profile=profile, folder=folder, timeout_min=timeout_min,
-                            submitted_at=time.time())
+    return DoctorSubmission(
+        job_id=job_id, profile=profile, folder=folder, timeout_min=timeout_min, submitted_at=time.time()
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,12 +83,13 @@ class CheckState:
 def check_state(sub: DoctorSubmission, last: CheckState | None) -> CheckState:
     """The doctor job's state now (the CLI polls this); a job still queued or running a minute
     past its time limit is cancelled, and that is an error."""
-    state, error = scheduler.job_state(sub.profile.executor, sub.folder, sub.job_id,
-                                       last.state if last else "PENDING")
+    state, error = scheduler.job_state(sub.profile.executor, sub.folder, sub.job_id, last.state if last else "PENDING")
     if state in WAITING and time.time() > sub.submitted_at + 60 * sub.timeout_min + 60:
         scheduler.cancel(sub.profile.executor, sub.job_id)
-        raise DsorchError(f"the doctor job {sub.job_id} did not finish within --timeout {sub.timeout_min} min; "
-                          f"it was cancelled. Is the partition busy? Try again with a larger --timeout.")
+        raise DsorchError(
+            f"the doctor job {sub.job_id} did not finish within --timeout {sub.timeout_min} min; "
+            f"it was cancelled. Is the partition busy? Try again with a larger --timeout."
+        )
     return CheckState(state=state, error=error)
 
 
@@ -89,9 +98,12 @@ def checks_result(sub: DoctorSubmission, end: CheckState, shown_folder: str) -> 
     the user reads it, for the errors."""
     result = sub.folder / DOCTOR_RESULT
     if end.state != "COMPLETED" or not result.is_file():
-        raise DsorchError(f"the doctor job {sub.job_id} ended {end.state}" + (f":\n{end.error}" if end.error else "") +
-                          f"\nIts logs: {shown_folder}. A rank that cannot reach another fails at rendezvous or at "
-                          f"the first collective; the log of the rank that failed first names it.")
+        raise DsorchError(
+            f"the doctor job {sub.job_id} ended {end.state}"
+            + (f":\n{end.error}" if end.error else "")
+            + f"\nIts logs: {shown_folder}. A rank that cannot reach another fails at rendezvous or at "
+            f"the first collective; the log of the rank that failed first names it."
+        )
     return json.loads(result.read_text())
 
 
@@ -113,9 +125,12 @@ class Expected:
 
 def expected(profile) -> Expected:
     """The profile's figures as the cost model reads them (costmodel/evaluate.py _communication)."""
-    return Expected(profile.intra_node.bandwidth_gbps / 2,
-                    profile.inter_node.bandwidth_gbps / 8 * profile.inter_node.nics_per_node / profile.gpus_per_node,
-                    profile.intra_node.latency_us, profile.inter_node.latency_us)
+    return Expected(
+        profile.intra_node.bandwidth_gbps / 2,
+        profile.inter_node.bandwidth_gbps / 8 * profile.inter_node.nics_per_node / profile.gpus_per_node,
+        profile.intra_node.latency_us,
+        profile.inter_node.latency_us,
+    )
 
 
 def peak_busbw(doc: dict, group: str) -> float | None:
@@ -152,14 +167,17 @@ def measured_profile_doc(profile, doc: dict, name: str) -> dict:
     return out
 
 
-def write_measured_profile(project, profiles_dir: str | None, profile: ClusterProfile, doc: dict, job_id: str,
-                           name: str | None) -> Path:
+def write_measured_profile(
+    project, profiles_dir: str | None, profile: ClusterProfile, doc: dict, job_id: str, name: str | None
+) -> Path:
     """Store the figures of job ``job_id`` as the profile ``name`` (default <profile>-doctor), which
     extends ``profile``, in the profiles directory in use (trial.write_profile)."""
     name = name or f"{profile.name}-doctor"
     check_profile_name(name)
-    text = (f"{PROFILE_HEADER} doctor` from job {job_id}: {doc['world_size']} ranks on {doc['nodes']} node(s), "
-            f"{doc['backend']}.\n# Bandwidths are the measured bus bandwidth at large messages in the profile's "
-            f"units; latencies from the smallest all-reduce.\n"
-            + yaml.safe_dump(measured_profile_doc(profile, doc, name), sort_keys=False))
+    text = (
+        f"{PROFILE_HEADER} doctor` from job {job_id}: {doc['world_size']} ranks on {doc['nodes']} node(s), "
+        f"{doc['backend']}.\n# Bandwidths are the measured bus bandwidth at large messages in the profile's "
+        f"units; latencies from the smallest all-reduce.\n"
+        + yaml.safe_dump(measured_profile_doc(profile, doc, name), sort_keys=False)
+    )
     return write_profile(project, profiles_dir, name, text)

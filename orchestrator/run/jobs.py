@@ -94,8 +94,11 @@ class TrainingJob:
         if rc == EXIT_STOPPED:
             return {"stopped": True, "rank": env.global_rank}
         if rc != 0:
-            how = (f"was killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
-                   else f"exited with code {rc}")
+            how = (
+                f"was killed by {signal.Signals(-rc).name}"
+                if rc < 0 and -rc in signal.valid_signals()
+                else f"exited with code {rc}"
+            )
             raise RuntimeError(_failure(env.global_rank, f"`{' '.join(self.command())}` {how}", env.paths.stderr))
         return {"stopped": False, "rank": env.global_rank, "run_dir": self.run_dir}
 
@@ -119,16 +122,27 @@ class DoctorJob:
     use_gpus: bool
 
     def command(self) -> list[str]:
-        return [sys.executable, "-u", "-m", "orchestrator.run.collectives", "--out", self.out, "--max-bytes",
-                str(self.max_bytes), "--iters", str(self.iters)]
+        return [
+            sys.executable,
+            "-u",
+            "-m",
+            "orchestrator.run.collectives",
+            "--out",
+            self.out,
+            "--max-bytes",
+            str(self.max_bytes),
+            "--iters",
+            str(self.iters),
+        ]
 
     def __call__(self) -> dict:
         env = submitit.JobEnvironment()
         child_env = dict(_rank_env(env, self.use_gpus), DSORCH_DOCTOR_GPU="1" if self.use_gpus else "0")
         rc, _ = _run_rank_child(self.command(), child_env, (signal.SIGTERM,))
         if rc != 0:
-            raise RuntimeError(_failure(env.global_rank, f"the doctor's collectives exited with code {rc}",
-                                        env.paths.stderr))
+            raise RuntimeError(
+                _failure(env.global_rank, f"the doctor's collectives exited with code {rc}", env.paths.stderr)
+            )
         return {"rank": env.global_rank}
 
 
@@ -197,8 +211,9 @@ def _rank_env(env, use_gpus: bool, port_offset: int = 0) -> dict[str, str]:
     return dict(os.environ, MASTER_ADDR=master, MASTER_PORT=str(dist_env.master_port + port_offset))
 
 
-def _run_rank_child(command: list[str], child_env: dict[str, str],
-                    forwarded: tuple[signal.Signals, ...]) -> tuple[int, list[int]]:
+def _run_rank_child(
+    command: list[str], child_env: dict[str, str], forwarded: tuple[signal.Signals, ...]
+) -> tuple[int, list[int]]:
     """Run a rank's child to its end, passing on the ``forwarded`` signals that reach this task
     (SLURM signals the task, submitit's process, not its child). Returns the child's exit code and
     the forwarded signals that arrived."""
@@ -231,8 +246,17 @@ def _record_start(env, run_dir: Path, job_id: str) -> None:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / STARTS_FILE, "a") as fh:
-        fh.write(json.dumps({"job_id": job_id, "restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
-                             "time": time.time(), "world_size": env.num_tasks}) + "\n")
+        fh.write(
+            json.dumps(
+                {
+                    "job_id": job_id,
+                    "restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
+                    "time": time.time(),
+                    "world_size": env.num_tasks,
+                }
+            )
+            + "\n"
+        )
 
 
 def _failure(rank: int, what: str, stderr: Path) -> str:

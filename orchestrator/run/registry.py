@@ -29,8 +29,20 @@ from pathlib import Path
 from orchestrator.errors import DsorchError
 
 SCHEMA_VERSION = 1
-ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING",
-                           "REQUEUE_HOLD", "REQUEUE_FED", "SUBMITTED"})
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "REQUEUED",
+        "CONFIGURING",
+        "COMPLETING",
+        "SUSPENDED",
+        "RESIZING",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "SUBMITTED",
+    }
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -96,15 +108,19 @@ class Registry:
         self.dir = Path(experiment_dir) / ".dsorch"
         self.path = self.dir / "jobs.sqlite"
 
-    def _damaged(self, e: Exception) -> "RegistryDamaged":
-        return RegistryDamaged(f"{self.path}: the job registry is damaged ({' '.join(str(e).split())[:200]}). Run "
-                           f"`dsorch status --repair`: it keeps the damaged file as {self.path.name}.damaged-<time> "
-                           f"and copies every row it can still read into a new registry.")
+    def _damaged(self, e: Exception) -> RegistryDamaged:
+        return RegistryDamaged(
+            f"{self.path}: the job registry is damaged ({' '.join(str(e).split())[:200]}). Run "
+            f"`dsorch status --repair`: it keeps the damaged file as {self.path.name}.damaged-<time> "
+            f"and copies every row it can still read into a new registry."
+        )
 
     def _check_dir(self) -> None:
         if self.dir.exists() and not self.dir.is_dir():
-            raise DsorchError(f"{self.dir} is a file; dsorch keeps its job registry in the directory {self.dir.name}/ "
-                              f"of the experiment directory: move the file away.")
+            raise DsorchError(
+                f"{self.dir} is a file; dsorch keeps its job registry in the directory {self.dir.name}/ "
+                f"of the experiment directory: move the file away."
+            )
 
     @contextlib.contextmanager
     def _connect(self, write: bool = False):
@@ -115,8 +131,9 @@ class Registry:
             # A flipped bit in a text column must not become a UnicodeDecodeError far from here.
             con.text_factory = _text
         except (OSError, sqlite3.Error) as e:
-            raise DsorchError(f"{self.path}: cannot open the job registry ({e}); run dsorch from a directory you "
-                              f"can write to.")
+            raise DsorchError(
+                f"{self.path}: cannot open the job registry ({e}); run dsorch from a directory you can write to."
+            )
         try:
             with self._translated():
                 yield from self._session(con, write)
@@ -130,8 +147,10 @@ class Registry:
             yield
         except sqlite3.OperationalError as e:
             if "locked" in str(e) or "busy" in str(e):
-                raise DsorchError(f"{self.path}: another dsorch process held the registry for over a minute "
-                                  f"({e}); wait for it to finish and try again.") from None
+                raise DsorchError(
+                    f"{self.path}: another dsorch process held the registry for over a minute "
+                    f"({e}); wait for it to finish and try again."
+                ) from None
             raise self._damaged(e) from None
         except (sqlite3.DatabaseError, UnicodeDecodeError) as e:  # e.g. a flipped bit in a stored name
             raise self._damaged(e) from None
@@ -177,14 +196,17 @@ class Registry:
     def get(self, ref: str) -> JobRecord:
         """A job by dsorch key ('3'), or by scheduler job id."""
         with self._connect() as con:
-            row = con.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE job_id = ? ORDER BY key DESC LIMIT 1",
-                              (ref,)).fetchone()
+            row = con.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE job_id = ? ORDER BY key DESC LIMIT 1", (ref,)
+            ).fetchone()
             if row is None and ref.isdigit():
                 row = con.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE key = ?", (int(ref),)).fetchone()
         if row is None:
             known = ", ".join(f"{r.job_id}" for r in self.all()[-10:]) or "none yet"
-            raise DsorchError(f"no job '{ref}' in {self.path}; known job ids: {known}. Run `dsorch status` from the "
-                              f"experiment directory you submitted from.")
+            raise DsorchError(
+                f"no job '{ref}' in {self.path}; known job ids: {known}. Run `dsorch status` from the "
+                f"experiment directory you submitted from."
+            )
         return self._record(row)
 
     @contextlib.contextmanager
@@ -203,17 +225,22 @@ class Registry:
             for plan in plans:
                 active = con.execute(
                     f"SELECT job_id, state FROM jobs WHERE plan_dir = ? AND state IN "
-                    f"({','.join('?' * len(ACTIVE_STATES))})", (plan, *sorted(ACTIVE_STATES))).fetchall()
+                    f"({','.join('?' * len(ACTIVE_STATES))})",
+                    (plan, *sorted(ACTIVE_STATES)),
+                ).fetchall()
                 if active and not force:
                     jobs = ", ".join(f"{j} ({s})" for j, s in active)
-                    raise DsorchError(f"plan {plan} already has a job pending or running: {jobs}. Wait for it, "
-                                      f"`dsorch cancel` it, or pass --force to submit another.")
+                    raise DsorchError(
+                        f"plan {plan} already has a job pending or running: {jobs}. Wait for it, "
+                        f"`dsorch cancel` it, or pass --force to submit another."
+                    )
 
             def insert(**values) -> int:
                 values.setdefault("updated_at", now_utc())
                 cols = ", ".join(values)
-                cur = con.execute(f"INSERT INTO jobs ({cols}) VALUES ({', '.join('?' * len(values))})",
-                                  tuple(values.values()))
+                cur = con.execute(
+                    f"INSERT INTO jobs ({cols}) VALUES ({', '.join('?' * len(values))})", tuple(values.values())
+                )
                 return int(cur.lastrowid)
 
             yield insert, lambda key, **values: _update(con, key, values)
@@ -236,8 +263,7 @@ class Registry:
                 shutil.move(old, Path(str(backup) + suffix))
         with self._connect(write=True) as con:
             for row in rows:
-                con.execute(f"INSERT INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
-                            row)
+                con.execute(f"INSERT INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", row)
         return len(rows), lost, backup
 
     def update(self, key: int, **values) -> None:

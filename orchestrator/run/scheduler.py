@@ -48,10 +48,16 @@ class JobSpec:
     @classmethod
     def of(cls, profile: ClusterProfile, name: str, time_min: int | None = None) -> JobSpec:
         """The job for a profile; ``time_min`` overrides its time limit."""
-        return cls(kind=profile.executor, name=name, nodes=profile.nodes, tasks_per_node=profile.gpus_per_node,
-                   use_gpus=profile.backend == "nccl",
-                   time_min=time_min if time_min is not None else parse_slurm_time(profile.slurm.time),
-                   env=tuple(rank_env(profile).items()), slurm=profile.slurm)
+        return cls(
+            kind=profile.executor,
+            name=name,
+            nodes=profile.nodes,
+            tasks_per_node=profile.gpus_per_node,
+            use_gpus=profile.backend == "nccl",
+            time_min=time_min if time_min is not None else parse_slurm_time(profile.slurm.time),
+            env=tuple(rank_env(profile).items()),
+            slurm=profile.slurm,
+        )
 
 
 def _setup_lines(spec: JobSpec) -> list[str]:
@@ -77,19 +83,29 @@ def _script_only_executor(folder: Path) -> submitit.SlurmExecutor:
 def make_executor(spec: JobSpec, folder: Path, script_only: bool = False) -> submitit.Executor:
     if spec.kind == "local":
         ex = submitit.LocalExecutor(folder=str(folder))
-        ex.update_parameters(tasks_per_node=spec.tasks_per_node, nodes=1, timeout_min=spec.time_min,
-                             gpus_per_node=spec.tasks_per_node if spec.use_gpus else 0,
-                             setup=_setup_lines(spec))
+        ex.update_parameters(
+            tasks_per_node=spec.tasks_per_node,
+            nodes=1,
+            timeout_min=spec.time_min,
+            gpus_per_node=spec.tasks_per_node if spec.use_gpus else 0,
+            setup=_setup_lines(spec),
+        )
         return ex
-    ex = (_script_only_executor(folder) if script_only else
-          submitit.SlurmExecutor(folder=str(folder), max_num_timeout=3))
+    ex = _script_only_executor(folder) if script_only else submitit.SlurmExecutor(folder=str(folder), max_num_timeout=3)
     sbatch = sbatch_parameters(spec.slurm)
     # The profile's options that submitit has a keyword for go in as keywords; slurm.extra goes in as
     # additional_parameters, which _make_sbatch_string (submitit/slurm/slurm.py) writes as given.
-    params = dict(job_name=spec.name, nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node,
-                  cpus_per_task=spec.slurm.cpus_per_task, time=spec.time_min,
-                  signal_delay_s=spec.slurm.signal_delay_s, setup=_setup_lines(spec),
-                  additional_parameters=dict(sbatch.extra), **dict(sbatch.options))
+    params = dict(
+        job_name=spec.name,
+        nodes=spec.nodes,
+        ntasks_per_node=spec.tasks_per_node,
+        cpus_per_task=spec.slurm.cpus_per_task,
+        time=spec.time_min,
+        signal_delay_s=spec.slurm.signal_delay_s,
+        setup=_setup_lines(spec),
+        additional_parameters=dict(sbatch.extra),
+        **dict(sbatch.options),
+    )
     if spec.use_gpus:
         params["gpus_per_node"] = spec.tasks_per_node
     ex.update_parameters(**params)
@@ -115,10 +131,13 @@ def check_scheduler(kind: str, dry_run: str | None = None) -> None:
         return
     missing = [t for t in SUBMIT_TOOLS if shutil.which(t) is None]
     if missing:
-        raise DsorchError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on PATH, so there is "
-                          f"no SLURM cluster to submit to from here. Run dsorch on a SLURM login node (or put SLURM's "
-                          f"client tools on PATH)" + (f"; `--dry-run` {dry_run} without SLURM" if dry_run else "")
-                          + ", and `--cluster local` runs on this machine.")
+        raise DsorchError(
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on PATH, so there is "
+            f"no SLURM cluster to submit to from here. Run dsorch on a SLURM login node (or put SLURM's "
+            f"client tools on PATH)"
+            + (f"; `--dry-run` {dry_run} without SLURM" if dry_run else "")
+            + ", and `--cluster local` runs on this machine."
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,8 +276,9 @@ def job_state(kind: str, folder: Path, job_id: str, last_known: str) -> tuple[st
     return state, error
 
 
-def _local_state(folder: Path, job_id: str, last_known: str, result: tuple[str, object] | None,
-                 error: str | None) -> tuple[str, str | None]:
+def _local_state(
+    folder: Path, job_id: str, last_known: str, result: tuple[str, object] | None, error: str | None
+) -> tuple[str, str | None]:
     """job_state of a job of the local executor, which has no sacct: its result file, else whether
     its controller process is alive."""
     if last_known == "CANCELLED":
@@ -287,8 +307,9 @@ def cancel(kind: str, job_id: str) -> None:
     if kind == "local":
         pid, _ = _local_id(job_id)
         if pid is None:
-            raise DsorchError(f"job id {job_id!r} is not a local process id; the registry row is damaged, nothing "
-                              f"to cancel.")
+            raise DsorchError(
+                f"job id {job_id!r} is not a local process id; the registry row is damaged, nothing to cancel."
+            )
         try:
             # submitit's local controller kills its tasks on SIGINT (LocalJob.cancel does the same).
             # An element of a LocalArray has no process of its own: the whole array stops.
@@ -297,8 +318,10 @@ def cancel(kind: str, job_id: str) -> None:
             pass
         return
     if shutil.which("scancel") is None:
-        raise DsorchError(f"cancelling SLURM job {job_id} needs scancel, which is not on PATH here; run `dsorch cancel "
-                          f"{job_id}` (or `scancel {job_id}`) on the cluster's login node.")
+        raise DsorchError(
+            f"cancelling SLURM job {job_id} needs scancel, which is not on PATH here; run `dsorch cancel "
+            f"{job_id}` (or `scancel {job_id}`) on the cluster's login node."
+        )
     r = subprocess.run(["scancel", job_id], capture_output=True, text=True)
     if r.returncode != 0:
         raise DsorchError(f"scancel {job_id} failed: {r.stderr.strip()}")

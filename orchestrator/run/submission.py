@@ -47,9 +47,18 @@ def plan_hash(plan_dir: Path) -> str:
     return h.hexdigest()
 
 
-def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, steps: int | None, data: str | None,
-                       run_dir: Path | None, profiles_dir: str | None, experiment_dir: Path,
-                       save_interval: int = 0, runs_dir: Path | None = None) -> Submission:
+def prepare_submission(
+    plan_dir: Path,
+    cluster: str | None,
+    nodes: int | None,
+    steps: int | None,
+    data: str | None,
+    run_dir: Path | None,
+    profiles_dir: str | None,
+    experiment_dir: Path,
+    save_interval: int = 0,
+    runs_dir: Path | None = None,
+) -> Submission:
     plan_dir = Path(plan_dir)
     pd = load_plan_dir(plan_dir)  # schema, hashes, consistency: a tampered plan stops here
     planned = pd.doc.cluster
@@ -59,32 +68,38 @@ def prepare_submission(plan_dir: Path, cluster: str | None, nodes: int | None, s
         raise DsorchError(
             f"{plan_dir} was planned for cluster '{planned.name}' ({planned.nodes} x {planned.gpus_per_node}), "
             f"not '{cluster}'; layouts do not carry over between clusters. Re-plan: dsorch plan "
-            f"{pd.doc.inputs.model_spec.path or 'SPEC'} --cluster {cluster} --out DIR.")
+            f"{pd.doc.inputs.model_spec.path or 'SPEC'} --cluster {cluster} --out DIR."
+        )
     if nodes is not None and nodes != planned.nodes:
-        raise DsorchError(f"{plan_dir} was planned for {planned.nodes} nodes, not {nodes}; re-plan with "
-                          f"--nodes {nodes}.")
+        raise DsorchError(
+            f"{plan_dir} was planned for {planned.nodes} nodes, not {nodes}; re-plan with --nodes {nodes}."
+        )
     if pd.runtime != "deepspeed":
-        raise DsorchError(f"{plan_dir} targets the {pd.runtime} runtime; dsorch submit runs its bundled "
-                          f"DeepSpeed entrypoint. Re-plan with --runtime deepspeed, or submit {plan_dir}/job.sbatch "
-                          f"with sbatch.")
+        raise DsorchError(
+            f"{plan_dir} targets the {pd.runtime} runtime; dsorch submit runs its bundled "
+            f"DeepSpeed entrypoint. Re-plan with --runtime deepspeed, or submit {plan_dir}/job.sbatch "
+            f"with sbatch."
+        )
     profile = loaded.profile.resized(planned.nodes, planned.gpus_per_node)
     errors = validate_files(pd.texts, dp=pd.layout.dp, world_size=planned.world_size, runtime=pd.runtime)
     if errors:
         raise DsorchError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
     check_trainable(pd)  # what the entrypoint refuses (dropout, vpp > 1) fails here, before queueing
     if data is not None and not (Path(data).exists() or Path(f"{data}.bin").exists()):
-        raise DsorchError(f"--data {data}: no such token file (NAME or NAME.bin); make one with "
-                          f"scripts/make_token_file.py.")
+        raise DsorchError(
+            f"--data {data}: no such token file (NAME or NAME.bin); make one with scripts/make_token_file.py."
+        )
     spec = scheduler.JobSpec.of(profile, job_name(pd.spec.name))
     plan_abs = plan_dir.resolve()
     folder = (experiment_dir / ".dsorch" / "jobs" / plan_abs.name).resolve()
     for p in (plan_abs, folder):
         if "\n" in str(p) or "\r" in str(p):
             raise DsorchError(f"{p!r}: a path with a line break cannot go into an sbatch script; rename it.")
-    run = (run_dir or (runs_dir or experiment_dir / "runs") / f"{plan_abs.name}-{{key}}")
+    run = run_dir or (runs_dir or experiment_dir / "runs") / f"{plan_abs.name}-{{key}}"
     job = TrainingJob(str(plan_abs), str(run), steps, _data_path(data), spec.use_gpus, save_interval)
-    return Submission(spec, plan_abs, _display(plan_dir, experiment_dir), plan_hash(plan_abs), cluster, folder,
-                      Path(str(run)), job)
+    return Submission(
+        spec, plan_abs, _display(plan_dir, experiment_dir), plan_hash(plan_abs), cluster, folder, Path(str(run)), job
+    )
 
 
 def _data_path(data: str | None) -> str | None:
@@ -102,9 +117,17 @@ def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
     with reg.reserve(sub.plan_display, force) as (insert, update):
         # The run directory is named after dsorch's own key, known only once the row exists; the
         # row and the submission are one transaction, so a refused submission leaves no row.
-        key = insert(job_id="pending", executor=sub.spec.kind, cluster=sub.cluster, plan_dir=sub.plan_display,
-                     plan_sha256=sub.plan_sha256, submitted_at=now_utc(), state="SUBMITTED", run_dir="",
-                     log_dir=str(sub.folder))
+        key = insert(
+            job_id="pending",
+            executor=sub.spec.kind,
+            cluster=sub.cluster,
+            plan_dir=sub.plan_display,
+            plan_sha256=sub.plan_sha256,
+            submitted_at=now_utc(),
+            state="SUBMITTED",
+            run_dir="",
+            log_dir=str(sub.folder),
+        )
         run_dir = Path(str(sub.run_dir).replace("{key}", str(key))).resolve()
         job = dataclasses.replace(sub.job, run_dir=str(run_dir))
         with _no_leftovers(sub.folder):
@@ -113,8 +136,9 @@ def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
     return reg.get(str(key))
 
 
-def record_array(reg: Registry, subs: list[Submission], folder: Path, time_min: int,
-                 timeout_s: float) -> list[JobRecord]:
+def record_array(
+    reg: Registry, subs: list[Submission], folder: Path, time_min: int, timeout_s: float
+) -> list[JobRecord]:
     """``subs`` (plan directories of one cluster) as one job array of ``time_min`` minutes per
     element, one registry row each, in one transaction with the array's submission (as
     record_submission): refused while any of the plans has an active job."""
@@ -124,9 +148,17 @@ def record_array(reg: Registry, subs: list[Submission], folder: Path, time_min: 
         keys, jobs = [], []
         for sub in subs:
             run_dir = str(sub.run_dir.resolve())
-            key = insert(job_id="pending", executor=spec.kind, cluster=sub.cluster, plan_dir=sub.plan_display,
-                         plan_sha256=sub.plan_sha256, submitted_at=now_utc(), state="SUBMITTED",
-                         run_dir=run_dir, log_dir=str(folder))
+            key = insert(
+                job_id="pending",
+                executor=spec.kind,
+                cluster=sub.cluster,
+                plan_dir=sub.plan_display,
+                plan_sha256=sub.plan_sha256,
+                submitted_at=now_utc(),
+                state="SUBMITTED",
+                run_dir=run_dir,
+                log_dir=str(folder),
+            )
             keys.append(key)
             jobs.append(dataclasses.replace(sub.job, run_dir=run_dir, save=False))
         with _no_leftovers(folder):

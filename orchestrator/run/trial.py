@@ -107,7 +107,7 @@ _TIMEOUT_STATES = ("TIMEOUT", "DEADLINE")
 
 
 def classify_failure(state: str, log_text: str) -> str:
-    """"oom", "timeout", "cancelled" or "error"."""
+    """ "oom", "timeout", "cancelled" or "error"."""
     if any(s in log_text for s in _OOM):
         return "oom"
     first = state.upper().split()[0] if state and state.split() else ""
@@ -156,21 +156,30 @@ RESULTS = "results.yaml"
 
 def entry_of(index: int, pick: TrialPick, job_id: str) -> TrialEntry:
     s = pick.scored
-    return TrialEntry(dir=trial_dir_name(index, pick), family=pick.family, why=pick.why, layout=s.layout.short(),
-                      predicted_step_s=round(s.step_time_s, 6), predicted_peak_gib=round(s.memory_gib["total"], 4),
-                      job_id=job_id)
+    return TrialEntry(
+        dir=trial_dir_name(index, pick),
+        family=pick.family,
+        why=pick.why,
+        layout=s.layout.short(),
+        predicted_step_s=round(s.step_time_s, 6),
+        predicted_peak_gib=round(s.memory_gib["total"], 4),
+        job_id=job_id,
+    )
 
 
 def load_manifest(trial_dir: Path) -> Manifest:
     path = Path(trial_dir) / MANIFEST
     if not path.is_file():
-        raise DsorchError(f"{trial_dir} is not a trial directory (no {MANIFEST}); start one with `dsorch trial SPEC "
-                          f"--cluster NAME`.")
+        raise DsorchError(
+            f"{trial_dir} is not a trial directory (no {MANIFEST}); start one with `dsorch trial SPEC --cluster NAME`."
+        )
     try:
         return Manifest.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
     except (ValidationError, yaml.YAMLError) as e:
-        raise DsorchError(f"{path}: not a manifest dsorch trial wrote ({' '.join(str(e).split())[:300]}); "
-                          f"start the trials again into a new directory.")
+        raise DsorchError(
+            f"{path}: not a manifest dsorch trial wrote ({' '.join(str(e).split())[:300]}); "
+            f"start the trials again into a new directory."
+        )
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -223,24 +232,58 @@ def measure(entry: TrialEntry, plan_dir, run_dir, state: str, log_text: str = ""
         cluster = load_plan_dir(Path(plan_dir)).doc.cluster
         flops = model_flops_per_step(rec.model, t.seq_length, t.global_batch_size)
         mfu = flops / rec.step_time_s / cluster.world_size / (cluster.peak_tflops * 1e12)
-        return TrialResult(entry, str(plan_dir), state, rec.step_time_s, rec.peak_mem_gib,
-                           t.global_batch_size * t.seq_length / rec.step_time_s, mfu)
+        return TrialResult(
+            entry,
+            str(plan_dir),
+            state,
+            rec.step_time_s,
+            rec.peak_mem_gib,
+            t.global_batch_size * t.seq_length / rec.step_time_s,
+            mfu,
+        )
     detail = " ".join(log_text.split()[-40:])
-    return TrialResult(entry, str(plan_dir), state, None, rec.peak_mem_gib if rec else None,
-                       failure=classify_failure(state, log_text), detail=detail)
+    return TrialResult(
+        entry,
+        str(plan_dir),
+        state,
+        None,
+        rec.peak_mem_gib if rec else None,
+        failure=classify_failure(state, log_text),
+        detail=detail,
+    )
 
 
-def trial_plans(spec, spec_file, spec_sha256: str, loaded, runtime: str, picks: list[TrialPick], folder, *,
-                nodes: int | None = None, gpus_per_node: int | None = None) -> list[tuple[object, dict[str, str]]]:
+def trial_plans(
+    spec,
+    spec_file,
+    spec_sha256: str,
+    loaded,
+    runtime: str,
+    picks: list[TrialPick],
+    folder,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+) -> list[tuple[object, dict[str, str]]]:
     """Each pick's plan directory (``folder/NN-family``) and its files: its layout pinned whole, then
     searched, rendered and validated as `dsorch plan` does, so that every trial is an ordinary plan
     directory (`dsorch submit` runs one, `dsorch calibrate` reads its run)."""
     out = []
     for i, pick in enumerate(picks):
         d = Path(folder) / trial_dir_name(i, pick)
-        _, files = plan_files(spec, spec_path_in(Path(spec_file), d), spec_sha256, loaded, runtime,
-                              Pins.of(pick.scored.layout), nodes=nodes, gpus_per_node=gpus_per_node,
-                              memory_margin_gib=0.0, keep=1, shown_path=str(spec_file))
+        _, files = plan_files(
+            spec,
+            spec_path_in(Path(spec_file), d),
+            spec_sha256,
+            loaded,
+            runtime,
+            Pins.of(pick.scored.layout),
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            memory_margin_gib=0.0,
+            keep=1,
+            shown_path=str(spec_file),
+        )
         out.append((d, files))
     return out
 
@@ -265,44 +308,77 @@ def propose(spec, loaded, top: int, steps: int, nodes: int | None, gpus_per_node
     # keep: every feasible layout, so that each family's best is in the list.
     ranked = search(spec.model, spec.training, profile, "deepspeed", keep=1_000_000).ranked
     if not ranked:
-        raise DsorchError(f"no layout of {spec.name} fits on {profile.name} ({profile.nodes} x {profile.gpus_per_node}); "
-                          f"`dsorch plan` says why. Nothing to measure.")
+        raise DsorchError(
+            f"no layout of {spec.name} fits on {profile.name} ({profile.nodes} x {profile.gpus_per_node}); "
+            f"`dsorch plan` says why. Nothing to measure."
+        )
     picks = select_trials(ranked, top)
     limit = trial_time_limit_s(picks, steps, parse_slurm_time(profile.slurm.time))
     return Proposal(picks, trial_cost(picks, steps, profile.world_size), limit, profile.world_size)
 
 
-def start(project, spec_path: Path, spec, spec_sha256: str, loaded, proposal: Proposal, out: Path, steps: int,
-          top: int, nodes: int | None, gpus_per_node: int | None, profiles_dir: str | None) -> Manifest:
+def start(
+    project,
+    spec_path: Path,
+    spec,
+    spec_sha256: str,
+    loaded,
+    proposal: Proposal,
+    out: Path,
+    steps: int,
+    top: int,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    profiles_dir: str | None,
+) -> Manifest:
     """Write every trial's plan directory, submit them as one array, record rows and the manifest."""
     if (out / MANIFEST).exists():
-        raise DsorchError(f"{out} already holds trials ({MANIFEST}); see them with `dsorch trial --status {out}`, "
-                          f"or pass --out NEW_DIR for new ones.")
+        raise DsorchError(
+            f"{out} already holds trials ({MANIFEST}); see them with `dsorch trial --status {out}`, "
+            f"or pass --out NEW_DIR for new ones."
+        )
     if out.exists() and any(out.iterdir()):
-        raise DsorchError(f"{out} exists and is not empty; pass --out NEW_DIR (dsorch trial writes a directory of "
-                          f"its own).")
+        raise DsorchError(
+            f"{out} exists and is not empty; pass --out NEW_DIR (dsorch trial writes a directory of its own)."
+        )
     check_scheduler(loaded.profile.executor, dry_run="shows the trials and their cost")
-    plans = trial_plans(spec, spec_path, spec_sha256, loaded, "deepspeed", proposal.picks, out, nodes=nodes,
-                        gpus_per_node=gpus_per_node)
+    plans = trial_plans(
+        spec, spec_path, spec_sha256, loaded, "deepspeed", proposal.picks, out, nodes=nodes, gpus_per_node=gpus_per_node
+    )
     try:
         for d, files in plans:
             write_plan_dir(d, files)
-        subs = [prepare_submission(d, loaded.profile.name, None, steps, None, d / "run", profiles_dir, project.root)
-                for d, _ in plans]
+        subs = [
+            prepare_submission(d, loaded.profile.name, None, steps, None, d / "run", profiles_dir, project.root)
+            for d, _ in plans
+        ]
         folder = (project.root / ".dsorch" / "jobs" / f"trial-{out.resolve().name}").resolve()
-        records = record_array(Registry(project.root), subs, folder, math.ceil(proposal.time_limit_s / 60),
-                               proposal.time_limit_s)
+        records = record_array(
+            Registry(project.root), subs, folder, math.ceil(proposal.time_limit_s / 60), proposal.time_limit_s
+        )
     except BaseException:
         # Nothing half-written: a refused array leaves no trial directory behind.
         shutil.rmtree(out, ignore_errors=True)
         raise
-    manifest = Manifest(spec=os.path.relpath(spec_path.resolve(), out.resolve()), spec_sha256=spec_sha256,
-                        cluster=loaded.profile.name, nodes=nodes, gpus_per_node=gpus_per_node,
-                        world_size=proposal.world_size, steps=steps, top=top, executor=loaded.profile.executor,
-                        log_dir=str(folder), time_limit_s=proposal.time_limit_s,
-                        trials=[entry_of(i, p, r.job_id) for i, (p, r) in enumerate(zip(proposal.picks, records))])
-    _write_atomic(out / MANIFEST, "# Written by `dsorch trial`; `dsorch trial --status/--collect DIR` read it.\n"
-                  + yaml.safe_dump(manifest.model_dump(mode="json"), sort_keys=False, width=100))
+    manifest = Manifest(
+        spec=os.path.relpath(spec_path.resolve(), out.resolve()),
+        spec_sha256=spec_sha256,
+        cluster=loaded.profile.name,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        world_size=proposal.world_size,
+        steps=steps,
+        top=top,
+        executor=loaded.profile.executor,
+        log_dir=str(folder),
+        time_limit_s=proposal.time_limit_s,
+        trials=[entry_of(i, p, r.job_id) for i, (p, r) in enumerate(zip(proposal.picks, records))],
+    )
+    _write_atomic(
+        out / MANIFEST,
+        "# Written by `dsorch trial`; `dsorch trial --status/--collect DIR` read it.\n"
+        + yaml.safe_dump(manifest.model_dump(mode="json"), sort_keys=False, width=100),
+    )
     return manifest
 
 
@@ -356,30 +432,41 @@ def write_profile(project, profiles_dir: str | None, name: str, text: str) -> Pa
     pdir.mkdir(parents=True, exist_ok=True)
     path = pdir / f"{name}.yaml"
     if path.exists() and not path.read_text(encoding="utf-8").startswith(PROFILE_HEADER):
-        raise DsorchError(f"{path} exists and was not written by dsorch; pass --name NEW_NAME for the measured "
-                          f"profile.")
+        raise DsorchError(
+            f"{path} exists and was not written by dsorch; pass --name NEW_NAME for the measured profile."
+        )
     _write_atomic(path, text)
     return path
+
+
 # plan.yaml's cluster.name pattern (orchestrator/plandir/reader.py PlanCluster).
 PROFILE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Manifest, profiles_dir: str | None,
-            name: str | None) -> Collected:
+def collect(
+    project, trial_dir: Path, results: list[TrialResult], manifest: Manifest, profiles_dir: str | None, name: str | None
+) -> Collected:
     """Calibrate the profile from the finished trials, write it, re-plan, write the winner."""
     ok = [r for r in results if r.failure is None]
     if not ok:
         causes = "; ".join(f"{r.entry.dir}: {r.failure} ({r.state})" for r in results)
-        raise DsorchError(f"none of the {len(results)} trials in {trial_dir} finished ({causes}); there is nothing "
-                          f"to calibrate from. `dsorch logs JOB_ID --rank 0` shows why each ended.")
+        raise DsorchError(
+            f"none of the {len(results)} trials in {trial_dir} finished ({causes}); there is nothing "
+            f"to calibrate from. `dsorch logs JOB_ID --rank 0` shows why each ended."
+        )
     spec_path = (trial_dir / manifest.spec).resolve()
     spec, loaded_spec = load_spec(spec_path)
     if loaded_spec.sha256 != manifest.spec_sha256:
-        raise DsorchError(f"{spec_path} changed since the trials ran (sha256 differs from {trial_dir / MANIFEST}); "
-                          f"the measurements are of the old spec. Start new trials.")
+        raise DsorchError(
+            f"{spec_path} changed since the trials ran (sha256 differs from {trial_dir / MANIFEST}); "
+            f"the measurements are of the old spec. Start new trials."
+        )
     original = load_profile(manifest.cluster, profiles_dir)
-    ooms = [oom_record(trial_dir / r.entry.dir, trial_dir / r.entry.dir / "run" / "metrics.jsonl")
-            for r in results if r.failure == "oom"]
+    ooms = [
+        oom_record(trial_dir / r.entry.dir, trial_dir / r.entry.dir / "run" / "metrics.jsonl")
+        for r in results
+        if r.failure == "oom"
+    ]
     calibrated, report = calibrate([trial_dir / r.entry.dir / "run" for r in ok], original.profile, memory_only=ooms)
     name = name or f"{manifest.cluster}-measured"
     check_profile_name(name)
@@ -395,11 +482,23 @@ def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Mani
     # overhead is one constant over every layout, raised to cover the largest shortfall, so it may
     # predict a measured-to-fit layout out (measured on the loopback cluster: a pipeline trial at
     # 0.40 GiB of 0.5 next to TP/ZeRO trials that ran out of memory).
-    measured_fit = {load_plan_dir(trial_dir / r.entry.dir).layout: r.failure is None
-                    for r in results if r.failure in (None, "oom")}
-    chosen = make_plan(spec, spec_path_in(spec_path, out), loaded_spec.sha256, loaded, "deepspeed", Pins(),
-                       nodes=manifest.nodes, gpus_per_node=manifest.gpus_per_node, memory_margin_gib=0.0, keep=8,
-                       shown_path=str(spec_path), measured_fit=measured_fit)
+    measured_fit = {
+        load_plan_dir(trial_dir / r.entry.dir).layout: r.failure is None for r in results if r.failure in (None, "oom")
+    }
+    chosen = make_plan(
+        spec,
+        spec_path_in(spec_path, out),
+        loaded_spec.sha256,
+        loaded,
+        "deepspeed",
+        Pins(),
+        nodes=manifest.nodes,
+        gpus_per_node=manifest.gpus_per_node,
+        memory_margin_gib=0.0,
+        keep=8,
+        shown_path=str(spec_path),
+        measured_fit=measured_fit,
+    )
     winner = next((r for r in ok if r.entry.layout == chosen.layout.short()), None)
     evidence = {
         "trials": _rel(trial_dir, out),
@@ -418,8 +517,10 @@ def collect(project, trial_dir: Path, results: list[TrialResult], manifest: Mani
 
 def check_profile_name(name: str) -> None:
     if not PROFILE_NAME.fullmatch(name):
-        raise DsorchError(f"--name {name!r}: a profile name is letters, digits, '.', '_' and '-' (it names a file "
-                          f"and goes into plan.yaml); choose another.")
+        raise DsorchError(
+            f"--name {name!r}: a profile name is letters, digits, '.', '_' and '-' (it names a file "
+            f"and goes into plan.yaml); choose another."
+        )
 
 
 def _rel(p: Path, base: Path) -> str:
@@ -427,9 +528,14 @@ def _rel(p: Path, base: Path) -> str:
 
 
 def _evidence_row(r: TrialResult) -> dict:
-    row = {"trial": r.entry.dir, "family": r.entry.family, "layout": r.entry.layout,
-           "predicted_step_s": r.entry.predicted_step_s, "predicted_peak_gib": r.entry.predicted_peak_gib,
-           "outcome": r.failure or "ok"}
+    row = {
+        "trial": r.entry.dir,
+        "family": r.entry.family,
+        "layout": r.entry.layout,
+        "predicted_step_s": r.entry.predicted_step_s,
+        "predicted_peak_gib": r.entry.predicted_peak_gib,
+        "outcome": r.failure or "ok",
+    }
     if r.measured_step_s is not None:
         row["measured_step_s"] = round(r.measured_step_s, 6)
         row["measured_tokens_per_s"] = round(r.tokens_per_s, 1)
@@ -444,9 +550,14 @@ def results_yaml(c: Collected, root: Path) -> str:
         "trials": [_evidence_row(r) for r in c.results],
         "calibration": c.report.as_dict(),
         "calibrated_profile": _rel(c.profile_path, root),
-        "winner": {"plan_dir": _rel(c.plan_dir, root), "layout": c.plan.layout.short(),
-                   "predicted_step_s": round(c.plan.chosen.step_time_s, 6),
-                   "measured_step_s": round(c.measured_winner.measured_step_s, 6) if c.measured_winner else None},
+        "winner": {
+            "plan_dir": _rel(c.plan_dir, root),
+            "layout": c.plan.layout.short(),
+            "predicted_step_s": round(c.plan.chosen.step_time_s, 6),
+            "measured_step_s": round(c.measured_winner.measured_step_s, 6) if c.measured_winner else None,
+        },
     }
-    return ("# Written by `dsorch trial --collect`: predicted vs measured per trial, the calibration, the winner.\n"
-            + yaml.safe_dump(doc, sort_keys=False, width=100))
+    return (
+        "# Written by `dsorch trial --collect`: predicted vs measured per trial, the calibration, the winner.\n"
+        + yaml.safe_dump(doc, sort_keys=False, width=100)
+    )

@@ -12,10 +12,10 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from orchestrator.errors import DsorchError, ProfileNotFound, SpecError
 from orchestrator.resources import shipped_profiles_dir
+
 # the one reader of sbatch's --time formats
 from orchestrator.spec.sbatch import parse_slurm_time
 from orchestrator.spec.yamlio import FROZEN, Loaded, deep_merge, format_validation, load_yaml
-
 
 # --------------------------------------------------------------------------------------------
 # Cluster profile
@@ -85,7 +85,7 @@ class SlurmSpec(BaseModel):
     signal_delay_s: int = Field(default=90, ge=30, le=65_535)
 
     @model_validator(mode="after")
-    def _safe(self) -> "SlurmSpec":
+    def _safe(self) -> SlurmSpec:
         import re
 
         for key in ("partition", "account", "qos", "time", "constraint", "mem"):
@@ -101,12 +101,16 @@ class SlurmSpec(BaseModel):
                 raise ValueError(f"slurm.setup[{i}] contains a line break; give each command its own list item")
         for k, v in self.env.items():
             if not re.fullmatch(_ENV_NAME, k):
-                raise ValueError(f"slurm.env key {k!r} is not a valid environment variable name "
-                                 f"(letters, digits, underscore; not starting with a digit)")
+                raise ValueError(
+                    f"slurm.env key {k!r} is not a valid environment variable name "
+                    f"(letters, digits, underscore; not starting with a digit)"
+                )
         for k, v in self.extra.items():
             if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*", k) or not re.fullmatch(_NO_LINE_BREAKS, v):
-                raise ValueError(f"slurm.extra {k!r}: keys are sbatch option names (letters, digits, '-') and "
-                                 f"values may not contain line breaks")
+                raise ValueError(
+                    f"slurm.extra {k!r}: keys are sbatch option names (letters, digits, '-') and "
+                    f"values may not contain line breaks"
+                )
         return self
 
 
@@ -170,7 +174,7 @@ class ClusterProfile(BaseModel):
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
 
-    def resized(self, nodes: int | None = None, gpus_per_node: int | None = None) -> "ClusterProfile":
+    def resized(self, nodes: int | None = None, gpus_per_node: int | None = None) -> ClusterProfile:
         """The same hardware with another node count or fewer GPUs per node (--nodes, --gpus-per-node)."""
         update = {k: v for k, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)) if v is not None}
         return self.model_copy(update=update) if update else self
@@ -195,15 +199,15 @@ def discover_profiles(profiles_dir: str | Path | None) -> dict[str, ProfileSourc
     if profiles_dir:
         d = Path(profiles_dir)
         if not d.is_dir():
-            raise SpecError(f"profiles directory {d} does not exist; pass an existing directory to --profiles-dir "
-                            f"(or DSORCH_PROFILES_DIR).")
+            raise SpecError(
+                f"profiles directory {d} does not exist; pass an existing directory to --profiles-dir "
+                f"(or DSORCH_PROFILES_DIR)."
+            )
         dirs.append((d, "user"))
     for d, origin in dirs:
         for p in sorted(d.glob("*.yaml")):
             found[p.stem] = ProfileSource(p.stem, p, origin)
     return found
-
-
 
 
 @dataclass(frozen=True)
@@ -236,8 +240,10 @@ def load_profile(name: str, profiles_dir: str | Path | None = None) -> LoadedPro
         if parent is None:
             break
         if not isinstance(parent, str):
-            raise SpecError(f"{src.path}:{loaded.lines.get(('extends',), '?')}: key 'extends' must name one profile "
-                            f"(a string), got {type(parent).__name__}.")
+            raise SpecError(
+                f"{src.path}:{loaded.lines.get(('extends',), '?')}: key 'extends' must name one profile "
+                f"(a string), got {type(parent).__name__}."
+            )
         shipped = shipped_profiles_dir() / f"{parent}.yaml"
         if parent == src.name and src.origin == "user" and shipped.exists():
             # A user's profile may extend the shipped profile it overrides (same name).
@@ -257,5 +263,7 @@ def load_profile(name: str, profiles_dir: str | Path | None = None) -> LoadedPro
         profile = ClusterProfile.model_validate(merged)
     except ValidationError as e:
         raise SpecError(format_validation(e, chain, ClusterProfile, "cluster profile"))
-    digest = hashlib.sha256("".join(ld.sha256 for ld in chain).encode()).hexdigest() if len(chain) > 1 else chain[0].sha256
+    digest = (
+        hashlib.sha256("".join(ld.sha256 for ld in chain).encode()).hexdigest() if len(chain) > 1 else chain[0].sha256
+    )
     return LoadedProfile(profile, known[name], digest)

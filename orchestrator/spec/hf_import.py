@@ -47,16 +47,20 @@ class _Config:
         self.window: int | None = None  # set by _window
 
     def refuse(self, key: str, why: str) -> SpecError:
-        return SpecError(f"{self.path}: {key}: {why}. dsorch's model spec cannot express this {self.family} "
-                         f"model; plan a model without it, or write the spec by hand (see examples/).")
+        return SpecError(
+            f"{self.path}: {key}: {why}. dsorch's model spec cannot express this {self.family} "
+            f"model; plan a model without it, or write the spec by hand (see examples/)."
+        )
 
     def get(self, *keys: str, default: Any = None, required: bool = False) -> Any:
         for k in keys:
             if self.data.get(k) is not None:
                 return self.data[k]
         if required:
-            raise SpecError(f"{self.path}: no {' or '.join(keys)}; a {self.family} config.json states it. Is this "
-                            f"the model's config.json?")
+            raise SpecError(
+                f"{self.path}: no {' or '.join(keys)}; a {self.family} config.json states it. Is this "
+                f"the model's config.json?"
+            )
         return default
 
     def integer(self, *keys: str, default: int | None = None) -> int:
@@ -76,12 +80,15 @@ def _head_dim(c: _Config, hidden: int, heads: int) -> None:
     kv = c.integer("num_key_value_heads", default=heads)
     layers = c.integer("num_hidden_layers")
     gap = layers * 2 * hidden * (heads + kv) * (d - hidden / heads)
-    raise c.refuse("head_dim", f"{d}, but hidden_size {hidden} / num_attention_heads {heads} = {hidden / heads:g}: "
-                               f"the attention projects to {heads} heads x {d} = {d * heads} wide, not {hidden}. "
-                               f"The spec has no head_dim key; it always takes hidden_size / "
-                               f"num_attention_heads, so it would {'under' if gap > 0 else 'over'}count the "
-                               f"attention projections by {abs(gap) / 1e6:,.1f}M parameters over {layers} layers, "
-                               f"and the attention's FLOPs and activation memory with them")
+    raise c.refuse(
+        "head_dim",
+        f"{d}, but hidden_size {hidden} / num_attention_heads {heads} = {hidden / heads:g}: "
+        f"the attention projects to {heads} heads x {d} = {d * heads} wide, not {hidden}. "
+        f"The spec has no head_dim key; it always takes hidden_size / "
+        f"num_attention_heads, so it would {'under' if gap > 0 else 'over'}count the "
+        f"attention projections by {abs(gap) / 1e6:,.1f}M parameters over {layers} layers, "
+        f"and the attention's FLOPs and activation memory with them",
+    )
 
 
 def _moe(c: _Config) -> None:
@@ -96,8 +103,10 @@ def _rope(c: _Config, notes: list[str]) -> float:
     scaling = c.get("rope_scaling")
     if scaling:
         kind = scaling.get("rope_type") or scaling.get("type") if isinstance(scaling, dict) else scaling
-        notes.append(f"rope_scaling {kind} (RoPE frequencies rescaled for long context): the spec's "
-                     f"RoPE is plain; memory and step time are the same")
+        notes.append(
+            f"rope_scaling {kind} (RoPE frequencies rescaled for long context): the spec's "
+            f"RoPE is plain; memory and step time are the same"
+        )
     return float(c.get("rope_theta", "rotary_emb_base", default=10000.0))
 
 
@@ -120,13 +129,17 @@ def _llama_like(c: _Config, family: str, notes: list[str]) -> dict:
         if act not in ("gelu_pytorch_tanh", "gelu"):
             raise c.refuse("hidden_activation", f"{act!r}: Gemma's MLP is GeGLU (gelu_pytorch_tanh)")
         activation = "geglu"
-        notes.append("Gemma scales the embeddings by sqrt(hidden_size) and its RMSNorm by (1 + weight); the spec's "
-                     "are plain: memory and step time are the same")
+        notes.append(
+            "Gemma scales the embeddings by sqrt(hidden_size) and its RMSNorm by (1 + weight); the spec's "
+            "are plain: memory and step time are the same"
+        )
     elif act == "silu":
         activation = "swiglu"
     else:
-        raise c.refuse("hidden_act", f"{act!r}: a {family} MLP with silu is SwiGLU; another activation is not "
-                                     f"a {family} the spec knows")
+        raise c.refuse(
+            "hidden_act",
+            f"{act!r}: a {family} MLP with silu is SwiGLU; another activation is not a {family} the spec knows",
+        )
     attn_bias = bool(c.get("attention_bias", default=False))
     mlp_bias = bool(c.get("mlp_bias", default=False))
     if attn_bias != mlp_bias:
@@ -164,8 +177,10 @@ def _gpt_neox(c: _Config, notes: list[str]) -> dict:
         raise c.refuse("hidden_act", f"{act!r}: the spec's non-gated MLP is GELU")
     pct = float(c.get("rotary_pct", "partial_rotary_factor", default=1.0))
     if pct != 1.0:
-        notes.append(f"rotary_pct {pct:g}: GPT-NeoX rotates a part of each head, the spec all of it: memory and "
-                     f"step time are the same")
+        notes.append(
+            f"rotary_pct {pct:g}: GPT-NeoX rotates a part of each head, the spec all of it: memory and "
+            f"step time are the same"
+        )
     return {
         "num_layers": c.integer("num_hidden_layers"),
         "hidden_size": hidden,
@@ -190,8 +205,10 @@ def _gpt2(c: _Config, notes: list[str]) -> dict:
     if not str(act).startswith("gelu"):
         raise c.refuse("activation_function", f"{act!r}: the spec's non-gated MLP is GELU")
     if act != "gelu":
-        notes.append(f"activation_function {act} (the tanh approximation of GELU) becomes the spec's exact gelu: "
-                     f"memory and step time are the same")
+        notes.append(
+            f"activation_function {act} (the tanh approximation of GELU) becomes the spec's exact gelu: "
+            f"memory and step time are the same"
+        )
     return {
         "num_layers": c.integer("n_layer", "num_hidden_layers"),
         "hidden_size": hidden,
@@ -221,8 +238,11 @@ def _falcon(c: _Config, notes: list[str]) -> dict:
     two_norms = new_arch and c.get("num_ln_in_parallel_attn", default=2) != 1
     if parallel and not two_norms:
         key = "num_ln_in_parallel_attn" if new_arch else "parallel_attn"
-        raise c.refuse(key, "a parallel block with one layernorm shared by attention and MLP (Falcon-7B's); the "
-                            "spec's parallel residual has a norm for each (Falcon 40B/180B, GPT-NeoX)")
+        raise c.refuse(
+            key,
+            "a parallel block with one layernorm shared by attention and MLP (Falcon-7B's); the "
+            "spec's parallel residual has a norm for each (Falcon 40B/180B, GPT-NeoX)",
+        )
     if new_arch:
         kv = c.integer("num_kv_heads", "n_head_kv", default=heads)
     else:
@@ -279,8 +299,10 @@ def import_config(path: Path, name: str | None = None) -> Imported:
     _moe(_Config(data, path, str(kind) if kind else "Hugging Face"))
     if kind not in FAMILIES:
         known = ", ".join(sorted(k for k in FAMILIES if k.islower()))
-        raise SpecError(f"{path}: model_type {kind!r} is not a family dsorch imports ({known}); write the spec by "
-                        f"hand (see examples/).")
+        raise SpecError(
+            f"{path}: model_type {kind!r} is not a family dsorch imports ({known}); write the spec by "
+            f"hand (see examples/)."
+        )
     family, reader = FAMILIES[kind]
     notes: list[str] = []
     c = _Config(data, path, family)
@@ -302,15 +324,24 @@ def spec_document(imp: Imported, source: str, seq_length: int | None, global_bat
         # seq <= window every earlier key is inside the window: the mask is the causal mask, and the
         # spec's full attention is exact, FLOPs and memory alike. Longer sequences attend to fewer
         # keys than the spec would count.
-        given = f"--seq-length {seq}" if seq_length else (f"the default, max_position_embeddings {mpe} capped at "
-                                                          f"{DEFAULT_MAX_SEQ}")
+        given = (
+            f"--seq-length {seq}"
+            if seq_length
+            else (f"the default, max_position_embeddings {mpe} capped at {DEFAULT_MAX_SEQ}")
+        )
         w = imp.window
-        raise SpecError(f"{imp.path or 'config.json'}: sliding_window: {w}: each token attends only to the {w} "
-                        f"tokens up to it, and the spec would train sequences of {seq} ({given}), longer than the "
-                        f"window. dsorch's attention is full (causal), which equals a sliding window only for "
-                        f"sequences no longer than the window; pass --seq-length {w} (or less) to plan this "
-                        f"{imp.family} model exactly.")
+        raise SpecError(
+            f"{imp.path or 'config.json'}: sliding_window: {w}: each token attends only to the {w} "
+            f"tokens up to it, and the spec would train sequences of {seq} ({given}), longer than the "
+            f"window. dsorch's attention is full (causal), which equals a sliding window only for "
+            f"sequences no longer than the window; pass --seq-length {w} (or less) to plan this "
+            f"{imp.family} model exactly."
+        )
     gbs = global_batch_size or max(1, DEFAULT_TOKENS_PER_STEP // seq)
     text = source + ("; not carried: " + "; ".join(imp.notes) if imp.notes else "")
-    return {"name": imp.name, "source": text, "model": imp.model,
-            "training": {"seq_length": seq, "global_batch_size": gbs, "precision": "bf16"}}
+    return {
+        "name": imp.name,
+        "source": text,
+        "model": imp.model,
+        "training": {"seq_length": seq, "global_batch_size": gbs, "precision": "bf16"},
+    }

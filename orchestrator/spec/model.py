@@ -11,7 +11,6 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from orchestrator.errors import SpecError
 from orchestrator.spec.yamlio import FROZEN, Loaded, format_validation, load_yaml
 
-
 # --------------------------------------------------------------------------------------------
 # Model spec
 # --------------------------------------------------------------------------------------------
@@ -47,7 +46,7 @@ class ModelSpec(BaseModel):
     init_method_std: float = Field(default=0.02, gt=0)
 
     @model_validator(mode="after")
-    def _shapes(self) -> "ModelSpec":
+    def _shapes(self) -> ModelSpec:
         a, kv = self.num_attention_heads, self.kv_heads
         if self.hidden_size % a:
             raise ValueError(
@@ -123,12 +122,14 @@ class OptimizerSpec(BaseModel):
     grad_clip: float = Field(default=1.0, ge=0)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "OptimizerSpec":
+    def _consistent(self) -> OptimizerSpec:
         # Megatron-LM asserts max_lr >= min_lr (training/optimizer_param_scheduler.py); AdamW
         # needs 0 <= beta < 1 (torch.optim.AdamW).
         if self.min_lr > self.lr:
-            raise ValueError(f"min_lr {self.min_lr} is above lr {self.lr}; the schedule decays from lr to min_lr, "
-                             f"so make min_lr <= lr")
+            raise ValueError(
+                f"min_lr {self.min_lr} is above lr {self.lr}; the schedule decays from lr to min_lr, "
+                f"so make min_lr <= lr"
+            )
         if not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas {list(self.betas)} must each be in [0, 1) (AdamW's momentum coefficients)")
         return self
@@ -140,8 +141,13 @@ _ONE_WORD = r"^[^\s\x00-\x1f\x7f]+$"
 
 # Megatron-LM's tokenizers that read a model file or hub name (--tokenizer-model); NullTokenizer
 # needs none (megatron/core/tokenizers/utils/build_tokenizer.py).
-TOKENIZERS_WITH_MODEL = ("HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
-                         "Llama2Tokenizer", "TikTokenizer")
+TOKENIZERS_WITH_MODEL = (
+    "HuggingFaceTokenizer",
+    "SentencePieceTokenizer",
+    "GPTSentencePieceTokenizer",
+    "Llama2Tokenizer",
+    "TikTokenizer",
+)
 
 
 class TokenizerSpec(BaseModel):
@@ -151,15 +157,23 @@ class TokenizerSpec(BaseModel):
 
     model_config = FROZEN
 
-    type: Literal["NullTokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
-                  "Llama2Tokenizer", "TikTokenizer"] = "NullTokenizer"
+    type: Literal[
+        "NullTokenizer",
+        "HuggingFaceTokenizer",
+        "SentencePieceTokenizer",
+        "GPTSentencePieceTokenizer",
+        "Llama2Tokenizer",
+        "TikTokenizer",
+    ] = "NullTokenizer"
     model: str | None = Field(default=None, pattern=_ONE_WORD, description="--tokenizer-model: path or hub name")
 
     @model_validator(mode="after")
-    def _model_when_needed(self) -> "TokenizerSpec":
+    def _model_when_needed(self) -> TokenizerSpec:
         if self.type in TOKENIZERS_WITH_MODEL and self.model is None:
-            raise ValueError(f"tokenizer type {self.type} reads its vocabulary from a file: set tokenizer.model to its "
-                             f"path (or hub name)")
+            raise ValueError(
+                f"tokenizer type {self.type} reads its vocabulary from a file: set tokenizer.model to its "
+                f"path (or hub name)"
+            )
         if self.type == "NullTokenizer" and self.model is not None:
             raise ValueError("NullTokenizer reads no file: remove tokenizer.model, or name the tokenizer type")
         return self
@@ -173,10 +187,15 @@ class DataSpec(BaseModel):
     model_config = FROZEN
 
     path: tuple[str, ...] | None = Field(
-        default=None, min_length=1,
-        description="--data-path: indexed-dataset prefixes, each optionally preceded by its weight")
-    split: str = Field(default="969,30,1", pattern=r"^\d+(\.\d+)?(,\d+(\.\d+)?){0,2}$",
-                       description="--split: train,valid,test proportions")
+        default=None,
+        min_length=1,
+        description="--data-path: indexed-dataset prefixes, each optionally preceded by its weight",
+    )
+    split: str = Field(
+        default="969,30,1",
+        pattern=r"^\d+(\.\d+)?(,\d+(\.\d+)?){0,2}$",
+        description="--split: train,valid,test proportions",
+    )
     tokenizer: TokenizerSpec = TokenizerSpec()
     # Validation: Megatron-LM needs --eval-interval to size its datasets (its default became None;
     # get_train_valid_test_num_samples in megatron/training/training.py divides by it).
@@ -184,13 +203,15 @@ class DataSpec(BaseModel):
     eval_iters: int = Field(default=100, ge=0, le=1_000_000_000, description="--eval-iters, batches per evaluation")
 
     @model_validator(mode="after")
-    def _words(self) -> "DataSpec":
+    def _words(self) -> DataSpec:
         import re
 
         for i, item in enumerate(self.path or ()):
             if not re.fullmatch(_ONE_WORD, item):
-                raise ValueError(f"data.path[{i}] {item!r} has whitespace or control characters; Megatron-LM's "
-                                 f"command line cannot carry it: rename or link the file")
+                raise ValueError(
+                    f"data.path[{i}] {item!r} has whitespace or control characters; Megatron-LM's "
+                    f"command line cannot carry it: rename or link the file"
+                )
         return self
 
 
@@ -199,8 +220,9 @@ class CheckpointSpec(BaseModel):
 
     model_config = FROZEN
 
-    dir: str = Field(default="checkpoints", pattern=_ONE_WORD,
-                     description="relative paths are relative to the plan directory")
+    dir: str = Field(
+        default="checkpoints", pattern=_ONE_WORD, description="relative paths are relative to the plan directory"
+    )
     interval: int = Field(default=1000, gt=0, le=1_000_000_000, description="--save-interval, in steps")
 
 
@@ -252,17 +274,21 @@ class TrainingSpec(BaseModel):
         return None if self.steps is None else float(self.steps * self.global_batch_size * self.seq_length)
 
     @model_validator(mode="after")
-    def _warmup_fits(self) -> "TrainingSpec":
+    def _warmup_fits(self) -> TrainingSpec:
         if self.fp8 is not None and self.precision != "bf16":
-            raise ValueError(f"training.fp8 {self.fp8!r} runs FP8 GEMMs on a bf16 model (Megatron-LM --bf16 "
-                             f"--fp8-format); set training.precision to bf16 or drop training.fp8")
+            raise ValueError(
+                f"training.fp8 {self.fp8!r} runs FP8 GEMMs on a bf16 model (Megatron-LM --bf16 "
+                f"--fp8-format); set training.precision to bf16 or drop training.fp8"
+            )
         if self.steps is not None and self.train_tokens is not None:
             raise ValueError("training.steps and training.train_tokens both give the training length; keep one")
         steps = self.train_steps
         if steps is not None and self.optimizer.warmup_steps >= steps:
             # Megatron-LM asserts lr_warmup_steps < lr_decay_steps (optimizer_param_scheduler.py).
-            raise ValueError(f"optimizer.warmup_steps {self.optimizer.warmup_steps} is not below the {steps} training "
-                             f"steps; shorten the warmup or train longer")
+            raise ValueError(
+                f"optimizer.warmup_steps {self.optimizer.warmup_steps} is not below the {steps} training "
+                f"steps; shorten the warmup or train longer"
+            )
         return self
 
 
@@ -278,12 +304,14 @@ class SpecFile(BaseModel):
     training: TrainingSpec
 
     @model_validator(mode="after")
-    def _positions_cover_sequence(self) -> "SpecFile":
+    def _positions_cover_sequence(self) -> SpecFile:
         mpe = self.model.max_position_embeddings
         if mpe is not None and mpe < self.training.seq_length:
             # Megatron-LM's validate_args: seq_length <= max_position_embeddings.
-            raise ValueError(f"training.seq_length {self.training.seq_length} exceeds model.max_position_embeddings "
-                             f"{mpe}; raise max_position_embeddings or shorten the sequence")
+            raise ValueError(
+                f"training.seq_length {self.training.seq_length} exceeds model.max_position_embeddings "
+                f"{mpe}; raise max_position_embeddings or shorten the sequence"
+            )
         return self
 
 
@@ -295,5 +323,3 @@ def load_spec(path: str | Path) -> tuple[SpecFile, Loaded]:
     except ValidationError as e:
         raise SpecError(format_validation(e, loaded, SpecFile, "model spec"))
     return spec, loaded
-
-

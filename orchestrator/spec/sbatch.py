@@ -58,7 +58,8 @@ def sbatch_parameters(slurm) -> SbatchParameters:
     which imports this module): one source for job.sbatch's #SBATCH lines and for submitit's
     executor parameters."""
     options: list[tuple[str, str | bool]] = [
-        (key, getattr(slurm, key)) for key in SBATCH_KEYS if getattr(slurm, key) is not None]
+        (key, getattr(slurm, key)) for key in SBATCH_KEYS if getattr(slurm, key) is not None
+    ]
     if slurm.exclusive:
         options.append(("exclusive", True))
     return SbatchParameters(options=tuple(options), extra=tuple(sorted(slurm.extra.items())))

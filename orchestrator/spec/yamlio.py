@@ -57,12 +57,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             try:
                 hash(key)
             except TypeError:
-                raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value",
-                                                        key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a mapping key must be a plain value", key_node.start_mark
+                )
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key '{key}' appears twice (first on line {seen[key] + 1}); keep one",
-                    key_node.start_mark)
+                    None,
+                    None,
+                    f"key '{key}' appears twice (first on line {seen[key] + 1}); keep one",
+                    key_node.start_mark,
+                )
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
@@ -85,8 +89,10 @@ def read_input(path: Path) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise SpecError(f"{path}: not a regular file (a pipe or a device); pass a YAML file.")
         if st.st_size > MAX_YAML_BYTES:
-            raise SpecError(f"{path}: {st.st_size:,} bytes; a spec or profile is at most {MAX_YAML_BYTES:,}. "
-                            f"Pass the YAML file itself.")
+            raise SpecError(
+                f"{path}: {st.st_size:,} bytes; a spec or profile is at most {MAX_YAML_BYTES:,}. "
+                f"Pass the YAML file itself."
+            )
         with open(path, "rb") as fh:
             raw = fh.read(MAX_YAML_BYTES + 1)
         if len(raw) > MAX_YAML_BYTES:  # it grew while we looked
@@ -105,8 +111,10 @@ def _count_nodes(node: yaml.Node, path: Path, budget: list[int]) -> None:
         n = stack.pop()
         budget[0] -= 1
         if budget[0] < 0:
-            raise SpecError(f"{path}: more than {MAX_YAML_NODES:,} YAML values (counting what anchors and aliases "
-                            f"repeat); a spec or profile has a few hundred. Pass the right file, or write aliases out.")
+            raise SpecError(
+                f"{path}: more than {MAX_YAML_NODES:,} YAML values (counting what anchors and aliases "
+                f"repeat); a spec or profile has a few hundred. Pass the right file, or write aliases out."
+            )
         if isinstance(n, yaml.MappingNode):
             for k, v in n.value:
                 stack.extend((k, v))
@@ -136,15 +144,19 @@ def load_yaml(path: Path, empty_ok: bool = False) -> Loaded:
         raise SpecError(f"{where}: malformed YAML ({problem}). Fix the syntax at that line.")
     except (ValueError, OverflowError, RecursionError, AttributeError, TypeError) as e:
         # e.g. a date like 2024-02-30, or an explicit tag (!!timestamp, !!binary) on a value that is not one
-        raise SpecError(f"{path}: a value cannot be read ({' '.join(str(e).split())[:200]}); quote it if it is "
-                        f"meant as a string, and drop explicit !!tags.")
+        raise SpecError(
+            f"{path}: a value cannot be read ({' '.join(str(e).split())[:200]}); quote it if it is "
+            f"meant as a string, and drop explicit !!tags."
+        )
     finally:
         if loader is not None:
             loader.dispose()
     if data is None and empty_ok:
         data = {}
     if not isinstance(data, dict):
-        raise SpecError(f"{path}: expected a YAML mapping (key: value lines) at the top level, got {type(data).__name__}.")
+        raise SpecError(
+            f"{path}: expected a YAML mapping (key: value lines) at the top level, got {type(data).__name__}."
+        )
     lines: dict[tuple, int] = {}
     if node is not None:
         _compose_lines(node, (), lines)
@@ -205,7 +217,6 @@ def format_validation(e: ValidationError, loaded: Loaded | list[Loaded], model: 
             got_s = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
             msgs.append(f"{where}: key '{key}': {err['msg']}{got_s}.")
     return "\n".join(msgs)
-
 
 
 def deep_merge(base: dict, override: dict) -> dict:

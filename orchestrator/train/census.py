@@ -163,9 +163,11 @@ class SavedActivations:
 
     def table(self) -> str:
         """One row per storage (bytes, dtype, shape, the tensor it is a view of, producer), then the total."""
-        rows = [f"{s.nbytes:>10,}  {str(s.dtype).removeprefix('torch.'):<9} {str(list(s.shape)):<18} "
-                f"{'view of ' + str(list(s.base_shape)) if s.base_shape else '':<24} {s.producer}"
-                for s in self.storages]
+        rows = [
+            f"{s.nbytes:>10,}  {str(s.dtype).removeprefix('torch.'):<9} {str(list(s.shape)):<18} "
+            f"{'view of ' + str(list(s.base_shape)) if s.base_shape else '':<24} {s.producer}"
+            for s in self.storages
+        ]
         return "\n".join([*rows, f"{self.nbytes:>10,}  total"])
 
 
@@ -202,8 +204,13 @@ def saved_activations(module: torch.nn.Module, *args, **kwargs):
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         if ptr and ptr not in skip and ptr not in found:
-            found[ptr] = SavedStorage(tuple(t.shape), tuple(t._base.shape) if t._base is not None else None,
-                                      t.dtype, storage.nbytes(), _producer(t))
+            found[ptr] = SavedStorage(
+                tuple(t.shape),
+                tuple(t._base.shape) if t._base is not None else None,
+                t.dtype,
+                storage.nbytes(),
+                _producer(t),
+            )
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -63,8 +63,17 @@ def damage(tag_dir: Path) -> str | None:
     return None
 
 
-def save(engine, ckpt_dir: Path, step: int, keep: int, is_rank0: bool, *, layout: dict | None = None,
-         plan: str | None = None, universal_info: dict | None = None) -> None:
+def save(
+    engine,
+    ckpt_dir: Path,
+    step: int,
+    keep: int,
+    is_rank0: bool,
+    *,
+    layout: dict | None = None,
+    plan: str | None = None,
+    universal_info: dict | None = None,
+) -> None:
     """``layout`` and ``plan`` go into the manifest (which layout wrote it, from which plan
     directory: `dsorch replan` reads them); ``universal_info`` into DeepSpeed's client state, for
     converting the checkpoint to another layout (reshard.py)."""
@@ -83,7 +92,8 @@ def save(engine, ckpt_dir: Path, step: int, keep: int, is_rank0: bool, *, layout
         raise RuntimeError(
             f"dsorch train: saving checkpoint {tag} in {ckpt_dir} failed ({' '.join(str(e).split())[:200]})"
             + (f"; the disk is full ({free:,} bytes free)" if full else "")
-            + ". It has no manifest, so a rerun skips it and resumes from the newest intact checkpoint.") from e
+            + ". It has no manifest, so a rerun skips it and resumes from the newest intact checkpoint."
+        ) from e
     dist.barrier()  # every rank's files are on disk before rank 0 hashes them
     if is_rank0:
         tag_dir = ckpt_dir / tag
@@ -106,13 +116,13 @@ def newest_intact(ckpt_dir: Path, prefix: str = "step") -> Path | None:
     """The newest checkpoint directory named ``prefix...`` whose files match its manifest."""
     if not ckpt_dir.is_dir():
         return None
-    for tag_dir in sorted((p for p in ckpt_dir.glob(f"{prefix}*") if p.is_dir() and not p.name.endswith(".tmp")),
-                          reverse=True):
+    for tag_dir in sorted(
+        (p for p in ckpt_dir.glob(f"{prefix}*") if p.is_dir() and not p.name.endswith(".tmp")), reverse=True
+    ):
         why = damage(tag_dir)
         if why is None:
             return tag_dir
-        warnings.warn(f"checkpoint {tag_dir} is damaged: {why}; falling back to the "
-                      "previous checkpoint", stacklevel=2)
+        warnings.warn(f"checkpoint {tag_dir} is damaged: {why}; falling back to the previous checkpoint", stacklevel=2)
     return None
 
 
@@ -129,15 +139,27 @@ def _choose(ckpt_dir: Path, layout: dict, naming: str) -> tuple[str | None, bool
     own = n_man is not None and n_man.get("layout") in (None, layout)
     if u_man is not None and (u_man["step"] > n_step or (u_man["step"] == n_step and not own)):
         if u_man.get("naming") != naming:
-            return None, False, (f"{universal} was converted for a {u_man.get('naming')} model, this plan runs a "
-                                 f"{naming} one; convert again with `dsorch replan` for this plan")
+            return (
+                None,
+                False,
+                (
+                    f"{universal} was converted for a {u_man.get('naming')} model, this plan runs a "
+                    f"{naming} one; convert again with `dsorch replan` for this plan"
+                ),
+            )
         return universal.name, True, None
     if n_man is None:
         return None, False, None
     if not own:
-        return None, False, (f"the newest checkpoint, {native}, was written by another layout ({n_man['layout']}); "
-                             f"this plan's layout cannot load it as it is. Convert it with `dsorch replan RUN_DIR` "
-                             f"(DeepSpeed's universal checkpoint), or resume with the plan that wrote it")
+        return (
+            None,
+            False,
+            (
+                f"the newest checkpoint, {native}, was written by another layout ({n_man['layout']}); "
+                f"this plan's layout cannot load it as it is. Convert it with `dsorch replan RUN_DIR` "
+                f"(DeepSpeed's universal checkpoint), or resume with the plan that wrote it"
+            ),
+        )
     return native.name, False, None
 
 

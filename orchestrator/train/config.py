@@ -11,25 +11,32 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.errors import ValidationError
-from orchestrator.plandir.reader import PlanDir, load_plan_dir
 from orchestrator.plan.rules import stage_split
+from orchestrator.plandir.reader import PlanDir, load_plan_dir
 
 
 def check_trainable(pd: PlanDir) -> None:
     """What the bundled entrypoint cannot train, as one error with the fix."""
     t = pd.spec.training
     if pd.runtime != "deepspeed":
-        raise ValidationError(f"{pd.path} is a plan for the {pd.runtime} runtime; the bundled entrypoint trains "
-                              "deepspeed plans (re-plan with --runtime deepspeed)")
-    for name, value in (("training.hidden_dropout", t.hidden_dropout), ("training.attention_dropout",
-                                                                          t.attention_dropout)):
+        raise ValidationError(
+            f"{pd.path} is a plan for the {pd.runtime} runtime; the bundled entrypoint trains "
+            "deepspeed plans (re-plan with --runtime deepspeed)"
+        )
+    for name, value in (
+        ("training.hidden_dropout", t.hidden_dropout),
+        ("training.attention_dropout", t.attention_dropout),
+    ):
         if value:
             raise ValidationError(
                 f"{name} {value}: the bundled entrypoint trains without dropout (its tensor-parallel layers keep "
-                "no per-rank RNG tracker); set dropout to 0 in the model spec or use --runtime megatron")
+                "no per-rank RNG tracker); set dropout to 0 in the model spec or use --runtime megatron"
+            )
     if pd.layout.vpp != 1:
-        raise ValidationError("vpp > 1 (interleaved 1F1B) is not in DeepSpeed's pipeline engine; "
-                              "plan with --vpp 1 or use --runtime megatron")
+        raise ValidationError(
+            "vpp > 1 (interleaved 1F1B) is not in DeepSpeed's pipeline engine; "
+            "plan with --vpp 1 or use --runtime megatron"
+        )
 
 
 def stage_layers(pd: PlanDir) -> tuple[int, ...]:

@@ -36,10 +36,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from orchestrator.train import checkpoint, launch, reshard
 from orchestrator.errors import DsorchError
 from orchestrator.plan.layout import Layout
 from orchestrator.plandir.reader import PlanDir
+from orchestrator.train import checkpoint, launch, reshard
 from orchestrator.train.config import load_plan, stage_layers
 from orchestrator.train.data import micro_batches, open_dataset
 from orchestrator.train.metrics import MetricsLog, peak_memory_gib, peak_reserved_gib
@@ -51,26 +51,39 @@ from orchestrator.train.tensor_parallel import TPContext
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestrator.train", description=__doc__.split("\n")[0])
     p.add_argument("--plan", required=True, help="plan directory written by `dsorch plan`")
-    p.add_argument("--steps", type=int, default=None,
-                   help="train until this many steps are done (default: the plan's total, else 20)")
-    p.add_argument("--data", default=None,
-                   help="token file NAME (NAME.bin + NAME.json); default: synthetic tokens")
-    p.add_argument("--run-dir", default=os.environ.get(RUN_DIR_ENV) or None,
-                   help=f"checkpoints and metrics.jsonl (default ${RUN_DIR_ENV}, else PLAN/run)")
-    p.add_argument("--save-interval", type=int, default=0,
-                   help="checkpoint every N steps (0: only at the end)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="train until this many steps are done (default: the plan's total, else 20)",
+    )
+    p.add_argument("--data", default=None, help="token file NAME (NAME.bin + NAME.json); default: synthetic tokens")
+    p.add_argument(
+        "--run-dir",
+        default=os.environ.get(RUN_DIR_ENV) or None,
+        help=f"checkpoints and metrics.jsonl (default ${RUN_DIR_ENV}, else PLAN/run)",
+    )
+    p.add_argument("--save-interval", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
     p.add_argument("--keep", type=int, default=3, help="checkpoints kept (the newest K)")
     p.add_argument("--no-save", action="store_true", help="write no checkpoint at all")
-    p.add_argument("--memory-census", default=None, metavar="DIR",
-                   help="after the first step, write each rank's bytes of weights, gradients and optimizer "
-                        "state, counted tensor by tensor, to DIR/census-rankN.json (train/census.py)")
+    p.add_argument(
+        "--memory-census",
+        default=None,
+        metavar="DIR",
+        help="after the first step, write each rank's bytes of weights, gradients and optimizer "
+        "state, counted tensor by tensor, to DIR/census-rankN.json (train/census.py)",
+    )
     # Fault injection for the resume test: SIGKILL rank 0 right after this step is logged.
     p.add_argument("--fail-after-step", type=int, default=None, help=argparse.SUPPRESS)
     # Test pacing for the time-limit test: a floor on the seconds per step, so that how many steps
     # fit into a 2-minute allocation does not depend on the machine's speed. From the environment,
     # because plain `sbatch job.sbatch` passes no arguments.
-    p.add_argument("--min-step-seconds", type=float, default=float(os.environ.get("DSORCH_TEST_MIN_STEP_SECONDS", 0)),
-                   help=argparse.SUPPRESS)
+    p.add_argument(
+        "--min-step-seconds",
+        type=float,
+        default=float(os.environ.get("DSORCH_TEST_MIN_STEP_SECONDS", 0)),
+        help=argparse.SUPPRESS,
+    )
     args = p.parse_args(argv)
     if args.keep < 1:
         p.error("--keep must be at least 1")
@@ -91,11 +104,16 @@ def build_engine(plan: PlanDir, grid, topo, device, load_universal: bool = False
         # stage < 2). Full recomputation is its activation_checkpoint_interval (from ds_config),
         # applied to decoder blocks only, as Megatron's --recompute-granularity full does.
         interval = int(plan.ds_config.get("pipeline", {}).get("activation_checkpoint_interval", 0))
-        model = Pipeline(specs, stage_layers(plan), topology=topo, loss_fn=loss_fn,
-                         partition_method="uniform",
-                         activation_checkpoint_interval=interval if lay.recompute == "full" else 0,
-                         activation_checkpoint_func=recompute,
-                         checkpointable_layers=["DecoderLayer"])
+        model = Pipeline(
+            specs,
+            stage_layers(plan),
+            topology=topo,
+            loss_fn=loss_fn,
+            partition_method="uniform",
+            activation_checkpoint_interval=interval if lay.recompute == "full" else 0,
+            activation_checkpoint_func=recompute,
+            checkpointable_layers=["DecoderLayer"],
+        )
         mpu = None  # the PipelineModule brings its own grid
     else:
         model = DenseModel(specs, loss_fn, full_recompute=lay.recompute == "full")
@@ -106,9 +124,9 @@ def build_engine(plan: PlanDir, grid, topo, device, load_universal: bool = False
         # For this resume only: with it on, a native checkpoint does not load (DeepSpeed looks for
         # zero/optimizer_state.pt). Added here, not in the plan, whose ds_config.json is checked.
         config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
-    engine, *_ = deepspeed.initialize(model=model, config=config, mpu=mpu,
-                                      model_parameters=[p for p in model.parameters()
-                                                        if p.requires_grad])
+    engine, *_ = deepspeed.initialize(
+        model=model, config=config, mpu=mpu, model_parameters=[p for p in model.parameters() if p.requires_grad]
+    )
     return engine
 
 
@@ -165,18 +183,21 @@ class Trainer:
     scripts/bench_train.py interleaves its steps with a plain DeepSpeed loop's in one process, so
     that what is timed is this code, per-step bookkeeping included."""
 
-    def __init__(self, plan: PlanDir, args, denv: launch.DistEnv, device: torch.device,
-                 stop: StopRequest | None = None):
-        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
+    def __init__(
+        self, plan: PlanDir, args, denv: launch.DistEnv, device: torch.device, stop: StopRequest | None = None
+    ):
+        from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
         lay, training = plan.layout, plan.spec.training
         seq, seed = training.seq_length, training.seed
         self.plan, self.args, self.device, self.stop = plan, args, device, stop
         self.rank0 = rank0 = denv.rank == 0
         if lay.world_size != denv.world_size:
-            raise SystemExit(f"the plan is for {lay.world_size} ranks (tp {lay.tp} x pp {lay.pp} x dp "
-                             f"{lay.dp}) but {denv.world_size} were started; launch {lay.world_size} "
-                             "processes (the plan's launch.sh does) or plan for this world size")
+            raise SystemExit(
+                f"the plan is for {lay.world_size} ranks (tp {lay.tp} x pp {lay.pp} x dp "
+                f"{lay.dp}) but {denv.world_size} were started; launch {lay.world_size} "
+                "processes (the plan's launch.sh does) or plan for this world size"
+            )
         torch.manual_seed(seed)
         # Ranks are laid out pipe-major, tp-minor (DeepSpeed's PipeModelDataParallelTopology): a tp
         # group is consecutive ranks, i.e. one node's fast interconnect.
@@ -200,8 +221,10 @@ class Trainer:
             self.start = checkpoint.load(engine, ckpt_dir, tag)
             if rank0 and universal:
                 source = Layout(**checkpoint.manifest_of(ckpt_dir / tag)["layout"]).short()
-                print(f"dsorch train: resuming from {ckpt_dir / tag}, converted from layout {source} to "
-                      f"{lay.short()}", flush=True)
+                print(
+                    f"dsorch train: resuming from {ckpt_dir / tag}, converted from layout {source} to {lay.short()}",
+                    flush=True,
+                )
         if rank0:
             # Steps logged after the checkpoint we resume from are redone now: drop their records so
             # that metrics.jsonl is one trajectory with no gap and no repeated step.
@@ -212,17 +235,21 @@ class Trainer:
         n_params = sum(p.numel() for p in engine.module.parameters())
         if rank0:
             tokens = lay.global_batch_size * seq
-            print(f"dsorch train: {plan.spec.name} from {plan.path} on {denv.world_size} ranks "
-                  f"({denv.launcher}, {device.type}, {training.precision})\n"
-                  f"  layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp} = {lay.world_size}, ZeRO-{lay.zero_stage}, "
-                  f"sp {'on' if lay.sequence_parallel else 'off'}, recompute {lay.recompute}, "
-                  f"decoder layers per stage {list(stage_layers(plan))}\n"
-                  f"  batch:  global {lay.global_batch_size} = micro-batch {lay.micro_batch_size} x "
-                  f"grad-accum {lay.grad_accum_steps} x dp {lay.dp} sequences of {seq} "
-                  f"tokens = {tokens:,} tokens/step\n"
-                  f"  params on rank 0: {n_params:,}; data: {dataset.describe()}\n"
-                  f"  steps {self.start} -> {args.steps}" + (f" (resumed from {ckpt_dir / tag})" if tag else "")
-                  + f"; run dir {run_dir}", flush=True)
+            print(
+                f"dsorch train: {plan.spec.name} from {plan.path} on {denv.world_size} ranks "
+                f"({denv.launcher}, {device.type}, {training.precision})\n"
+                f"  layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp} = {lay.world_size}, ZeRO-{lay.zero_stage}, "
+                f"sp {'on' if lay.sequence_parallel else 'off'}, recompute {lay.recompute}, "
+                f"decoder layers per stage {list(stage_layers(plan))}\n"
+                f"  batch:  global {lay.global_batch_size} = micro-batch {lay.micro_batch_size} x "
+                f"grad-accum {lay.grad_accum_steps} x dp {lay.dp} sequences of {seq} "
+                f"tokens = {tokens:,} tokens/step\n"
+                f"  params on rank 0: {n_params:,}; data: {dataset.describe()}\n"
+                f"  steps {self.start} -> {args.steps}"
+                + (f" (resumed from {ckpt_dir / tag})" if tag else "")
+                + f"; run dir {run_dir}",
+                flush=True,
+            )
         self.log = MetricsLog(run_dir if rank0 else None, plan, denv.world_size)
         self._pending: _StepFacts | None = None  # the last step's facts, their all-reduce in flight
         if args.memory_census:
@@ -235,8 +262,9 @@ class Trainer:
         after it (its checkpoint saved)."""
         plan, args, device, engine, stop = self.plan, self.args, self.device, self.engine, self.stop
         lay, rank0 = plan.layout, self.rank0
-        batches = list(micro_batches(self.dataset, step, lay.global_batch_size, lay.micro_batch_size,
-                                     lay.dp, self.dp_rank))
+        batches = list(
+            micro_batches(self.dataset, step, lay.global_batch_size, lay.micro_batch_size, lay.dp, self.dp_rank)
+        )
         if device.type == "cuda":  # page-locked, so the copies to the GPU run asynchronously
             batches = [(ids.pin_memory(), labels.pin_memory()) for ids, labels in batches]
         lr = engine.get_lr()[0]  # the rate this step's update uses
@@ -251,9 +279,17 @@ class Trainer:
         # Rank 0 alone looks at the stop-request file: one stat per step on a shared filesystem.
         wanted = stop is not None and stop.requested(self.stop_file if rank0 else None)
         grad_norm = engine.get_global_grad_norm()
-        facts = _StepFacts(step + 1, loss, lr, None if grad_norm is None else float(grad_norm), dt, kind,
-                           peak_reserved_gib(device), self.log.clock(),
-                           torch.tensor([mem, float(wanted)], device=device))
+        facts = _StepFacts(
+            step + 1,
+            loss,
+            lr,
+            None if grad_norm is None else float(grad_norm),
+            dt,
+            kind,
+            peak_reserved_gib(device),
+            self.log.clock(),
+            torch.tensor([mem, float(wanted)], device=device),
+        )
         # One all-reduce (MAX) for two facts: the busiest rank's memory (the one that OOMs) and
         # whether any rank was asked to stop, so that all ranks stop after the same step. It runs
         # while the next step computes and is read after it (one step late), since waiting for it
@@ -271,34 +307,56 @@ class Trainer:
             self._pending = None
         stopping = stop_seen and done < args.steps
         if save_due or (stopping and not args.no_save):
-            checkpoint.save(engine, self.ckpt_dir, done, args.keep, rank0, layout=lay.as_dict(),
-                            plan=str(plan.path.resolve()), universal_info=reshard.universal_info(plan.spec.model))
+            checkpoint.save(
+                engine,
+                self.ckpt_dir,
+                done,
+                args.keep,
+                rank0,
+                layout=lay.as_dict(),
+                plan=str(plan.path.resolve()),
+                universal_info=reshard.universal_info(plan.spec.model),
+            )
         if args.fail_after_step == done and rank0:
             os.kill(os.getpid(), signal.SIGKILL)
         if stopping:
             if rank0:
                 write_stopped(self.run_dir, done, stop.signum)
                 self.stop_file.unlink(missing_ok=True)  # honoured; a later run must not stop at once
-                print(f"dsorch train: stop requested; checkpoint of step {done} saved in {self.ckpt_dir}, "
-                      f"exiting with code {EXIT_STOPPED} (rerun to resume)", flush=True)
+                print(
+                    f"dsorch train: stop requested; checkpoint of step {done} saved in {self.ckpt_dir}, "
+                    f"exiting with code {EXIT_STOPPED} (rerun to resume)",
+                    flush=True,
+                )
             return False
         return True
 
-    def _settle(self, facts: "_StepFacts") -> bool:
+    def _settle(self, facts: _StepFacts) -> bool:
         """Wait for a step's all-reduce, log the step (rank 0) and apply the memory limit; returns
         whether some rank was asked to stop."""
         facts.work.wait()
         busiest, wanted = (float(v) for v in facts.reduced.tolist())
         if self.rank0:
-            self.log.record(facts.step, facts.loss, facts.lr, facts.grad_norm, facts.step_time, busiest,
-                            facts.mem_kind, facts.reserved, facts.clock)
+            self.log.record(
+                facts.step,
+                facts.loss,
+                facts.lr,
+                facts.grad_norm,
+                facts.step_time,
+                busiest,
+                facts.mem_kind,
+                facts.reserved,
+                facts.clock,
+            )
         limit = self.plan.doc.cluster.gpu_memory_gib
         if self.device.type == "cpu" and busiest > limit:
             # Every rank sees the same maximum, so all leave here together (no rank waits in a
             # collective for a peer that died). stop.py says why this is a fake.
-            raise DeviceMemoryExceeded(f"{OOM_MARK}: the busiest rank's peak resident set reached "
-                                       f"{busiest:.3f} GiB at step {facts.step}, past the plan's "
-                                       f"cluster.gpu_memory_gib {limit:g} GiB")
+            raise DeviceMemoryExceeded(
+                f"{OOM_MARK}: the busiest rank's peak resident set reached "
+                f"{busiest:.3f} GiB at step {facts.step}, past the plan's "
+                f"cluster.gpu_memory_gib {limit:g} GiB"
+            )
         return wanted > 0
 
     def finish(self) -> None:

@@ -17,8 +17,9 @@ def first_host(nodelist: str) -> str:
     """First host of a SLURM hostlist: "gpu[003-005,9],login1" -> "gpu003"."""
     if shutil.which("scontrol"):
         try:
-            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
-                                 capture_output=True, text=True, timeout=30).stdout.split()
+            out = subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True, timeout=30
+            ).stdout.split()
             if out:
                 return out[0]
         except (OSError, subprocess.SubprocessError):
@@ -37,8 +38,9 @@ def node_address(hostname: str) -> str:
     if shutil.which("scontrol") is None:
         return hostname
     try:
-        out = subprocess.run(["scontrol", "show", "node", hostname], capture_output=True, text=True, timeout=30,
-                             check=True).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "node", hostname], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
     except (subprocess.SubprocessError, OSError):
         return hostname
     m = re.search(r"NodeAddr=(\S+)", out)

@@ -38,14 +38,24 @@ class DistEnv:
 def read_env(environ=None) -> DistEnv:
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
-        return DistEnv(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]),
-                       env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)),
-                       "torchrun")
+        return DistEnv(
+            int(env["RANK"]),
+            int(env.get("LOCAL_RANK", 0)),
+            int(env["WORLD_SIZE"]),
+            env.get("MASTER_ADDR", "127.0.0.1"),
+            int(env.get("MASTER_PORT", 29500)),
+            "torchrun",
+        )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         port = int(env.get("MASTER_PORT", 20000 + int(env.get("SLURM_JOB_ID", 0)) % 20000))
-        return DistEnv(int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0)),
-                       int(env["SLURM_NTASKS"]), master_address(env.get("SLURM_JOB_NODELIST", "localhost")),
-                       port, "slurm")
+        return DistEnv(
+            int(env["SLURM_PROCID"]),
+            int(env.get("SLURM_LOCALID", 0)),
+            int(env["SLURM_NTASKS"]),
+            master_address(env.get("SLURM_JOB_NODELIST", "localhost")),
+            port,
+            "slurm",
+        )
     return DistEnv(0, 0, 1, "127.0.0.1", int(env.get("MASTER_PORT", 29500)), "single")
 
 
@@ -62,14 +72,19 @@ def init(denv: DistEnv, backend: str) -> torch.device:
         torch.set_num_threads(1)
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")
     # DeepSpeed reads these for its own bookkeeping (deepspeed.comm, checkpoint naming).
-    for k, v in (("RANK", denv.rank), ("LOCAL_RANK", denv.local_rank),
-                 ("WORLD_SIZE", denv.world_size), ("MASTER_ADDR", denv.master_addr),
-                 ("MASTER_PORT", denv.master_port)):
+    for k, v in (
+        ("RANK", denv.rank),
+        ("LOCAL_RANK", denv.local_rank),
+        ("WORLD_SIZE", denv.world_size),
+        ("MASTER_ADDR", denv.master_addr),
+        ("MASTER_PORT", denv.master_port),
+    ):
         os.environ[k] = str(v)
     # env:// rather than tcp://: under torchrun, ranks must join the agent's store
     # (TORCHELASTIC_USE_AGENT_STORE) instead of rank 0 binding MASTER_PORT a second time.
-    dist.init_process_group(backend, init_method="env://", rank=denv.rank,
-                            world_size=denv.world_size, timeout=timedelta(minutes=10))
+    dist.init_process_group(
+        backend, init_method="env://", rank=denv.rank, world_size=denv.world_size, timeout=timedelta(minutes=10)
+    )
     import deepspeed  # after DS_ACCELERATOR is set: DeepSpeed picks its accelerator on import
 
     if device.type == "cpu":

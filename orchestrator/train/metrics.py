@@ -54,9 +54,15 @@ class MetricsLog:
         self.tokens = plan.layout.global_batch_size * plan.spec.training.seq_length
         self.peak, self.world_size = plan.doc.cluster.peak_tflops, world_size
         lay = plan.layout
-        self.layout = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero_stage": lay.zero_stage,
-                       "micro_batch_size": lay.micro_batch_size, "recompute": lay.recompute,
-                       "sequence_parallel": lay.sequence_parallel}
+        self.layout = {
+            "tp": lay.tp,
+            "pp": lay.pp,
+            "dp": lay.dp,
+            "zero_stage": lay.zero_stage,
+            "micro_batch_size": lay.micro_batch_size,
+            "recompute": lay.recompute,
+            "sequence_parallel": lay.sequence_parallel,
+        }
 
     @staticmethod
     def truncate(run_dir: Path, last_step: int) -> int:
@@ -86,23 +92,45 @@ class MetricsLog:
         """(wall_s, cpu_s) now: what a record made later for a step taken now carries."""
         return time.perf_counter() - self.t0, time.process_time() - self.cpu0
 
-    def record(self, step: int, loss: float, lr: float, grad_norm, step_time: float,
-               mem_gib: float, mem_kind: str, reserved_gib: float | None = None,
-               clock: tuple[float, float] | None = None) -> dict:
+    def record(
+        self,
+        step: int,
+        loss: float,
+        lr: float,
+        grad_norm,
+        step_time: float,
+        mem_gib: float,
+        mem_kind: str,
+        reserved_gib: float | None = None,
+        clock: tuple[float, float] | None = None,
+    ) -> dict:
         tflops = self.flops / step_time / self.world_size / 1e12
         wall_s, cpu_s = clock or self.clock()
-        rec = {"step": step, "loss": loss, "lr": lr, "wall_s": wall_s, "cpu_s": cpu_s,
-               "grad_norm": None if grad_norm is None else float(grad_norm),
-               "step_time_s": step_time, "tokens_per_s": self.tokens / step_time,
-               "tflops_per_gpu": tflops, "mfu": tflops / self.peak if self.peak else None,
-               "peak_mem_gib": mem_gib, "mem_kind": mem_kind, "layout": self.layout}
+        rec = {
+            "step": step,
+            "loss": loss,
+            "lr": lr,
+            "wall_s": wall_s,
+            "cpu_s": cpu_s,
+            "grad_norm": None if grad_norm is None else float(grad_norm),
+            "step_time_s": step_time,
+            "tokens_per_s": self.tokens / step_time,
+            "tflops_per_gpu": tflops,
+            "mfu": tflops / self.peak if self.peak else None,
+            "peak_mem_gib": mem_gib,
+            "mem_kind": mem_kind,
+            "layout": self.layout,
+        }
         if reserved_gib is not None:
             rec["peak_reserved_gib"] = reserved_gib
         if self.path is not None:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(rec, sort_keys=True) + "\n")
         mfu = "" if rec["mfu"] is None else f" | MFU {100 * rec['mfu']:.1f}%"
-        print(f"step {step:5d} | loss {loss:.5f} | lr {lr:.3e} | {step_time * 1e3:7.1f} ms | "
-              f"{rec['tokens_per_s']:,.0f} tok/s | {tflops:.4f} TFLOP/s{mfu} | "
-              f"peak mem {mem_gib:.2f} GiB", flush=True)
+        print(
+            f"step {step:5d} | loss {loss:.5f} | lr {lr:.3e} | {step_time * 1e3:7.1f} ms | "
+            f"{rec['tokens_per_s']:,.0f} tok/s | {tflops:.4f} TFLOP/s{mfu} | "
+            f"peak mem {mem_gib:.2f} GiB",
+            flush=True,
+        )
         return rec

@@ -134,7 +134,8 @@ class _RMSNorm(torch.autograd.Function):
         x, weight, rstd = ctx.saved_tensors
         if ctx.fused:
             grad_x, grad_weight = torch.ops.aten._fused_rms_norm_backward(
-                grad.contiguous(), x, [x.shape[-1]], rstd, weight, [True, True])
+                grad.contiguous(), x, [x.shape[-1]], rstd, weight, [True, True]
+            )
             return grad_x, grad_weight, None
         x_hat = _stats_dtype(x) * rstd
         # The weight's gradient as autograd takes it through y * weight (y in the input's dtype);
@@ -164,12 +165,14 @@ class Embedding(nn.Module):
         super().__init__()
         self.tp = tp
         self.word = VocabParallelEmbedding(
-            tp, full_normal((model.vocab_size, model.hidden_size), model.init_method_std, seed, "embed"))
+            tp, full_normal((model.vocab_size, model.hidden_size), model.init_method_std, seed, "embed")
+        )
         self.pos = None
         if model.position_embedding == "learned":
             positions = model.max_position_embeddings or seq_length
-            self.pos = nn.Parameter(full_normal((positions, model.hidden_size), model.init_method_std, seed,
-                                                "pos_embed"))
+            self.pos = nn.Parameter(
+                full_normal((positions, model.hidden_size), model.init_method_std, seed, "pos_embed")
+            )
 
     def forward(self, ids):  # ids [b, s] -> hidden [s(/tp), b, h]
         x = self.word(ids.t())
@@ -200,7 +203,8 @@ class DecoderLayer(nn.Module):
 
         self.input_norm = Norm(model, tp)
         self.qkv = ColumnParallelLinear(
-            tp, [w(heads * d, h, "q"), w(kv_heads * d, h, "k"), w(kv_heads * d, h, "v")], model.bias or model.qkv_bias)
+            tp, [w(heads * d, h, "q"), w(kv_heads * d, h, "k"), w(kv_heads * d, h, "v")], model.bias or model.qkv_bias
+        )
         self.out = RowParallelLinear(tp, w(h, heads * d, "o", out_std), model.bias)
         self.post_norm = Norm(model, tp)
         self.activation, self.parallel = model.activation, model.parallel_residual
@@ -253,8 +257,8 @@ class OutputHead(nn.Module):
     def __init__(self, model: ModelSpec, tp: TPContext, seed: int):
         super().__init__()
         self.proj = ColumnParallelLinear(
-            tp, [full_normal((model.vocab_size, model.hidden_size), model.init_method_std, seed, "output")],
-            bias=False)
+            tp, [full_normal((model.vocab_size, model.hidden_size), model.init_method_std, seed, "output")], bias=False
+        )
 
     def forward(self, x):
         return self.proj(x)  # vocab-parallel logits [s, b, V/tp]
@@ -279,8 +283,9 @@ def layer_specs(model: ModelSpec, seq_length: int, layout: Layout, tp: TPContext
     """The model as pipeline layers: [embedding, decoder x L, final norm, output head]."""
     if model.tied_embeddings:
         first = TiedLayerSpec("embed", Embedding, model, seq_length, tp, seed, tied_weight_attr=["word.weight"])
-        last = TiedLayerSpec("embed", Embedding, model, seq_length, tp, seed, forward_fn=_tied_logits,
-                             tied_weight_attr=["word.weight"])
+        last = TiedLayerSpec(
+            "embed", Embedding, model, seq_length, tp, seed, forward_fn=_tied_logits, tied_weight_attr=["word.weight"]
+        )
     else:
         first, last = LayerSpec(Embedding, model, seq_length, tp, seed), LayerSpec(OutputHead, model, tp, seed)
     blocks = [LayerSpec(DecoderLayer, model, seq_length, layout, tp, seed, i) for i in range(model.num_layers)]

@@ -32,7 +32,7 @@ import shutil
 from pathlib import Path
 
 from orchestrator.errors import DsorchError
-from orchestrator.train.checkpoint import MANIFEST, UNIVERSAL_PREFIX, file_digests
+from orchestrator.train.checkpoint import MANIFEST, file_digests
 
 # dsorch's manifest in a converted directory (the native checkpoints' is checkpoint.MANIFEST).
 NAMING_PIPELINE, NAMING_DENSE = "pipeline", "dense"
@@ -61,12 +61,19 @@ def universal_info(model) -> dict:
         "parameter_with_row_parallelism_patterns": [r".*\.(out|down)\.weight$"],
         # ColumnParallelLinear of fused GEMMs: each TP rank holds [q_r; k_r; v_r], not a contiguous
         # block of [q; k; v] (tensor_parallel.py), so the converter must know the parts' sizes.
-        "parameter_with_sub_params": [{"patterns": [r".*\.qkv\.weight$"], "shape": ((q, kv, kv), model.hidden_size),
-                                       "partition_dim": 0}]
-        + ([{"patterns": [r".*\.qkv\.bias$"], "shape": ((q, kv, kv),), "partition_dim": 0}] if model.bias or model.qkv_bias else []),
+        "parameter_with_sub_params": [
+            {"patterns": [r".*\.qkv\.weight$"], "shape": ((q, kv, kv), model.hidden_size), "partition_dim": 0}
+        ]
+        + (
+            [{"patterns": [r".*\.qkv\.bias$"], "shape": ((q, kv, kv),), "partition_dim": 0}]
+            if model.bias or model.qkv_bias
+            else []
+        ),
     }
     if model.gated:  # [gate_r; up_r] per TP rank
-        info["parameter_with_2_sub_params_cat_dim_0"] = [r".*\.up\.weight$"] + ([r".*\.up\.bias$"] if model.bias else [])
+        info["parameter_with_2_sub_params_cat_dim_0"] = [r".*\.up\.weight$"] + (
+            [r".*\.up\.bias$"] if model.bias else []
+        )
     if model.tied_embeddings:
         # The tied embedding lives on the first and the last stage; take it from one.
         info["pipeline_replicated_parameter_patterns"] = [r"^tied_modules\."]
@@ -81,7 +88,8 @@ def convertible(source, target) -> list[str]:
             problems.append(
                 f"{what} layout {lay.short()} is ZeRO-{lay.zero_stage}; DeepSpeed's universal checkpoint converts "
                 f"and loads ZeRO-1/2 only (ZeRO-0 writes no optimizer partition files; ZeRO-3 writes another file "
-                f"layout and reshards to tp > 1 only with AutoTP metadata)")
+                f"layout and reshards to tp > 1 only with AutoTP metadata)"
+            )
     if target.vpp != 1 or source.vpp != 1:
         problems.append("vpp > 1 is not in DeepSpeed's pipeline engine")
     return problems
@@ -92,7 +100,7 @@ def _dense_name(name: str) -> str:
     if m:
         return f"layers.{m.group(1)}.{m.group(2)}"
     if name.startswith("tied_modules.embed."):
-        return "layers.0." + name[len("tied_modules.embed."):]
+        return "layers.0." + name[len("tied_modules.embed.") :]
     return name
 
 
@@ -124,7 +132,6 @@ def convert(tag_dir: Path, out_dir: Path, target_naming: str, tied: bool, manife
 
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
-
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     # The converter prints its progress bars and notes; they are shown only if it fails.
@@ -132,18 +139,34 @@ def convert(tag_dir: Path, out_dir: Path, target_naming: str, tied: bool, manife
     try:
         with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
             # num_*_workers=1: in this process (the default starts pools of 4 and 2 workers).
-            ds_to_universal(argparse.Namespace(input_folder=str(tag_dir), output_folder=str(tmp),
-                                               num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
-                                               strict=True, inject_missing_state=False))
+            ds_to_universal(
+                argparse.Namespace(
+                    input_folder=str(tag_dir),
+                    output_folder=str(tmp),
+                    num_extract_workers=1,
+                    num_merge_workers=1,
+                    keep_temp_folder=False,
+                    strict=True,
+                    inject_missing_state=False,
+                )
+            )
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
         tail = "\n".join(said.getvalue().strip().splitlines()[-15:])
-        raise DsorchError(f"DeepSpeed's ds_to_universal could not convert {tag_dir}: {type(e).__name__}: "
-                          f"{' '.join(str(e).split())[:500]}\n{tail}") from None
+        raise DsorchError(
+            f"DeepSpeed's ds_to_universal could not convert {tag_dir}: {type(e).__name__}: "
+            f"{' '.join(str(e).split())[:500]}\n{tail}"
+        ) from None
     # The converter also writes `latest_universal` beside its output; dsorch chooses by manifest.
     (tmp.parent / "latest_universal").unlink(missing_ok=True)
     rename_for(tmp, target_naming, tied)
-    (tmp / MANIFEST).write_text(json.dumps({**manifest, "universal": True, "naming": target_naming,
-                                            "files": file_digests(tmp)}, indent=1, sort_keys=True), encoding="utf-8")
+    (tmp / MANIFEST).write_text(
+        json.dumps(
+            {**manifest, "universal": True, "naming": target_naming, "files": file_digests(tmp)},
+            indent=1,
+            sort_keys=True,
+        ),
+        encoding="utf-8",
+    )
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)

@@ -223,8 +223,7 @@ class TPContext:
         """Out of a row-parallel GEMM: sum partial results, scattering the sequence under SP."""
         if self.size == 1:
             return x
-        return (reduce_scatter_to_sp(x, self.group) if self.sequence_parallel
-                else reduce_from_tp(x, self.group))
+        return reduce_scatter_to_sp(x, self.group) if self.sequence_parallel else reduce_from_tp(x, self.group)
 
     def replicated(self, p):
         """A replicated weight applied to a sequence shard (norms, row-parallel bias under SP):
@@ -248,10 +247,8 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, tp: TPContext, full_weights: list[torch.Tensor], bias: bool):
         super().__init__()
         self.tp = tp
-        self.weight = mark_tensor_parallel(
-            nn.Parameter(torch.cat([tp.shard(w, 0) for w in full_weights], dim=0)))
-        self.bias = (mark_tensor_parallel(nn.Parameter(torch.zeros(self.weight.shape[0])))
-                     if bias else None)
+        self.weight = mark_tensor_parallel(nn.Parameter(torch.cat([tp.shard(w, 0) for w in full_weights], dim=0)))
+        self.bias = mark_tensor_parallel(nn.Parameter(torch.zeros(self.weight.shape[0]))) if bias else None
 
     def forward(self, x):
         if self.tp.sequence_parallel:

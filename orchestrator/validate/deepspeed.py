@@ -18,28 +18,90 @@ from typing import Any
 # Top-level keys DeepSpeed 0.19 reads (deepspeed/runtime/config.py and the sub-config modules it
 # calls; https://www.deepspeed.ai/docs/config-json/). DeepSpeed ignores any other top-level key
 # without a word, so a typo such as "zero_optimisation" would silently disable ZeRO.
-KNOWN_TOP_LEVEL_KEYS = frozenset({
-    "activation_checkpointing", "aio", "amp", "autotuning", "bf16", "bfloat16", "checkpoint", "comet",
-    "comms_logger", "communication_data_type", "compile", "compression_training", "csv_monitor",
-    "curriculum_learning", "data_efficiency", "data_types", "dataloader_drop_last", "datastates",
-    "disable_allgather", "disable_python_gc", "dump_state", "eigenvalue", "elasticity", "expert_parallel",
-    "flops_profiler", "fp16", "gradient_accumulation_steps", "gradient_allreduce_op", "gradient_clipping",
-    "gradient_predivide_factor", "hybrid_engine", "log_level", "managed_gradient_accumulation",
-    "memory_breakdown", "nebula", "optimizer", "pipeline", "prescale_gradients", "progressive_layer_drop",
-    "quantize_training", "scheduler", "seq_parallel_communication_data_type", "sequence_parallel_size",
-    "sparse_attention", "sparse_gradients", "steps_per_print", "tensor_parallel", "tensorboard", "timers",
-    "torch_autocast", "train_batch_size", "train_micro_batch_size_per_gpu",
-    "use_data_before_expert_parallelism", "vocabulary_size", "wall_clock_breakdown", "wandb",
-    "weight_quantization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
-    "zero_optimization",
-})
+KNOWN_TOP_LEVEL_KEYS = frozenset(
+    {
+        "activation_checkpointing",
+        "aio",
+        "amp",
+        "autotuning",
+        "bf16",
+        "bfloat16",
+        "checkpoint",
+        "comet",
+        "comms_logger",
+        "communication_data_type",
+        "compile",
+        "compression_training",
+        "csv_monitor",
+        "curriculum_learning",
+        "data_efficiency",
+        "data_types",
+        "dataloader_drop_last",
+        "datastates",
+        "disable_allgather",
+        "disable_python_gc",
+        "dump_state",
+        "eigenvalue",
+        "elasticity",
+        "expert_parallel",
+        "flops_profiler",
+        "fp16",
+        "gradient_accumulation_steps",
+        "gradient_allreduce_op",
+        "gradient_clipping",
+        "gradient_predivide_factor",
+        "hybrid_engine",
+        "log_level",
+        "managed_gradient_accumulation",
+        "memory_breakdown",
+        "nebula",
+        "optimizer",
+        "pipeline",
+        "prescale_gradients",
+        "progressive_layer_drop",
+        "quantize_training",
+        "scheduler",
+        "seq_parallel_communication_data_type",
+        "sequence_parallel_size",
+        "sparse_attention",
+        "sparse_gradients",
+        "steps_per_print",
+        "tensor_parallel",
+        "tensorboard",
+        "timers",
+        "torch_autocast",
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "use_data_before_expert_parallelism",
+        "vocabulary_size",
+        "wall_clock_breakdown",
+        "wandb",
+        "weight_quantization",
+        "zero_allow_untested_optimizer",
+        "zero_force_ds_cpu_optimizer",
+        "zero_optimization",
+    }
+)
 
 # Optimizer types DeepSpeed builds itself (deepspeed/runtime/config.py DEEPSPEED_OPTIMIZERS) plus
 # the torch.optim names its engine resolves.
-KNOWN_OPTIMIZERS = frozenset({
-    "adagrad", "adam", "adamw", "lamb", "onebitadam", "zerooneadam", "onebitlamb", "muadam", "muadamw",
-    "musgd", "lion", "muon", "sgd",
-})
+KNOWN_OPTIMIZERS = frozenset(
+    {
+        "adagrad",
+        "adam",
+        "adamw",
+        "lamb",
+        "onebitadam",
+        "zerooneadam",
+        "onebitlamb",
+        "muadam",
+        "muadamw",
+        "musgd",
+        "lion",
+        "muon",
+        "sgd",
+    }
+)
 
 KNOWN_SCHEDULERS = frozenset({"LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"})
 
@@ -88,8 +150,10 @@ def _string_numbers(node: Any, path: str, out: list[str]) -> None:
             float(node)
         except ValueError:
             return
-        out.append(f"'{path}' is the string {node!r}; write the number without quotes "
-                   f"(DeepSpeed compares some of these as strings and skips its checks)")
+        out.append(
+            f"'{path}' is the string {node!r}; write the number without quotes "
+            f"(DeepSpeed compares some of these as strings and skips its checks)"
+        )
 
 
 def dsorch_checks(cfg: dict) -> list[str]:
@@ -101,16 +165,21 @@ def dsorch_checks(cfg: dict) -> list[str]:
         if key not in KNOWN_TOP_LEVEL_KEYS:
             close = difflib.get_close_matches(key, sorted(KNOWN_TOP_LEVEL_KEYS), n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
-            errors.append(f"unknown top-level key '{key}', which DeepSpeed ignores without a warning; {hint}"
-                          f"remove or rename it")
+            errors.append(
+                f"unknown top-level key '{key}', which DeepSpeed ignores without a warning; {hint}remove or rename it"
+            )
     opt = cfg.get("optimizer")
     if isinstance(opt, dict) and "type" in opt and str(opt["type"]).lower() not in KNOWN_OPTIMIZERS:
-        errors.append(f"optimizer.type '{opt['type']}' is not an optimizer DeepSpeed knows; use one of "
-                      f"AdamW, Adam, Lamb, Lion, SGD, Adagrad (or pass a client optimizer in code)")
+        errors.append(
+            f"optimizer.type '{opt['type']}' is not an optimizer DeepSpeed knows; use one of "
+            f"AdamW, Adam, Lamb, Lion, SGD, Adagrad (or pass a client optimizer in code)"
+        )
     sched = cfg.get("scheduler")
     if isinstance(sched, dict) and "type" in sched and sched["type"] not in KNOWN_SCHEDULERS:
-        errors.append(f"scheduler.type '{sched['type']}' is not a DeepSpeed scheduler; use one of "
-                      f"{', '.join(sorted(KNOWN_SCHEDULERS))}")
+        errors.append(
+            f"scheduler.type '{sched['type']}' is not a DeepSpeed scheduler; use one of "
+            f"{', '.join(sorted(KNOWN_SCHEDULERS))}"
+        )
     _string_numbers(cfg, "", errors)
     return errors
 

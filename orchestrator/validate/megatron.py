@@ -17,6 +17,7 @@ Two layers of checks, all returning human-readable error strings (never raising)
    ``--sequence-parallel`` off when tp == 1) we report an error: dsorch should not emit a flag
    that Megatron ignores.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -29,12 +30,11 @@ from typing import Any
 _TABLE_FILE = "megatron_args.json"
 
 # argparse actions that consume no value (argparse.BooleanOptionalAction included).
-_SWITCH_ACTIONS = {"store_true", "store_false", "store_const", "append_const", "count",
-                   "BooleanOptionalAction"}
-
+_SWITCH_ACTIONS = {"store_true", "store_false", "store_const", "append_const", "count", "BooleanOptionalAction"}
 
 
 # --------------------------------------------------------------------------- the table
+
 
 @functools.lru_cache(maxsize=1)
 def load_table() -> dict[str, Any]:
@@ -57,6 +57,7 @@ def known_flags() -> frozenset[str]:
 
 
 # --------------------------------------------------------------------------- parsing
+
 
 def parse_args_lines(text: str) -> list[tuple[str, str | None]]:
     """Parse megatron_args.txt: one flag per line, ``--flag value`` or ``--flag`` alone.
@@ -97,13 +98,15 @@ def _convert(token: str, type_name: str | None):
 
 # --------------------------------------------------------------------------- per-flag checks
 
+
 def _check_one(flag: str, value: str | None, rec: dict[str, Any]) -> tuple[list[str], Any]:
     """Errors for one flag and its parsed value (True/False for switches, list for nargs)."""
     action, nargs, type_name = rec["action"], rec["nargs"], rec["type"]
     if action in _SWITCH_ACTIONS:
         if value is not None:
-            return [f"{flag} is a switch and takes no value (got {value!r}): "
-                    f"write {flag} alone on its line, or drop it"], None
+            return [
+                f"{flag} is a switch and takes no value (got {value!r}): write {flag} alone on its line, or drop it"
+            ], None
         if action == "BooleanOptionalAction":
             return [], not flag.startswith("--no-")
         return [], action != "store_false"
@@ -114,8 +117,7 @@ def _check_one(flag: str, value: str | None, rec: dict[str, Any]) -> tuple[list[
 
     tokens = _tokens(value)
     if nargs is None and len(tokens) != 1:
-        return [f"{flag} takes exactly one value, got {len(tokens)} ({value!r}): "
-                "pass a single value"], None
+        return [f"{flag} takes exactly one value, got {len(tokens)} ({value!r}): pass a single value"], None
     if isinstance(nargs, int) and len(tokens) != nargs:
         return [f"{flag} takes exactly {nargs} values, got {len(tokens)} ({value!r})"], None
 
@@ -124,13 +126,16 @@ def _check_one(flag: str, value: str | None, rec: dict[str, Any]) -> tuple[list[
         try:
             converted = _convert(tok, type_name)
         except ValueError:
-            errors.append(f"{flag} expects {'an integer' if type_name == 'int' else 'a number'}, "
-                          f"got {tok!r}: pass a {type_name} value")
+            errors.append(
+                f"{flag} expects {'an integer' if type_name == 'int' else 'a number'}, "
+                f"got {tok!r}: pass a {type_name} value"
+            )
             continue
         choices = rec.get("choices")
         if choices is not None and converted not in choices:
-            errors.append(f"{flag} {tok!r} is not one of the allowed values "
-                          f"{', '.join(map(str, choices))}: pick one of them")
+            errors.append(
+                f"{flag} {tok!r} is not one of the allowed values {', '.join(map(str, choices))}: pick one of them"
+            )
             continue
         parsed.append(converted)
     if errors:
@@ -139,6 +144,7 @@ def _check_one(flag: str, value: str | None, rec: dict[str, Any]) -> tuple[list[
 
 
 # --------------------------------------------------------------------------- cross-checks
+
 
 class _Args:
     """Parsed values by argparse ``dest``; ``get`` falls back to the table's default."""
@@ -194,17 +200,18 @@ def _deprecated_flag_checks(a: _Args) -> list[str]:
     validate_args: "assert args.batch_size is None", warmup, model_parallel_size, and
     checkpoint_activations which prints and exit()s)."""
     errors, F = [], a.flag
-    for dest, use in (("batch_size", "--micro-batch-size"), ("warmup", "--lr-warmup-fraction"),
-                      ("model_parallel_size", "--tensor-model-parallel-size"),
-                      ("checkpoint_activations", "--recompute-granularity")):
+    for dest, use in (
+        ("batch_size", "--micro-batch-size"),
+        ("warmup", "--lr-warmup-fraction"),
+        ("model_parallel_size", "--tensor-model-parallel-size"),
+        ("checkpoint_activations", "--recompute-granularity"),
+    ):
         if a.has(dest) and a.get(dest) not in (None, False):
-            errors.append(f"{F(dest)} is no longer valid in Megatron-LM {megatron_version()}: "
-                          f"use {use} instead")
+            errors.append(f"{F(dest)} is no longer valid in Megatron-LM {megatron_version()}: use {use} instead")
     return errors
 
 
-def _world_size_checks(a: _Args, world_size: int, tp: int, pp: int,
-                       cp: int) -> tuple[list[str], int | None]:
+def _world_size_checks(a: _Args, world_size: int, tp: int, pp: int, cp: int) -> tuple[list[str], int | None]:
     """Errors for the model-parallel size, and the data-parallel size (None where it has none).
 
     validate_args: "world size is not divisible by total_model_size"; total = tp * pp * cp *
@@ -215,8 +222,10 @@ def _world_size_checks(a: _Args, world_size: int, tp: int, pp: int,
     shards = a.get("tensor_parallel_num_weight_shards")
     if shards is not None:
         if shards < tp or shards % tp:
-            errors.append(f"{F('tensor_parallel_num_weight_shards')} {shards} must be a multiple "
-                          f"of {F('tensor_model_parallel_size')} {tp}: use {tp} or a multiple")
+            errors.append(
+                f"{F('tensor_parallel_num_weight_shards')} {shards} must be a multiple "
+                f"of {F('tensor_model_parallel_size')} {tp}: use {tp} or a multiple"
+            )
         else:
             gtp = shards // tp
     model_size = tp * pp * cp * gtp
@@ -227,7 +236,8 @@ def _world_size_checks(a: _Args, world_size: int, tp: int, pp: int,
             f"world size {world_size} is not divisible by {F('tensor_model_parallel_size')} {tp} "
             f"x {F('pipeline_model_parallel_size')} {pp} x {F('context_parallel_size')} {cp}"
             + (f" x weight-shard factor {gtp}" if gtp > 1 else "")
-            + f" = {model_size}: choose sizes whose product divides {world_size}")
+            + f" = {model_size}: choose sizes whose product divides {world_size}"
+        )
     else:
         # validate_args: args.data_parallel_size = args.world_size // total_model_size
         return errors, world_size // model_size
@@ -245,10 +255,17 @@ def _batch_size_checks(a: _Args, dp: int | None) -> list[str]:
         return ["--micro-batch-size is required by Megatron-LM: add '--micro-batch-size N'"]
     if mbs <= 0:
         return [f"{F('micro_batch_size')} {mbs} must be positive"]
-    if (dp is not None and gbs is not None and not a.get("decrease_batch_size_if_needed")
-            and a.get("rampup_batch_size") is None and gbs % (mbs * dp)):
-        return [f"{F('global_batch_size')} {gbs} is not divisible by {F('micro_batch_size')} "
-                f"{mbs} x data-parallel size {dp} = {mbs * dp}: use a multiple of {mbs * dp}"]
+    if (
+        dp is not None
+        and gbs is not None
+        and not a.get("decrease_batch_size_if_needed")
+        and a.get("rampup_batch_size") is None
+        and gbs % (mbs * dp)
+    ):
+        return [
+            f"{F('global_batch_size')} {gbs} is not divisible by {F('micro_batch_size')} "
+            f"{mbs} x data-parallel size {dp} = {mbs * dp}: use a multiple of {mbs * dp}"
+        ]
     return []
 
 
@@ -258,9 +275,11 @@ def _required_model_size_checks(a: _Args) -> list[str]:
     F = a.flag
     hybrid = a.get("hybrid_layer_pattern") or a.get("hybrid_override_pattern")
     required = ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings")
-    return [f"{F(dest)} is required by Megatron-LM: add '{F(dest)} N'" for dest in required
-            if a.get(dest) is None and not (dest == "num_layers" and
-                                             (hybrid or a.get("encoder_num_layers")))]
+    return [
+        f"{F(dest)} is required by Megatron-LM: add '{F(dest)} N'"
+        for dest in required
+        if a.get(dest) is None and not (dest == "num_layers" and (hybrid or a.get("encoder_num_layers")))
+    ]
 
 
 def _seq_length_checks(a: _Args, cp: int) -> list[str]:
@@ -268,12 +287,16 @@ def _seq_length_checks(a: _Args, cp: int) -> list[str]:
     seq, max_pos = a.get("seq_length"), a.get("max_position_embeddings")
     if seq is not None and max_pos is not None and max_pos < seq:
         # validate_args: "max_position_embeddings must be greater than or equal to seq_length"
-        errors.append(f"{F('max_position_embeddings')} {max_pos} is smaller than "
-                      f"{F('seq_length')} {seq}: set it to at least {seq}")
+        errors.append(
+            f"{F('max_position_embeddings')} {max_pos} is smaller than "
+            f"{F('seq_length')} {seq}: set it to at least {seq}"
+        )
     if seq is not None and cp > 1 and seq % (2 * cp):
         # validate_args: "seq-length should be a multiple of 2 * context-parallel-size"
-        errors.append(f"{F('seq_length')} {seq} is not a multiple of 2 x "
-                      f"{F('context_parallel_size')} {cp} = {2 * cp}: pick a multiple of {2 * cp}")
+        errors.append(
+            f"{F('seq_length')} {seq} is not a multiple of 2 x "
+            f"{F('context_parallel_size')} {cp} = {2 * cp}: pick a multiple of {2 * cp}"
+        )
     return errors
 
 
@@ -283,7 +306,9 @@ def _megatron_fsdp_checks(a: _Args) -> list[str]:
     fsdp, fmt = a.get("use_megatron_fsdp"), a.get("ckpt_format", "torch_dist")
     if fsdp and fmt != "fsdp_dtensor":
         # "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format."
-        errors.append(f"{F('use_megatron_fsdp')} saves only in the fsdp_dtensor format: add '--ckpt-format fsdp_dtensor'")
+        errors.append(
+            f"{F('use_megatron_fsdp')} saves only in the fsdp_dtensor format: add '--ckpt-format fsdp_dtensor'"
+        )
     if fmt == "fsdp_dtensor" and not fsdp:
         # "--ckpt-format fsdp_dtensor is only tested with Megatron FSDP."
         errors.append("--ckpt-format fsdp_dtensor is only for Megatron-FSDP: add --use-megatron-fsdp or use torch_dist")
@@ -292,8 +317,10 @@ def _megatron_fsdp_checks(a: _Args) -> list[str]:
         errors.append(f"{F('use_megatron_fsdp')} supports only the adam and sgd optimizers: use --optimizer adam")
     if fsdp and a.get("megatron_fsdp_version", 1) == 2 and a.get("use_distributed_optimizer"):
         # "--megatron-fsdp-version 2 is not compatible with --use-distributed-optimizer"
-        errors.append("--megatron-fsdp-version 2 does not run on the distributed optimizer: drop "
-                      "--use-distributed-optimizer or use version 1")
+        errors.append(
+            "--megatron-fsdp-version 2 does not run on the distributed optimizer: drop "
+            "--use-distributed-optimizer or use version 1"
+        )
     return errors
 
 
@@ -311,41 +338,59 @@ def _pipeline_checks(a: _Args, pp: int) -> list[str]:
     first = a.get("decoder_first_pipeline_num_layers")
     last = a.get("decoder_last_pipeline_num_layers")
 
-    set_ = [d for d, v in (("num_layers_per_virtual_pipeline_stage", per_vstage),
-                           ("num_virtual_stages_per_pipeline_rank", vstages),
-                           ("pipeline_model_parallel_layout", layout)) if v is not None]
+    set_ = [
+        d
+        for d, v in (
+            ("num_layers_per_virtual_pipeline_stage", per_vstage),
+            ("num_virtual_stages_per_pipeline_rank", vstages),
+            ("pipeline_model_parallel_layout", layout),
+        )
+        if v is not None
+    ]
     if len(set_) > 1:
-        return [f"{' and '.join(F(d) for d in set_)} cannot be combined: "
-                "keep only one way of specifying virtual pipeline stages"]
+        return [
+            f"{' and '.join(F(d) for d in set_)} cannot be combined: "
+            "keep only one way of specifying virtual pipeline stages"
+        ]
     if layout is not None:
         return errors  # free-form layout string; Megatron parses and validates it
 
     # account_for_* add one pseudo-layer each to the split (validate_args).
-    total = (num_layers + int(bool(a.get("account_for_embedding_in_pipeline_split")))
-             + int(bool(a.get("account_for_loss_in_pipeline_split"))))
+    total = (
+        num_layers
+        + int(bool(a.get("account_for_embedding_in_pipeline_split")))
+        + int(bool(a.get("account_for_loss_in_pipeline_split")))
+    )
     vpp = None
     if per_vstage is not None:
         if first is not None or last is not None:
-            errors.append(f"{F('num_layers_per_virtual_pipeline_stage')} cannot be used with "
-                          "uneven first/last pipeline stages: use "
-                          "--num-virtual-stages-per-pipeline-rank instead")
+            errors.append(
+                f"{F('num_layers_per_virtual_pipeline_stage')} cannot be used with "
+                "uneven first/last pipeline stages: use "
+                "--num-virtual-stages-per-pipeline-rank instead"
+            )
         elif total % pp:
-            errors.append(f"{F('num_layers')} {total} is not divisible by "
-                          f"{F('pipeline_model_parallel_size')} {pp}: choose a pipeline size "
-                          f"that divides {total}")
+            errors.append(
+                f"{F('num_layers')} {total} is not divisible by "
+                f"{F('pipeline_model_parallel_size')} {pp}: choose a pipeline size "
+                f"that divides {total}"
+            )
         elif per_vstage <= 0 or (total // pp) % per_vstage:
             errors.append(
                 f"{F('num_layers_per_virtual_pipeline_stage')} {per_vstage} does not divide the "
                 f"{total // pp} layers per pipeline stage ({F('num_layers')} {total} / "
-                f"{F('pipeline_model_parallel_size')} {pp}): choose a divisor of {total // pp}")
+                f"{F('pipeline_model_parallel_size')} {pp}): choose a divisor of {total // pp}"
+            )
         else:
             vpp = (total // pp) // per_vstage
     elif vstages is not None:
         vpp = vstages
     elif first is None and last is None and total % pp:
-        errors.append(f"{F('num_layers')} {total} is not divisible by "
-                      f"{F('pipeline_model_parallel_size')} {pp}: choose a pipeline size that "
-                      f"divides {total}, or set --decoder-first/last-pipeline-num-layers")
+        errors.append(
+            f"{F('num_layers')} {total} is not divisible by "
+            f"{F('pipeline_model_parallel_size')} {pp}: choose a pipeline size that "
+            f"divides {total}, or set --decoder-first/last-pipeline-num-layers"
+        )
     if vpp == 1:
         vpp = None  # validate_args: "if args.virtual_pipeline_model_parallel_size == 1: None"
 
@@ -358,47 +403,58 @@ def _pipeline_checks(a: _Args, pp: int) -> list[str]:
         overlap = a.get("overlap_p2p_comm", True)
         minimum = 1 if overlap else 2
         if pp <= minimum:
-            flag = F("num_layers_per_virtual_pipeline_stage") if per_vstage is not None \
+            flag = (
+                F("num_layers_per_virtual_pipeline_stage")
+                if per_vstage is not None
                 else F("num_virtual_stages_per_pipeline_rank")
+            )
             errors.append(
                 f"{flag} enables the interleaved schedule, which needs "
                 f"{F('pipeline_model_parallel_size')} > {minimum}"
                 + ("" if overlap else " when --no-overlap-p2p-communication is set")
-                + f" (got {pp}): drop {flag} or raise the pipeline size")
+                + f" (got {pp}): drop {flag} or raise the pipeline size"
+            )
     return errors
 
 
 def _uneven_pp_checks(a: _Args, num_layers: int, pp: int, first, last, vpp) -> list[str]:
     """TransformerConfig.__post_init__ '# Uneven PP' block."""
     errors, F = [], a.flag
-    if a.get("account_for_embedding_in_pipeline_split") or \
-            a.get("account_for_loss_in_pipeline_split"):
-        errors.append("--decoder-first/last-pipeline-num-layers cannot be combined with "
-                      "--account-for-embedding/loss-in-pipeline-split: use one or the other")
+    if a.get("account_for_embedding_in_pipeline_split") or a.get("account_for_loss_in_pipeline_split"):
+        errors.append(
+            "--decoder-first/last-pipeline-num-layers cannot be combined with "
+            "--account-for-embedding/loss-in-pipeline-split: use one or the other"
+        )
     middle_layers, middle_stages = num_layers, pp
-    for dest, n in (("decoder_first_pipeline_num_layers", first),
-                    ("decoder_last_pipeline_num_layers", last)):
+    for dest, n in (("decoder_first_pipeline_num_layers", first), ("decoder_last_pipeline_num_layers", last)):
         if n is None:
             continue
         if n <= 0:
             errors.append(f"{F(dest)} {n} must be larger than 0")
         elif vpp is not None and n % vpp:
-            errors.append(f"{F(dest)} {n} is not divisible by the virtual pipeline degree "
-                          f"{vpp}: use a multiple of {vpp}")
+            errors.append(
+                f"{F(dest)} {n} is not divisible by the virtual pipeline degree {vpp}: use a multiple of {vpp}"
+            )
         middle_layers -= n
         middle_stages -= 1
     if bool(middle_layers) != bool(middle_stages) or middle_layers < 0 or middle_stages < 0:
-        errors.append(f"uneven pipeline split leaves {middle_layers} layers for {middle_stages} "
-                      f"middle stages ({F('num_layers')} {num_layers}, "
-                      f"{F('pipeline_model_parallel_size')} {pp}): adjust the first/last stage "
-                      "layer counts")
+        errors.append(
+            f"uneven pipeline split leaves {middle_layers} layers for {middle_stages} "
+            f"middle stages ({F('num_layers')} {num_layers}, "
+            f"{F('pipeline_model_parallel_size')} {pp}): adjust the first/last stage "
+            "layer counts"
+        )
     elif middle_stages and middle_layers % middle_stages:
-        errors.append(f"the {middle_layers} middle layers are not divisible by the "
-                      f"{middle_stages} middle pipeline stages: adjust the first/last stage "
-                      "layer counts")
+        errors.append(
+            f"the {middle_layers} middle layers are not divisible by the "
+            f"{middle_stages} middle pipeline stages: adjust the first/last stage "
+            "layer counts"
+        )
     elif middle_stages and vpp is not None and (middle_layers // middle_stages) % vpp:
-        errors.append(f"{middle_layers // middle_stages} layers per middle pipeline rank are "
-                      f"not divisible by the virtual pipeline degree {vpp}")
+        errors.append(
+            f"{middle_layers // middle_stages} layers per middle pipeline rank are "
+            f"not divisible by the virtual pipeline degree {vpp}"
+        )
     return errors
 
 
@@ -410,32 +466,42 @@ def _attention_checks(a: _Args, tp: int) -> list[str]:
     if tp and heads % tp:
         # TransformerConfig.__post_init__: "num_attention_heads must be a multiple of
         # tensor_model_parallel_size"
-        errors.append(f"{F('num_attention_heads')} {heads} is not divisible by "
-                      f"{F('tensor_model_parallel_size')} {tp}: choose a tensor-parallel size "
-                      f"that divides {heads}")
+        errors.append(
+            f"{F('num_attention_heads')} {heads} is not divisible by "
+            f"{F('tensor_model_parallel_size')} {tp}: choose a tensor-parallel size "
+            f"that divides {heads}"
+        )
     if hidden is not None and a.get("kv_channels") is None and heads and hidden % heads:
         # validate_args: kv_channels defaults to hidden_size // num_attention_heads and
         # asserts hidden_size % num_attention_heads == 0.
-        errors.append(f"{F('hidden_size')} {hidden} is not divisible by "
-                      f"{F('num_attention_heads')} {heads}: set --kv-channels or fix the sizes")
+        errors.append(
+            f"{F('hidden_size')} {hidden} is not divisible by "
+            f"{F('num_attention_heads')} {heads}: set --kv-channels or fix the sizes"
+        )
     if a.get("group_query_attention"):
         groups = a.get("num_query_groups", 1)
         if groups <= 0 or heads % groups:
             # megatron/core/transformer/attention.py Attention.__init__ divides
             # num_attention_heads by num_query_groups.
-            errors.append(f"{F('num_attention_heads')} {heads} is not divisible by "
-                          f"{F('num_query_groups')} {groups}: use a divisor of {heads}")
+            errors.append(
+                f"{F('num_attention_heads')} {heads} is not divisible by "
+                f"{F('num_query_groups')} {groups}: use a divisor of {heads}"
+            )
         elif groups % tp and tp % groups:
             # TransformerConfig.__post_init__: "num_query_groups must be a multiple or divisor
             # of tensor_model_parallel_size"
-            errors.append(f"{F('num_query_groups')} {groups} is neither a multiple nor a "
-                          f"divisor of {F('tensor_model_parallel_size')} {tp}: change one of "
-                          "them")
+            errors.append(
+                f"{F('num_query_groups')} {groups} is neither a multiple nor a "
+                f"divisor of {F('tensor_model_parallel_size')} {tp}: change one of "
+                "them"
+            )
     elif a.has("num_query_groups"):
         # argument_utils.py core_transformer_config_from_args sets num_query_groups = None
         # unless args.group_query_attention: the value would be silently ignored.
-        errors.append(f"{F('num_query_groups')} has no effect without --group-query-attention: "
-                      "add --group-query-attention or drop the flag")
+        errors.append(
+            f"{F('num_query_groups')} has no effect without --group-query-attention: "
+            "add --group-query-attention or drop the flag"
+        )
     return errors
 
 
@@ -448,13 +514,17 @@ def _precision_and_recompute_checks(a: _Args, tp: int) -> list[str]:
     if a.get("sequence_parallel") and tp == 1:
         # validate_args: "Disabling sequence parallelism because tensor model parallelism is
         # disabled" -- Megatron silently turns it off, so emitting it is a planner bug.
-        errors.append(f"{F('sequence_parallel')} requires {F('tensor_model_parallel_size')} > 1 "
-                      "(Megatron silently disables it at tp 1): drop --sequence-parallel")
+        errors.append(
+            f"{F('sequence_parallel')} requires {F('tensor_model_parallel_size')} > 1 "
+            "(Megatron silently disables it at tp 1): drop --sequence-parallel"
+        )
     if a.get("tp_comm_overlap") and not (a.get("sequence_parallel") and tp > 1):
         # validate_args: "Tensor parallel communication/GEMM overlap can happen only when
         # sequence parallelism is enabled"
-        errors.append(f"{F('tp_comm_overlap')} requires --sequence-parallel with tp > 1: add "
-                      "--sequence-parallel or drop --tp-comm-overlap")
+        errors.append(
+            f"{F('tp_comm_overlap')} requires --sequence-parallel with tp > 1: add "
+            "--sequence-parallel or drop --tp-comm-overlap"
+        )
 
     granularity = a.get("recompute_granularity")
     if a.get("recompute_activations"):
@@ -464,11 +534,12 @@ def _precision_and_recompute_checks(a: _Args, tp: int) -> list[str]:
         # TransformerConfig.__post_init__: full recompute needs recompute_method in
         # {uniform, block} and recompute_num_layers set.
         if method is None:
-            errors.append("--recompute-granularity full needs --recompute-method "
-                          "(uniform or block): add '--recompute-method uniform'")
+            errors.append(
+                "--recompute-granularity full needs --recompute-method "
+                "(uniform or block): add '--recompute-method uniform'"
+            )
         if nlayers is None:
-            errors.append("--recompute-granularity full needs --recompute-num-layers: add "
-                          "'--recompute-num-layers 1'")
+            errors.append("--recompute-granularity full needs --recompute-num-layers: add '--recompute-num-layers 1'")
         elif nlayers < 1:
             errors.append(f"{F('recompute_num_layers')} {nlayers} must be at least 1")
         elif method == "block" and a.get("num_layers"):
@@ -476,33 +547,43 @@ def _precision_and_recompute_checks(a: _Args, tp: int) -> list[str]:
             if nlayers > per_rank:
                 # TransformerConfig's message: "recompute_num_layers must be between 1 and
                 # num_layers_per_pipeline_rank"
-                errors.append(f"{F('recompute_num_layers')} {nlayers} exceeds the {per_rank} "
-                              "layers per pipeline rank for --recompute-method block: use at "
-                              f"most {per_rank}")
+                errors.append(
+                    f"{F('recompute_num_layers')} {nlayers} exceeds the {per_rank} "
+                    "layers per pipeline rank for --recompute-method block: use at "
+                    f"most {per_rank}"
+                )
     elif granularity == "selective":
         if method is not None:
             # validate_args: "recompute method is not yet supported for selective
             # recomputing granularity"
-            errors.append(f"{F('recompute_method')} is not supported with "
-                          "--recompute-granularity selective: drop --recompute-method")
+            errors.append(
+                f"{F('recompute_method')} is not supported with "
+                "--recompute-granularity selective: drop --recompute-method"
+            )
         if nlayers is not None:
             # TransformerConfig.__post_init__: selective -> "recompute_num_layers must be None"
-            errors.append(f"{F('recompute_num_layers')} must not be set with "
-                          "--recompute-granularity selective: drop --recompute-num-layers")
+            errors.append(
+                f"{F('recompute_num_layers')} must not be set with "
+                "--recompute-granularity selective: drop --recompute-num-layers"
+            )
     else:
         for dest in ("recompute_method", "recompute_num_layers"):
             if a.has(dest):
                 # Without a granularity TransformerConfig never looks at these.
-                errors.append(f"{F(dest)} has no effect without --recompute-granularity full: "
-                              "add '--recompute-granularity full' or drop the flag")
+                errors.append(
+                    f"{F(dest)} has no effect without --recompute-granularity full: "
+                    "add '--recompute-granularity full' or drop the flag"
+                )
     if a.get("distribute_saved_activations") and (tp <= 1 or granularity != "full"):
         # validate_args: distribute_saved_activations needs tp > 1 and full recompute.
-        errors.append("--distribute-saved-activations needs --tensor-model-parallel-size > 1 "
-                      "and --recompute-granularity full")
+        errors.append(
+            "--distribute-saved-activations needs --tensor-model-parallel-size > 1 and --recompute-granularity full"
+        )
     return errors
 
 
 # --------------------------------------------------------------------------- entry point
+
 
 def check_megatron_args(flags: list[tuple[str, str | None]], world_size: int) -> list[str]:
     """Errors for a Megatron-LM flag list (as from ``parse_args_lines``); empty means valid."""
@@ -516,15 +597,19 @@ def check_megatron_args(flags: list[tuple[str, str | None]], world_size: int) ->
         if rec is None:
             close = difflib.get_close_matches(flag, index.keys(), n=1, cutoff=0.6)
             hint = f": did you mean {close[0]}?" if close else ": remove it"
-            errors.append(f"unknown flag {flag}: not an argument of Megatron-LM "
-                          f"(megatron-core {megatron_version()}){hint}")
+            errors.append(
+                f"unknown flag {flag}: not an argument of Megatron-LM (megatron-core {megatron_version()}){hint}"
+            )
             continue
         dest = rec["dest"]
         if dest in given and rec["action"] not in ("append", "append_const", "count"):
             # argparse would keep the last one silently; two values for one setting is a bug.
             same = given[dest] == flag
-            errors.append(f"{flag} given more than once" if same else
-                          f"{flag} and {given[dest]} set the same option ({dest}): keep one")
+            errors.append(
+                f"{flag} given more than once"
+                if same
+                else f"{flag} and {given[dest]} set the same option ({dest}): keep one"
+            )
             continue
         given[dest] = flag
         flag_errors, parsed = _check_one(flag, value, rec)
@@ -547,20 +632,30 @@ def check_pretrain_needs(flags: list[tuple[str, str | None]]) -> list[str]:
     errors = []
     if "--tokenizer-type" not in given:
         # validate_args defaults to GPT2BPETokenizer, which downloads GPT-2's vocabulary and ignores --vocab-size.
-        errors.append("no --tokenizer-type: Megatron-LM falls back to GPT2BPETokenizer (a download) and ignores "
-                      "--vocab-size; name the tokenizer (NullTokenizer for mock or pre-tokenized data)")
+        errors.append(
+            "no --tokenizer-type: Megatron-LM falls back to GPT2BPETokenizer (a download) and ignores "
+            "--vocab-size; name the tokenizer (NullTokenizer for mock or pre-tokenized data)"
+        )
     if not given & {"--train-iters", "--train-samples"}:
-        errors.append("no --train-iters: pretrain() stops with 'either train-iters or train-samples should be "
-                      "provided'")
+        errors.append(
+            "no --train-iters: pretrain() stops with 'either train-iters or train-samples should be provided'"
+        )
     if "--eval-interval" not in given:
         errors.append("no --eval-interval: get_train_valid_test_num_samples divides by it (its default is None)")
     if not given & {"--mock-data", "--data-path", "--train-data-path"}:
-        errors.append("no data: give --data-path (and --split) or --mock-data; without either GPTDataset fails "
-                      "to build")
+        errors.append(
+            "no data: give --data-path (and --split) or --mock-data; without either GPTDataset fails to build"
+        )
     if "--exit-signal-handler" in given and "--save" not in given:
         errors.append("--exit-signal-handler without --save exits on the signal without a checkpoint")
     return errors
 
 
-__all__ = ["check_megatron_args", "check_pretrain_needs", "parse_args_lines", "load_table", "megatron_version",
-           "known_flags"]
+__all__ = [
+    "check_megatron_args",
+    "check_pretrain_needs",
+    "parse_args_lines",
+    "load_table",
+    "megatron_version",
+    "known_flags",
+]

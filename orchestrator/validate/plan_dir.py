@@ -10,7 +10,6 @@ from orchestrator.errors import ValidationError
 from orchestrator.validate.deepspeed import validate_ds_config
 from orchestrator.validate.megatron import check_megatron_args, check_pretrain_needs, parse_args_lines
 
-
 # A damaged file can produce thousands of findings, each quoting the damage: say enough to act on.
 MAX_ERRORS, MAX_ERROR_CHARS = 20, 400
 
@@ -53,13 +52,18 @@ def validate_path(path: Path, dp: int | None = None) -> list[str]:
     if path.is_dir():
         pd = load_plan_dir(path, strict=False)
         return _capped([changed_message(path / name) for name in pd.changed]) + validate_files(
-            pd.texts, dp=dp if dp is not None else pd.layout.dp, world_size=pd.doc.cluster.world_size,
-            runtime=pd.runtime)
+            pd.texts,
+            dp=dp if dp is not None else pd.layout.dp,
+            world_size=pd.doc.cluster.world_size,
+            runtime=pd.runtime,
+        )
     if not path.exists():
         raise ValidationError(f"{path}: no such file or directory.")
     if dp is None:
-        raise ValidationError(f"{path}: a single ds_config.json needs its data-parallel size: pass --dp N "
-                              f"(DeepSpeed checks train_batch_size = micro-batch x accumulation x dp).")
+        raise ValidationError(
+            f"{path}: a single ds_config.json needs its data-parallel size: pass --dp N "
+            f"(DeepSpeed checks train_batch_size = micro-batch x accumulation x dp)."
+        )
     try:
         cfg = json.loads(_read(path))
     except json.JSONDecodeError as e:
