@@ -10,6 +10,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PY="${PYTHON:-python3}"
 if [[ ! -x .venv/bin/python ]]; then
+  # The interpreter itself, not the link that found it on PATH: a venv's python points at the path
+  # it was made from, and a link in a temporary directory (a test's PATH) would leave it dangling.
+  PY="$("$PY" -c 'import os, sys; print(os.path.realpath(sys.executable))')"
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
