@@ -190,9 +190,9 @@ def read_text(path: Path, what: str = "file") -> str:
             )
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise PlanError(f"{path}: not UTF-8 text (byte {e.start}); regenerate it with `dsorch plan`.")
+        raise PlanError(f"{path}: not UTF-8 text (byte {e.start}); regenerate it with `dsorch plan`.") from e
     except OSError as e:
-        raise PlanError(f"{path}: cannot be read ({e.strerror or e}).")
+        raise PlanError(f"{path}: cannot be read ({e.strerror or e}).") from e
 
 
 def _fmt_errors(e: ValidationError, path: Path) -> str:
@@ -264,9 +264,9 @@ def _parse(text: str, plan_file: Path) -> PlanDoc:
     except yaml.YAMLError as e:
         raise PlanError(
             f"{plan_file}: not valid YAML ({' '.join(str(e).split())[:300]}); regenerate it with `dsorch plan`."
-        )
+        ) from e
     except (ValueError, RecursionError) as e:
-        raise PlanError(f"{plan_file}: a value cannot be read ({e}); regenerate it with `dsorch plan`.")
+        raise PlanError(f"{plan_file}: a value cannot be read ({e}); regenerate it with `dsorch plan`.") from e
     if not isinstance(raw, dict):
         raise PlanError(
             f"{plan_file}: not a dsorch plan (no mapping at the top level); regenerate it with `dsorch plan`."
@@ -274,7 +274,7 @@ def _parse(text: str, plan_file: Path) -> PlanDoc:
     try:
         return PlanDoc.model_validate(raw)
     except ValidationError as e:
-        raise PlanError(_fmt_errors(e, plan_file))
+        raise PlanError(_fmt_errors(e, plan_file)) from e
 
 
 def plan_dir_of(path: str | Path, files: dict[str, str]) -> PlanDir:

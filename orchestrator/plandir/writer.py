@@ -125,7 +125,7 @@ def _write_plan_dir(out: Path, parent: Path, files: dict[str, str]) -> None:
         raise OutputError(
             f"--out {out}: cannot write the plan directory ({e.strerror or e}); choose a directory you "
             f"can write to, or fix its permissions."
-        )
+        ) from e
 
 
 def diff_plan_dir(out: Path, files: dict[str, str]) -> str:
@@ -163,4 +163,4 @@ def write_text_atomic(path: Path, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(_write_temp(path.parent, path.name, text), path)
     except OSError as e:
-        raise OutputError(f"{path}: cannot write ({e.strerror or e}); choose a path you can write to.")
+        raise OutputError(f"{path}: cannot write ({e.strerror or e}); choose a path you can write to.") from e

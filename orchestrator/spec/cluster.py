@@ -94,12 +94,12 @@ class SlurmSpec(BaseModel):
                 raise ValueError(f"slurm.{key} contains a line break; write it on one line")
         try:
             parse_slurm_time(self.time)
-        except DsorchError:
-            raise ValueError(f"slurm.time {self.time!r} is not a SLURM time limit; write HH:MM:SS or D-HH:MM:SS")
+        except DsorchError as e:
+            raise ValueError(f"slurm.time {self.time!r} is not a SLURM time limit; write HH:MM:SS or D-HH:MM:SS") from e
         for i, line in enumerate(self.setup):
             if not re.fullmatch(_NO_LINE_BREAKS, line):
                 raise ValueError(f"slurm.setup[{i}] contains a line break; give each command its own list item")
-        for k, v in self.env.items():
+        for k in self.env:
             if not re.fullmatch(_ENV_NAME, k):
                 raise ValueError(
                     f"slurm.env key {k!r} is not a valid environment variable name "
@@ -262,7 +262,7 @@ def load_profile(name: str, profiles_dir: str | Path | None = None) -> LoadedPro
     try:
         profile = ClusterProfile.model_validate(merged)
     except ValidationError as e:
-        raise SpecError(format_validation(e, chain, ClusterProfile, "cluster profile"))
+        raise SpecError(format_validation(e, chain, ClusterProfile, "cluster profile")) from e
     digest = (
         hashlib.sha256("".join(ld.sha256 for ld in chain).encode()).hexdigest() if len(chain) > 1 else chain[0].sha256
     )

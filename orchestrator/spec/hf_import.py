@@ -287,7 +287,7 @@ def read_config(path: Path) -> dict:
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecError(f"{path}: not a JSON file ({e}); give the model's config.json.")
+        raise SpecError(f"{path}: not a JSON file ({e}); give the model's config.json.") from e
     if not isinstance(data, dict):
         raise SpecError(f"{path}: a config.json is a JSON object; this is a {type(data).__name__}.")
     return data

@@ -321,5 +321,5 @@ def load_spec(path: str | Path) -> tuple[SpecFile, Loaded]:
     try:
         spec = SpecFile.model_validate(loaded.data)
     except ValidationError as e:
-        raise SpecError(format_validation(e, loaded, SpecFile, "model spec"))
+        raise SpecError(format_validation(e, loaded, SpecFile, "model spec")) from e
     return spec, loaded

@@ -56,10 +56,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             try:
                 hash(key)
-            except TypeError:
+            except TypeError:  # an unhashable key (a list or a mapping): the message says so
                 raise yaml.constructor.ConstructorError(
                     None, None, "a mapping key must be a plain value", key_node.start_mark
-                )
+                ) from None
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None,
@@ -98,10 +98,12 @@ def read_input(path: Path) -> bytes:
         if len(raw) > MAX_YAML_BYTES:  # it grew while we looked
             raise SpecError(f"{path}: more than {MAX_YAML_BYTES:,} bytes; a spec or profile is smaller.")
         return raw
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such file. Check the path (it is read relative to the current directory).")
+    except FileNotFoundError:  # the message names the path and the fix; the OSError adds nothing
+        raise SpecError(
+            f"{path}: no such file. Check the path (it is read relative to the current directory)."
+        ) from None
     except OSError as e:
-        raise SpecError(f"{path}: cannot be read ({e.strerror or e}).")
+        raise SpecError(f"{path}: cannot be read ({e.strerror or e}).") from e
 
 
 def _count_nodes(node: yaml.Node, path: Path, budget: list[int]) -> None:
@@ -128,7 +130,7 @@ def load_yaml(path: Path, empty_ok: bool = False) -> Loaded:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SpecError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8.")
+        raise SpecError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8.") from e
     loader = None
     try:
         loader = _UniqueKeyLoader(text)  # its reader refuses control characters here already
@@ -141,13 +143,13 @@ def load_yaml(path: Path, empty_ok: bool = False) -> Loaded:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         problem = getattr(e, "problem", None) or str(e)
-        raise SpecError(f"{where}: malformed YAML ({problem}). Fix the syntax at that line.")
+        raise SpecError(f"{where}: malformed YAML ({problem}). Fix the syntax at that line.") from e
     except (ValueError, OverflowError, RecursionError, AttributeError, TypeError) as e:
         # e.g. a date like 2024-02-30, or an explicit tag (!!timestamp, !!binary) on a value that is not one
         raise SpecError(
             f"{path}: a value cannot be read ({' '.join(str(e).split())[:200]}); quote it if it is "
             f"meant as a string, and drop explicit !!tags."
-        )
+        ) from e
     finally:
         if loader is not None:
             loader.dispose()

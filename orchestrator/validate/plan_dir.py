@@ -67,9 +67,9 @@ def validate_path(path: Path, dp: int | None = None) -> list[str]:
     try:
         cfg = json.loads(_read(path))
     except json.JSONDecodeError as e:
-        raise ValidationError(f"{path}:{e.lineno}: not valid JSON ({e.msg}).")
-    except RecursionError:
-        raise ValidationError(f"{path}: nested too deeply to be a ds_config.json.")
+        raise ValidationError(f"{path}:{e.lineno}: not valid JSON ({e.msg}).") from e
+    except RecursionError:  # the message says it all; a chained recursion error adds nothing
+        raise ValidationError(f"{path}: nested too deeply to be a ds_config.json.") from None
     if not isinstance(cfg, dict):
         raise ValidationError(f"{path}: expected a JSON object at the top level.")
     return _capped([f"{path.name}: {e}" for e in validate_ds_config(cfg, dp)])
