@@ -220,7 +220,7 @@ def _row(layout: dict, split) -> dict:
     """One layout (its axes by name) as a row of Candidates: every axis coded, the stage split."""
     return {
         **{a.name: a.code(layout[a.name]) for a in AXES},
-        **dict(zip(_SPLIT_COLUMNS, (split.first, split.middle, split.last))),
+        **dict(zip(_SPLIT_COLUMNS, (split.first, split.middle, split.last), strict=True)),
     }
 
 
@@ -228,7 +228,7 @@ def _candidates(rows: list[dict]) -> Candidates:
     """Rows (``_row``) as one array per column."""
     names = (*AXIS, *_SPLIT_COLUMNS)
     cols = np.array([[r[n] for n in names] for r in rows], dtype=np.int64).reshape(-1, len(names)).T
-    arrays = dict(zip(names, cols))
+    arrays = dict(zip(names, cols, strict=True))
     for a in AXES:
         if a.kind is bool:
             arrays[a.name] = arrays[a.name].astype(bool)

@@ -44,7 +44,7 @@ class PlanDiff:
 
     def as_dict(self) -> dict:
         def rows(items, keys=("name", "before", "after")):
-            return [dict(zip(keys, x)) for x in items]
+            return [dict(zip(keys, x, strict=True)) for x in items]
 
         return {
             "inputs": rows(self.inputs),

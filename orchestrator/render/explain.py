@@ -120,7 +120,9 @@ def explain_doc(plan: Plan) -> dict:
 
 
 def _fmt_row(cells: list[str], widths: list[int]) -> str:
-    return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return "  ".join(
+        c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+    ).rstrip()
 
 
 def explain_text(plan: Plan) -> str:

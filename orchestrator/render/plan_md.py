@@ -184,7 +184,7 @@ def _stacks(plan: Plan, doc: dict) -> list[str]:
         "",
         *_table(
             ["layout", *(MEMORY_LABELS[k].column for k in MEMORY_KEYS)],
-            [[name, *[f"{L.memory_gib[k]:.1f}" for k in MEMORY_KEYS]] for name, L in zip(names, rows)],
+            [[name, *[f"{L.memory_gib[k]:.1f}" for k in MEMORY_KEYS]] for name, L in zip(names, rows, strict=True)],
         ),
         "",
         "## Time per step (s; exposed communication only)",
@@ -200,7 +200,7 @@ def _stacks(plan: Plan, doc: dict) -> list[str]:
                     # round a second time (2.446 % -> 0.0245 -> "+2.5 %")
                     _pct(L.scored.step_time_s / best - 1.0),
                 ]
-                for name, L in zip(names, rows)
+                for name, L in zip(names, rows, strict=True)
             ],
         ),
     ]
