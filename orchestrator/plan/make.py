@@ -146,8 +146,9 @@ def _nothing_fits(
     L = closest.layout
     cap = result.capacity_gib
     lines = [
-        f"{spec.name} does not fit on {_nodes(profile.nodes)} of {profile.name}{_pins_text(pins)}: all {result.evaluated} legal "
-        f"layouts exceed the {cap:g} GiB per GPU. The smallest, {L.short()}, needs {closest.memory_gib['total']:.1f} GiB "
+        f"{spec.name} does not fit on {_nodes(profile.nodes)} of {profile.name}{_pins_text(pins)}: "
+        f"all {result.evaluated} legal layouts exceed the {cap:g} GiB per GPU. "
+        f"The smallest, {L.short()}, needs {closest.memory_gib['total']:.1f} GiB "
         f"({closest.over_gib:.1f} GiB more)."
     ]
     if pins.all_pinned():
