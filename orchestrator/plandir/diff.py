@@ -7,10 +7,15 @@ requests that change a plan (`dsorch diff A B`); ``stale_inputs`` says the same 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from orchestrator.plan.layout import AXIS, Layout
 from orchestrator.plandir.reader import PlanDir
+
+# A value as a plan records it; None in a change: the key is absent on that side.
+_V = TypeVar("_V")
 
 
 @dataclass
@@ -20,8 +25,8 @@ class PlanDiff:
     profile: list[tuple[str, object, object]] = field(default_factory=list)
     spec: list[tuple[str, object, object]] = field(default_factory=list)
     layout: list[tuple[str, object, object]] = field(default_factory=list)
-    memory: list[tuple[str, float, float]] = field(default_factory=list)
-    predicted: list[tuple[str, float, float]] = field(default_factory=list)
+    memory: list[tuple[str, float | None, float | None]] = field(default_factory=list)
+    predicted: list[tuple[str, float | str | None, float | str | None]] = field(default_factory=list)
     flags: list[tuple[str, str | None, str | None]] = field(default_factory=list)  # None: absent, "": a switch
     ds_config: list[tuple[str, object, object]] = field(default_factory=list)
     files: list[str] = field(default_factory=list)  # other generated files that differ
@@ -78,7 +83,7 @@ def _flatten(obj, prefix: str = "") -> dict[str, object]:
     return {prefix: obj}
 
 
-def _changed(a: dict, b: dict, ordered: bool = False) -> list[tuple[str, object, object]]:
+def _changed(a: Mapping[str, _V], b: Mapping[str, _V], ordered: bool = False) -> list[tuple[str, _V | None, _V | None]]:
     """Keys whose values differ: in a's order then b's new keys (``ordered``), else sorted."""
     keys = list(dict.fromkeys([*a, *b])) if ordered else sorted(set(a) | set(b))
     return [(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)]
