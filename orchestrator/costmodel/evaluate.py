@@ -604,7 +604,9 @@ class _Attention:
 
     forward: _Work
     backward: _Work
-    elementwise: np.ndarray  # seconds of the forward's memory-bound work on the scores (none with FlashAttention)
+    # Seconds of the forward's memory-bound work on the scores; a scalar 0.0 with FlashAttention, which
+    # keeps the scores on chip (it broadcasts against the other terms' arrays).
+    elementwise: np.ndarray | float
 
 
 def _attention(x: _Inputs, roof: _Roofline) -> _Attention:
