@@ -50,8 +50,8 @@ def _compose_lines(node: yaml.Node, prefix: tuple, out: dict[tuple, int]) -> Non
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping (YAML's last-wins hides typos)."""
 
-    def construct_mapping(self, node, deep=False):
-        seen: dict = {}
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             try:

@@ -459,7 +459,8 @@ def _uneven_pp_checks(a: _Args, num_layers: int, pp: int, first, last, vpp) -> l
 
 
 def _attention_checks(a: _Args, tp: int) -> list[str]:
-    errors, F = [], a.flag
+    errors: list[str] = []
+    F = a.flag
     heads, hidden = a.get("num_attention_heads"), a.get("hidden_size")
     if heads is None:
         return errors
