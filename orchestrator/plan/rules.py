@@ -150,31 +150,56 @@ def tp_degrees(model: ModelSpec, gpus_per_node: int) -> list[int]:
 def check_layout(
     layout: Layout, model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str
 ) -> list[str]:
-    """Every rule ``layout`` breaks, as sentences with a fix (empty when legal)."""
-    r: list[str] = []
-    L = layout
+    """Every rule ``layout`` breaks, as sentences with a fix (empty when legal), axis by axis in the
+    order of the steps below: the world size, cp, tp, pp and vpp, the global batch, ZeRO, sp."""
+    return [
+        *_world_rules(layout, profile),
+        *_cp_rules(layout, training, runtime),
+        *_tp_rules(layout, model, profile),
+        *_pipeline_rules(layout, model, training, runtime),
+        *_batch_rules(layout, training),
+        *_zero_rules(layout, training, runtime),
+        *_sp_rules(layout, training),
+    ]
+
+
+def _world_rules(L: Layout, profile: ClusterProfile) -> list[str]:
+    """The degrees' product against the cluster's GPUs."""
     world = profile.world_size
-    if L.world_size != world:
+    if L.world_size == world:
+        return []
+    return [
+        f"tp*cp*pp*dp = {L.tp}*{L.cp}*{L.pp}*{L.dp} = {L.world_size} but the cluster has {world} GPUs "
+        f"({profile.nodes} x {profile.gpus_per_node}); choose degrees whose product is {world}"
+    ]
+
+
+def _cp_rules(L: Layout, training: TrainingSpec, runtime: str) -> list[str]:
+    """Context parallelism: the runtime and attention that have it, and the sequence's 2 x cp chunks."""
+    if L.cp <= 1:
+        return []
+    r: list[str] = []
+    if runtime != "megatron":
         r.append(
-            f"tp*cp*pp*dp = {L.tp}*{L.cp}*{L.pp}*{L.dp} = {L.world_size} but the cluster has {world} GPUs "
-            f"({profile.nodes} x {profile.gpus_per_node}); choose degrees whose product is {world}"
+            f"cp={L.cp}: context parallelism (ring attention) is a Megatron-LM feature; the bundled "
+            f"DeepSpeed entrypoint has none (nor DeepSpeed-Ulysses); use cp=1 or --runtime megatron"
         )
-    if L.cp > 1:
-        if runtime != "megatron":
-            r.append(
-                f"cp={L.cp}: context parallelism (ring attention) is a Megatron-LM feature; the bundled "
-                f"DeepSpeed entrypoint has none (nor DeepSpeed-Ulysses); use cp=1 or --runtime megatron"
-            )
-        elif not training.flash_attention:
-            r.append(
-                f"cp={L.cp} needs Megatron-LM's fused attention (Transformer Engine); the unfused attention "
-                f"refuses context parallelism: set training.flash_attention true or use cp=1"
-            )
-        if not _splits_for_cp(training.seq_length, L.cp):
-            r.append(
-                f"seq_length {training.seq_length} is not a multiple of 2 x cp = {2 * L.cp} (Megatron-LM "
-                f"splits each sequence into 2 x cp chunks); choose a cp that fits"
-            )
+    elif not training.flash_attention:
+        r.append(
+            f"cp={L.cp} needs Megatron-LM's fused attention (Transformer Engine); the unfused attention "
+            f"refuses context parallelism: set training.flash_attention true or use cp=1"
+        )
+    if not _splits_for_cp(training.seq_length, L.cp):
+        r.append(
+            f"seq_length {training.seq_length} is not a multiple of 2 x cp = {2 * L.cp} (Megatron-LM "
+            f"splits each sequence into 2 x cp chunks); choose a cp that fits"
+        )
+    return r
+
+
+def _tp_rules(L: Layout, model: ModelSpec, profile: ClusterProfile) -> list[str]:
+    """Tensor parallelism: inside one node, and a divisor of the query and key/value heads."""
+    r: list[str] = []
     if L.tp > profile.gpus_per_node or profile.gpus_per_node % L.tp:
         r.append(
             f"tp={L.tp} must divide gpus_per_node={profile.gpus_per_node}: tensor parallelism stays inside "
@@ -190,6 +215,13 @@ def check_layout(
             f"tp={L.tp} does not divide num_kv_heads={model.kv_heads}; Megatron-LM shards whole key/value "
             f"groups, so use tp <= {model.kv_heads} dividing it"
         )
+    return r
+
+
+def _pipeline_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime: str) -> list[str]:
+    """Pipeline parallelism: the layers split into stages, then the interleaved schedule (vpp) on
+    that split."""
+    r: list[str] = []
     split = stage_split(model.num_layers, L.pp)
     if split is None:
         r.append(
@@ -197,68 +229,90 @@ def check_layout(
             f"{model.num_layers} (or {model.num_layers + 2}, with one layer fewer on the first and last stage)"
         )
     if L.vpp > 1:
-        if runtime == "deepspeed":
-            r.append(
-                f"vpp={L.vpp}: DeepSpeed's pipeline engine runs plain 1F1B with no interleaved schedule; "
-                f"use vpp=1 or --runtime megatron"
+        r += _vpp_rules(L, split, training, runtime)
+    return r
+
+
+def _vpp_rules(L: Layout, split: StageSplit | None, training: TrainingSpec, runtime: str) -> list[str]:
+    """The first rule an interleaved schedule (vpp > 1) breaks, if any (each one presumes those before it hold)."""
+    if runtime == "deepspeed":
+        return [
+            f"vpp={L.vpp}: DeepSpeed's pipeline engine runs plain 1F1B with no interleaved schedule; "
+            f"use vpp=1 or --runtime megatron"
+        ]
+    if L.pp == 1:
+        return [f"vpp={L.vpp} needs pp > 1 (virtual stages interleave pipeline stages); use vpp=1"]
+    if L.pp == 2 and not training.overlap_p2p_comm:
+        return [
+            f"vpp={L.vpp} with training.overlap_p2p_comm false needs pp > 2 (Megatron-LM's validate_args); "
+            f"use vpp=1, pp > 2, or overlap the sends"
+        ]
+    if split is not None and split.middle % L.vpp:
+        return [
+            f"vpp={L.vpp} must divide the {split.middle} layers per pipeline rank (pp={L.pp}"
+            + (
+                ", the first and last counting the embedding and the loss as a layer each"
+                if split.kind != "even"
+                else ""
             )
-        elif L.pp == 1:
-            r.append(f"vpp={L.vpp} needs pp > 1 (virtual stages interleave pipeline stages); use vpp=1")
-        elif L.pp == 2 and not training.overlap_p2p_comm:
-            r.append(
-                f"vpp={L.vpp} with training.overlap_p2p_comm false needs pp > 2 (Megatron-LM's validate_args); "
-                f"use vpp=1, pp > 2, or overlap the sends"
-            )
-        elif split is not None and split.middle % L.vpp:
-            r.append(
-                f"vpp={L.vpp} must divide the {split.middle} layers per pipeline rank (pp={L.pp}"
-                + (
-                    ", the first and last counting the embedding and the loss as a layer each"
-                    if split.kind != "even"
-                    else ""
-                )
-                + "); choose a vpp dividing them"
-            )
-        elif not interleaving_fits(L.vpp, L.pp, L.grad_accum_steps):
-            r.append(
-                f"the interleaved schedule needs the number of micro-batches ({L.grad_accum_steps}) to be a "
-                f"multiple of pp={L.pp} (Narayanan et al. 2021, Sec. 2.2.2); change the micro-batch size"
-            )
-    if L.global_batch_size != training.global_batch_size:
-        r.append(
-            f"micro_batch_size*grad_accum_steps*dp = {L.micro_batch_size}*{L.grad_accum_steps}*{L.dp} = "
-            f"{L.global_batch_size} but global_batch_size is {training.global_batch_size}; choose a micro-batch "
-            f"size that divides global_batch_size/dp"
-        )
-    if L.zero_stage not in zero_stages(runtime, L.pp, training.precision, L.grad_accum_steps, L.zero_stage):
-        if runtime == "megatron":
-            r.append(
-                f"zero_stage={L.zero_stage}: on Megatron-LM dsorch plans zero_stage 1 (the distributed "
-                f"optimizer) and 2 (Megatron-FSDP optim_grads: gradients sharded too); Megatron-FSDP's "
-                f"optim_grads_params (ZeRO-3) is not modelled: use zero_stage 0, 1 or 2, or the deepspeed runtime"
-            )
-        elif L.pp > 1 and L.zero_stage > 1:
-            r.append(
-                f"zero_stage={L.zero_stage} cannot be combined with pp={L.pp} in DeepSpeed's pipeline engine "
-                f"(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1"
-            )
-        else:
-            r.append(
-                f"zero_stage=0 with bf16 and {L.grad_accum_steps} micro-batches per step: DeepSpeed accumulates "
-                f"gradients in fp32 only from ZeRO-1 on, and bf16 accumulation loses gradient over many "
-                f"micro-batches; use zero_stage>=1 (or one micro-batch per step)"
-            )
-    if L.sequence_parallel and L.tp == 1:
-        r.append(
+            + "); choose a vpp dividing them"
+        ]
+    if not interleaving_fits(L.vpp, L.pp, L.grad_accum_steps):
+        return [
+            f"the interleaved schedule needs the number of micro-batches ({L.grad_accum_steps}) to be a "
+            f"multiple of pp={L.pp} (Narayanan et al. 2021, Sec. 2.2.2); change the micro-batch size"
+        ]
+    return []
+
+
+def _batch_rules(L: Layout, training: TrainingSpec) -> list[str]:
+    """micro-batch x accumulation x dp against the spec's global batch."""
+    if L.global_batch_size == training.global_batch_size:
+        return []
+    return [
+        f"micro_batch_size*grad_accum_steps*dp = {L.micro_batch_size}*{L.grad_accum_steps}*{L.dp} = "
+        f"{L.global_batch_size} but global_batch_size is {training.global_batch_size}; choose a micro-batch "
+        f"size that divides global_batch_size/dp"
+    ]
+
+
+def _zero_rules(L: Layout, training: TrainingSpec, runtime: str) -> list[str]:
+    """Why the ZeRO stage is not one ``zero_stages`` offers (one reason)."""
+    if L.zero_stage in zero_stages(runtime, L.pp, training.precision, L.grad_accum_steps, L.zero_stage):
+        return []
+    if runtime == "megatron":
+        return [
+            f"zero_stage={L.zero_stage}: on Megatron-LM dsorch plans zero_stage 1 (the distributed "
+            f"optimizer) and 2 (Megatron-FSDP optim_grads: gradients sharded too); Megatron-FSDP's "
+            f"optim_grads_params (ZeRO-3) is not modelled: use zero_stage 0, 1 or 2, or the deepspeed runtime"
+        ]
+    if L.pp > 1 and L.zero_stage > 1:
+        return [
+            f"zero_stage={L.zero_stage} cannot be combined with pp={L.pp} in DeepSpeed's pipeline engine "
+            f"(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1"
+        ]
+    return [
+        f"zero_stage=0 with bf16 and {L.grad_accum_steps} micro-batches per step: DeepSpeed accumulates "
+        f"gradients in fp32 only from ZeRO-1 on, and bf16 accumulation loses gradient over many "
+        f"micro-batches; use zero_stage>=1 (or one micro-batch per step)"
+    ]
+
+
+def _sp_rules(L: Layout, training: TrainingSpec) -> list[str]:
+    """Sequence parallelism: tp > 1, and tp dividing each rank's tokens."""
+    if not L.sequence_parallel:
+        return []
+    if L.tp == 1:
+        return [
             "sequence parallelism splits the tensor-parallel region's activations and needs tp > 1; "
             "use --no-sp or tp > 1"
-        )
-    elif L.sequence_parallel and True not in sp_options(L.tp, L.cp, training.seq_length):
-        r.append(
+        ]
+    if True not in sp_options(L.tp, L.cp, training.seq_length):
+        return [
             f"sequence parallelism splits each rank's {training.seq_length // L.cp} tokens over tp={L.tp}, "
             f"which does not divide them; use --no-sp or a tp dividing {training.seq_length // L.cp}"
-        )
-    return r
+        ]
+    return []
 
 
 def check_model(model: ModelSpec, runtime: str) -> list[str]:
