@@ -324,37 +324,48 @@ def _megatron_fsdp_checks(a: _Args) -> list[str]:
     return errors
 
 
+# The three ways to give virtual pipeline stages; at most one may be set (validate_args).
+_VPP_SPECS = (
+    "num_layers_per_virtual_pipeline_stage",
+    "num_virtual_stages_per_pipeline_rank",
+    "pipeline_model_parallel_layout",
+)
+
+
 def _pipeline_checks(a: _Args, pp: int) -> list[str]:
     """Layer split over pipeline stages, mirroring validate_args' 'Uneven virtual pipeline
     parallelism' block and TransformerConfig.__post_init__ '# Uneven PP'."""
-    errors: list[str] = []
     F = a.flag
     num_layers = a.get("num_layers")
     if num_layers is None or a.get("hybrid_layer_pattern") or a.get("hybrid_override_pattern"):
-        return errors  # a hybrid pattern defines the split itself (validated by Megatron)
-    per_vstage = a.get("num_layers_per_virtual_pipeline_stage")
-    vstages = a.get("num_virtual_stages_per_pipeline_rank")
-    layout = a.get("pipeline_model_parallel_layout")
-    first = a.get("decoder_first_pipeline_num_layers")
-    last = a.get("decoder_last_pipeline_num_layers")
-
-    set_ = [
-        d
-        for d, v in (
-            ("num_layers_per_virtual_pipeline_stage", per_vstage),
-            ("num_virtual_stages_per_pipeline_rank", vstages),
-            ("pipeline_model_parallel_layout", layout),
-        )
-        if v is not None
-    ]
+        return []  # a hybrid pattern defines the split itself (validated by Megatron)
+    set_ = [d for d in _VPP_SPECS if a.get(d) is not None]
     if len(set_) > 1:
         return [
             f"{' and '.join(F(d) for d in set_)} cannot be combined: "
             "keep only one way of specifying virtual pipeline stages"
         ]
-    if layout is not None:
-        return errors  # free-form layout string; Megatron parses and validates it
+    if a.get("pipeline_model_parallel_layout") is not None:
+        return []  # free-form layout string; Megatron parses and validates it
+    vpp, errors = _virtual_pipeline_degree(a, num_layers, pp)
+    first = a.get("decoder_first_pipeline_num_layers")
+    last = a.get("decoder_last_pipeline_num_layers")
+    if first is not None or last is not None:
+        errors += _uneven_pp_checks(a, num_layers, pp, first, last, vpp)
+    if vpp is not None:
+        errors += _interleaving_checks(a, pp)
+    return errors
 
+
+def _virtual_pipeline_degree(a: _Args, num_layers: int, pp: int) -> tuple[int | None, list[str]]:
+    """The virtual pipeline degree the flags give (None: no interleaving, or the flags are wrong)
+    and what is wrong with them."""
+    errors: list[str] = []
+    F = a.flag
+    per_vstage = a.get("num_layers_per_virtual_pipeline_stage")
+    vstages = a.get("num_virtual_stages_per_pipeline_rank")
+    first = a.get("decoder_first_pipeline_num_layers")
+    last = a.get("decoder_last_pipeline_num_layers")
     # account_for_* add one pseudo-layer each to the split (validate_args).
     total = (
         num_layers
@@ -393,28 +404,28 @@ def _pipeline_checks(a: _Args, pp: int) -> list[str]:
         )
     if vpp == 1:
         vpp = None  # validate_args: "if args.virtual_pipeline_model_parallel_size == 1: None"
+    return vpp, errors
 
-    if first is not None or last is not None:
-        errors += _uneven_pp_checks(a, num_layers, pp, first, last, vpp)
 
-    if vpp is not None:
-        # validate_args: interleaved schedule needs pp > 1 with p2p overlap (the default,
-        # --no-overlap-p2p-communication turns it off) and pp > 2 without it.
-        overlap = a.get("overlap_p2p_comm", True)
-        minimum = 1 if overlap else 2
-        if pp <= minimum:
-            flag = (
-                F("num_layers_per_virtual_pipeline_stage")
-                if per_vstage is not None
-                else F("num_virtual_stages_per_pipeline_rank")
-            )
-            errors.append(
-                f"{flag} enables the interleaved schedule, which needs "
-                f"{F('pipeline_model_parallel_size')} > {minimum}"
-                + ("" if overlap else " when --no-overlap-p2p-communication is set")
-                + f" (got {pp}): drop {flag} or raise the pipeline size"
-            )
-    return errors
+def _interleaving_checks(a: _Args, pp: int) -> list[str]:
+    """validate_args: interleaved schedule needs pp > 1 with p2p overlap (the default,
+    --no-overlap-p2p-communication turns it off) and pp > 2 without it."""
+    F = a.flag
+    overlap = a.get("overlap_p2p_comm", True)
+    minimum = 1 if overlap else 2
+    if pp > minimum:
+        return []
+    flag = (
+        F("num_layers_per_virtual_pipeline_stage")
+        if a.get("num_layers_per_virtual_pipeline_stage") is not None
+        else F("num_virtual_stages_per_pipeline_rank")
+    )
+    return [
+        f"{flag} enables the interleaved schedule, which needs "
+        f"{F('pipeline_model_parallel_size')} > {minimum}"
+        + ("" if overlap else " when --no-overlap-p2p-communication is set")
+        + f" (got {pp}): drop {flag} or raise the pipeline size"
+    ]
 
 
 def _uneven_pp_checks(a: _Args, num_layers: int, pp: int, first, last, vpp) -> list[str]:
