@@ -9,11 +9,11 @@ import sys
 
 __version__ = "0.1.0"
 
-# Jobs queued by dsorch 0.1 are pickled by submitit under the class paths of the flat layout
+# Jobs queued before the re-layout are pickled by submitit under the class paths of the flat layout
 # (``orchestrator.slurm.TrainingJob``, ``orchestrator.doctor.DoctorJob``); a node that unpickles one
 # after an upgrade finds the module that now holds those classes, run/jobs.py, under the old name
-# here. For one release: 0.3 drops the table, and such a job then fails with ModuleNotFoundError
-# naming the old path.
+# here. For one release; then the table goes, and such a job fails with ModuleNotFoundError naming
+# the old path (README, "Code").
 MOVED_MODULES = {
     "orchestrator.slurm": "orchestrator.run.jobs",
     "orchestrator.doctor": "orchestrator.run.jobs",
