@@ -227,7 +227,8 @@ def trial_state_table(manifest, records) -> Table:
     t = Table(show_edge=False, pad_edge=False)
     for col in ("trial", "layout", "job", "state", "step", "elapsed"):
         t.add_column(col)
-    for e, r in zip(manifest.trials, records):
+    # One registry row per trial, in the manifest's order (run.trial.states).
+    for e, r in zip(manifest.trials, records, strict=True):
         t.add_row(
             e.dir,
             e.layout,

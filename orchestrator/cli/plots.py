@@ -211,7 +211,7 @@ def _stacked(
         )
         for i, bar in enumerate(bars):
             bar.set_gid(f"{prefix}-{i}-{key}")
-    for i, (y, r) in enumerate(zip(ys, rows)):
+    for i, (y, r) in enumerate(zip(ys, rows, strict=True)):
         ax.text(sum(r.parts.values()), y, " " + format(r.total, fmt), va="center", gid=f"{prefix}-{i}-total")
     if limit is not None:
         ax.axvline(limit, color="#D55E00", linestyle="--", linewidth=1.2, gid=f"{prefix}-capacity")

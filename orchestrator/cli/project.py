@@ -157,7 +157,8 @@ def load_project(start: Path | None = None) -> Project:
     try:
         config = ProjectConfig.model_validate(loaded.data)
     except ValidationError as e:
-        raise SpecError(format_validation(e, loaded, ProjectConfig, "dsorch config"))
+        # The message carries every problem pydantic found, with file and line: its traceback adds nothing.
+        raise SpecError(format_validation(e, loaded, ProjectConfig, "dsorch config")) from None
     return Project(f.parent, f, config, loaded.lines)
 
 

@@ -93,10 +93,11 @@ def import_hf(config, out, name, seq_length, global_batch_size, force):
         SpecFile.model_validate(doc)
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()[:5])
+        # The message names pydantic's first problems; its traceback would only repeat them.
         raise UserError(
             f"{config}: the imported spec is not valid: {problems}. Fix it with --seq-length / "
             f"--global-batch-size, or write the spec by hand."
-        )
+        ) from None
     text = (
         "# Imported from a Hugging Face config.json by `dsorch import-hf`. The model section is the\n"
         "# config's; the training section is a starting point: set the sequence, batch and length you train.\n"

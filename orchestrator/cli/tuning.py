@@ -214,7 +214,8 @@ def trial(
     )
     if not wait:
         click.echo(
-            f"  progress: dsorch trial --status {display_path(out)}    when done: dsorch trial --collect {display_path(out)}"
+            f"  progress: dsorch trial --status {display_path(out)}    "
+            f"when done: dsorch trial --collect {display_path(out)}"
         )
         return
     _finish_trials(project, reg, out, manifest, pdir, name, wait=True)
@@ -250,7 +251,7 @@ def _wait_trials(reg, manifest):
         now = next(
             (
                 f"; {t.dir} at step {r.last_step or 0}/{manifest.steps}"
-                for t, r in zip(manifest.trials, records)
+                for t, r in zip(manifest.trials, records, strict=True)  # one row per trial, in order
                 if r.state == "RUNNING"
             ),
             "",
