@@ -12,17 +12,23 @@ the drawing, so the tests check the numbers and the SVG checks that they were dr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.calibrate.records import read_steps
 from orchestrator.costmodel.stacks import MEMORY_LABELS, MEMORY_PARTS, TIME_LABELS, TIME_PARTS, Label
+from orchestrator.errors import ValidationError as PlanError
 from orchestrator.plan.layout import Layout
 from orchestrator.plandir.reader import PlanDir, ScoredDoc
 
+if TYPE_CHECKING:  # matplotlib is imported only when a picture is drawn
+    from matplotlib.typing import RcKeyType
+
 # Colour-blind-safe (Okabe & Ito 2008), one per part, fixed so every plan reads the same.
 _COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#999999")
-_RC = {
+_RC: dict[RcKeyType, str | int | bool] = {
     "svg.fonttype": "none",
     "svg.hashsalt": "dsorch",
     "font.family": "DejaVu Sans",
@@ -44,6 +50,15 @@ def _label(s: ScoredDoc) -> str:
     return Layout(**s.layout.model_dump()).short()
 
 
+def predicted_step_s(pd: PlanDir, predicted: dict[str, float | str | None]) -> float:
+    """The predicted step time of a plan.yaml ``predicted`` section. The section mixes numbers with
+    the interval's basis in words, so its type cannot say that this entry is a number."""
+    value = predicted["step_time_s"]
+    if value is None:
+        raise PlanError(f"{pd.path}/plan.yaml: predicted.step_time_s is empty; regenerate it with `dsorch plan`.")
+    return float(value)
+
+
 def memory_rows(pd: PlanDir) -> tuple[list[Row], float]:
     """One row per ranked layout (the chosen first): its memory stack per GPU, and the capacity."""
     rows = [
@@ -56,7 +71,7 @@ def memory_rows(pd: PlanDir) -> tuple[list[Row], float]:
 def time_rows(pd: PlanDir) -> list[Row]:
     """One row per ranked layout: its step's time stack (exposed communication only)."""
     return [
-        Row(_label(s), i == 0, {k: s.time_breakdown_s[k] for k in TIME_PARTS}, float(s.predicted["step_time_s"]))
+        Row(_label(s), i == 0, {k: s.time_breakdown_s[k] for k in TIME_PARTS}, predicted_step_s(pd, s.predicted))
         for i, s in enumerate(pd.ranked)
     ]
 
@@ -302,7 +317,7 @@ def draw_steps(pd: PlanDir, runs: list[Path]) -> str:
     """Measured loss and step time per step of each run, against the predicted step time and its interval."""
     fig = _figure(9.0, 5.0)
     loss_ax, time_ax = fig.subplots(2, 1, sharex=True)
-    predicted = float(pd.doc.predicted["step_time_s"])
+    predicted = predicted_step_s(pd, pd.doc.predicted)
     interval = pd.doc.predicted.get("step_time_interval")
     for i, run in enumerate(runs):
         recs = read_steps(run / "metrics.jsonl")
@@ -336,7 +351,7 @@ def pictures(pd: PlanDir) -> dict[str, str]:
     return {name: draw(pd) for name, draw in PICTURES.items()}
 
 
-def draw_all(pd: PlanDir, out: Path, runs: list[Path] = ()) -> list[Path]:
+def draw_all(pd: PlanDir, out: Path, runs: Sequence[Path] = ()) -> list[Path]:
     """Every picture of the plan into ``out``; the measured one only when runs are given."""
     from orchestrator.plandir.writer import write_text_atomic
 
@@ -345,8 +360,8 @@ def draw_all(pd: PlanDir, out: Path, runs: list[Path] = ()) -> list[Path]:
     for name, svg in pictures(pd).items():
         write_text_atomic(out / name, svg)
         made.append(out / name)
-    runs = [r for r in runs if (r / "metrics.jsonl").is_file()]
-    if runs:
-        write_text_atomic(out / "steps.svg", draw_steps(pd, runs))
+    measured = [r for r in runs if (r / "metrics.jsonl").is_file()]
+    if measured:
+        write_text_atomic(out / "steps.svg", draw_steps(pd, measured))
         made.append(out / "steps.svg")
     return made

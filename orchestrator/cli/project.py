@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,7 +81,9 @@ class Project:
         line = self.lines.get((key,))
         return f"{self.config_file}:{line} ({key})" if line else f"{self.config_file} ({key})"
 
-    def _resolve(self, flag: str | None, flag_name: str, env_name: str, key: str, env: dict | None) -> Setting:
+    def _resolve(
+        self, flag: str | None, flag_name: str, env_name: str, key: str, env: Mapping[str, str] | None
+    ) -> Setting:
         """flag, then environment, then dsorch.yaml: the one order every default follows."""
         env = os.environ if env is None else env
         if flag:
@@ -94,10 +97,10 @@ class Project:
         where = f"no {key} in {self.config_file}" if self.config_file else f"no {CONFIG_NAME}"
         return Setting(None, f"no {flag_name}, no ${env_name}, {where}")
 
-    def cluster(self, flag: str | None, env: dict | None = None) -> Setting:
+    def cluster(self, flag: str | None, env: Mapping[str, str] | None = None) -> Setting:
         return self._resolve(flag, "--cluster", ENV_CLUSTER, "cluster", env)
 
-    def profiles_dir(self, flag: str | None, env: dict | None = None) -> Setting:
+    def profiles_dir(self, flag: str | None, env: Mapping[str, str] | None = None) -> Setting:
         """As every setting, then the built-in default: a ``profiles/`` directory in the experiment
         directory when there is one (where `dsorch trial` writes the profile it calibrates)."""
         setting = self._resolve(flag, "--profiles-dir", ENV_PROFILES_DIR, "profiles_dir", env)
