@@ -192,7 +192,7 @@ def plan(
 
         click.echo(render_json(the_plan), nl=False)
         return
-    from orchestrator.cli.console import print_plan
+    from orchestrator.cli.plan_table import print_plan
 
     print_plan(
         make_console(),

@@ -369,7 +369,7 @@ def test_memory_near_capacity_is_flagged_with_the_models_error():
     import dataclasses
 
     from orchestrator.costmodel.calibration import memory_error
-    from orchestrator.cli.console import memory_tight
+    from orchestrator.cli.plan_table import memory_tight
 
     err = memory_error()
     assert err["rows"] == 2 and 0 < err["largest_under"] < 0.05
