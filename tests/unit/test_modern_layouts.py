@@ -241,10 +241,10 @@ def test_megatron_fsdp_plan_flags_and_launch(runner, in_tmp):
 @pytest.mark.parametrize("pp,v", [(2, 1), (4, 1), (8, 1), (4, 2), (4, 4), (8, 2), (3, 3)])
 def test_in_flight_micro_batches_are_the_schedules(pp, v):
     """The memory model's micro-batches in flight per stage against the schedule dsorch draws (1F1B and
-    Megatron's interleaved order, render/plots.py): the largest number of chunks whose forward has
+    Megatron's interleaved order, cli/plot_schedule.py): the largest number of chunks whose forward has
     run and backward has not, in whole-stage units, for few and many micro-batches."""
     from orchestrator.costmodel.memory import in_flight_micro_batches
-    from orchestrator.cli.plots import schedule
+    from orchestrator.cli.plot_schedule import schedule
 
     for m in (pp, 2 * pp, 4 * pp):
         blocks = schedule(pp, m, v, 1.0, 2.0, 0.0)

@@ -16,7 +16,7 @@ import yaml
 
 from orchestrator.cli.main import main
 from orchestrator.costmodel.stacks import MEMORY_KEYS, MEMORY_PARTS, TIME_PARTS
-from orchestrator.cli.plots import schedule
+from orchestrator.cli.plot_schedule import schedule
 from orchestrator.plan.layout import Layout
 
 from ..conftest import PROFILES
