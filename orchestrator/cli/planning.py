@@ -1,12 +1,13 @@
-"""`dsorch plan`, `plot`, `diff`, `validate`: plan directories made, drawn, compared and checked."""
+"""`dsorch plan`: a plan directory made from a model spec and a cluster profile, or checked against
+what it would be now (`--check`, cli/check.py)."""
 
 from __future__ import annotations
 
 import functools
-import json
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,12 +21,16 @@ from orchestrator.cli.common import (
     ds_env,
     load_cluster,
     make_console,
-    open_registry,
     pin_options,
     profiles_dir_option,
     resolve_profiles_dir,
 )
 from orchestrator.plan.layout import PINNABLE, RUNTIMES
+
+if TYPE_CHECKING:  # the commands import these when they run, so that `dsorch --help` stays fast
+    from orchestrator.cli.project import Project, Setting
+    from orchestrator.plan.layout import Pins
+    from orchestrator.plan.make import Plan
 
 
 @click.command(epilog=EPILOG)
@@ -124,11 +129,68 @@ def plan(
     relative to it; the cluster profile by name; runtime, nodes, GPUs per node, pins, memory margin)
     and written in place, or with --check compared.
     """
-    from orchestrator.compose import plan_files, replan
-    from orchestrator.plandir.writer import spec_path_in, write_plan_dir
-    from orchestrator.spec.model import load_spec
-
     ds_env()
+    _check_flags(spec, out, no_write=no_write, plot=plot, check=check, as_json=as_json, memory_margin=memory_margin)
+    _recorded_only(click.get_current_context(), spec)
+    project = cwd_project()
+    setting = project.cluster(cluster)
+    planned = functools.partial(
+        _plan_one,
+        project=project,
+        setting=setting,
+        profiles_dir=profiles_dir,
+        out=out,
+        write=not no_write,
+        default_out=check or not (no_write or as_json),
+        runtime=runtime,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        pins=pins,
+        memory_margin=memory_margin,
+        top=top,
+    )
+    if check:
+        from orchestrator.cli.check import check as check_targets
+
+        sys.exit(check_targets([(p, functools.partial(planned, p)) for p in spec], display_path))
+    default_out = out is None and not spec[0].is_dir()
+    the_plan, files, out = planned(spec[0])
+    if out is not None:
+        _write(out, files, plot)
+    if as_json:
+        from orchestrator.render.report import render_json
+
+        click.echo(render_json(the_plan), nl=False)
+        return
+    from orchestrator.cli.plan_table import print_plan
+
+    print_plan(
+        make_console(),
+        the_plan,
+        top,
+        display_path(out) if out is not None else None,
+        files,
+        cluster_note=None if setting.origin == "--cluster" or spec[0].is_dir() else setting,
+        default_out=default_out,
+    )
+    if explain:
+        from orchestrator.render.explain import explain_text
+
+        click.echo()
+        click.echo(explain_text(the_plan), nl=False)
+
+
+def _check_flags(
+    spec: tuple[Path, ...],
+    out: Path | None,
+    *,
+    no_write: bool,
+    plot: bool,
+    check: bool,
+    as_json: bool,
+    memory_margin: float,
+) -> None:
+    """The flag combinations `dsorch plan` refuses, each with the one to drop."""
     if not math.isfinite(memory_margin):  # click's FloatRange lets nan through (nan < 0 is false)
         raise UserError(f"--memory-margin {memory_margin}: give a number of GiB, e.g. 2.")
     if out is not None:
@@ -144,70 +206,64 @@ def plan(
         )
     if len(spec) > 1 and not check:
         raise UserError(f"{len(spec)} SPECs or PLAN_DIRs: plan one at a time; several are for --check.")
-    _recorded_only(click.get_current_context(), spec)
-    project = cwd_project()
-    setting = project.cluster(cluster)
 
-    def planned(path: Path):
-        """The plan of one SPEC (with the flags) or PLAN_DIR (as recorded), its files, its directory."""
-        if path.is_dir():
-            return (*replan(path, resolve_profiles_dir(project, profiles_dir)), None if no_write else path)
-        spec_file, loaded = load_spec(path)
-        lp = load_cluster(project, setting, resolve_profiles_dir(project, profiles_dir))
-        to = out
-        if to is None and (check or not (no_write or as_json)):
-            to = project.default_plan_dir(spec_file.name, lp.profile.name, runtime, nodes, gpus_per_node)
-        return (
-            *plan_files(
-                spec_file,
-                spec_path_in(path, to),
-                loaded.sha256,
-                lp,
-                runtime,
-                pins,
-                nodes=nodes,
-                gpus_per_node=gpus_per_node,
-                memory_margin_gib=memory_margin,
-                keep=max(top, 8),
-                shown_path=str(path),
-            ),
-            to,
-        )
 
-    if check:
-        from orchestrator.cli.check import check as check_targets
+def _plan_one(
+    path: Path,
+    *,
+    project: Project,
+    setting: Setting,
+    profiles_dir: str | None,
+    out: Path | None,
+    write: bool,
+    default_out: bool,
+    runtime: str,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    pins: Pins,
+    memory_margin: float,
+    top: int,
+) -> tuple[Plan, dict[str, str], Path | None]:
+    """The plan of one SPEC (with the flags) or PLAN_DIR (as recorded), its files, and its directory:
+    ``out``, else the default plan directory when ``default_out``, else none."""
+    from orchestrator.compose import plan_files, replan
+    from orchestrator.plandir.writer import spec_path_in
+    from orchestrator.spec.model import load_spec
 
-        sys.exit(check_targets([(p, functools.partial(planned, p)) for p in spec], display_path))
-    default_out = out is None and not spec[0].is_dir()
-    the_plan, files, out = planned(spec[0])
-    shown = display_path(out) if out is not None else None
-    if out is not None:
-        write_plan_dir(out, files)
-        # Pictures already there would show the plan before this one (and fail --check).
-        if plot or (out / "plots").is_dir():
-            _draw(out, out / "plots", [])
-
-    if as_json:
-        from orchestrator.render.report import render_json
-
-        click.echo(render_json(the_plan), nl=False)
-        return
-    from orchestrator.cli.plan_table import print_plan
-
-    print_plan(
-        make_console(),
-        the_plan,
-        top,
-        shown,
-        files,
-        cluster_note=None if setting.origin == "--cluster" or spec[0].is_dir() else setting,
-        default_out=default_out,
+    if path.is_dir():
+        return (*replan(path, resolve_profiles_dir(project, profiles_dir)), path if write else None)
+    spec_file, loaded = load_spec(path)
+    lp = load_cluster(project, setting, resolve_profiles_dir(project, profiles_dir))
+    to = out
+    if to is None and default_out:
+        to = project.default_plan_dir(spec_file.name, lp.profile.name, runtime, nodes, gpus_per_node)
+    return (
+        *plan_files(
+            spec_file,
+            spec_path_in(path, to),
+            loaded.sha256,
+            lp,
+            runtime,
+            pins,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            memory_margin_gib=memory_margin,
+            keep=max(top, 8),
+            shown_path=str(path),
+        ),
+        to,
     )
-    if explain:
-        from orchestrator.render.explain import explain_text
 
-        click.echo()
-        click.echo(explain_text(the_plan), nl=False)
+
+def _write(out: Path, files: dict[str, str], plot: bool) -> None:
+    """The plan directory, and its pictures when asked for or already there."""
+    from orchestrator.cli.reviewing import draw_plots
+    from orchestrator.plandir.writer import write_plan_dir
+
+    write_plan_dir(out, files)
+    # Pictures already there would show the plan before this one (and fail --check).
+    if plot or (out / "plots").is_dir():
+        draw_plots(out, out / "plots", [])
 
 
 def _recorded_only(ctx: click.Context, paths: tuple[Path, ...]) -> None:
@@ -236,99 +292,3 @@ def _recorded_only(ctx: click.Context, paths: tuple[Path, ...]) -> None:
             f"drop {'them' if len(given) > 1 else 'it'}, or plan a SPEC with them "
             f"(`dsorch plan SPEC ... --out {display_path(paths[0])}`)."
         )
-
-
-def _draw(plan_dir: Path, out: Path, runs: list[Path]) -> None:
-    from orchestrator.cli.plots import draw_all
-    from orchestrator.plandir.reader import load_plan_dir
-
-    pd = load_plan_dir(plan_dir)
-    for path in draw_all(pd, out, runs):
-        click.echo(f"wrote {display_path(path)}")
-
-
-@click.command(
-    epilog="""\b
-Examples:
-  dsorch plot plans/llama3-70b-dgx16                 # plots/ in the plan directory
-  dsorch plot plans/tiny-local --run runs/tiny-local-1   # with a run's measured steps
-"""
-)
-@click.argument("plan_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option(
-    "--out",
-    "-o",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Directory for the SVG files; default PLAN_DIR/plots/.",
-)
-@click.option(
-    "--run",
-    "runs",
-    multiple=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="A run directory (with metrics.jsonl) to draw against the prediction; repeatable. Default: "
-    "the runs of this plan in the job registry.",
-)
-def plot(plan_dir, out, runs):
-    """Draw a plan: memory per GPU and time per step of the chosen layout and the alternatives, the
-    chosen layout's pipeline schedule, and, when runs exist, measured step time and loss per step
-    against the prediction. SVG, byte-identical for the same plan and runs."""
-    if out is not None:
-        check_out_path(out, "--out")
-    runs = list(runs)
-    missing = [r for r in runs if not (r / "metrics.jsonl").is_file()]
-    if missing:
-        raise UserError(
-            f"--run {missing[0]}: no metrics.jsonl there; give a run directory the training "
-            f"entrypoint wrote (`dsorch status` shows each job's run directory)."
-        )
-    if not runs:
-        here = plan_dir.resolve()
-        for job in open_registry().all() if (cwd_project().root / ".dsorch").is_dir() else []:
-            if Path(job.plan_dir).resolve() == here and Path(job.run_dir) not in runs:
-                runs.append(Path(job.run_dir))
-    _draw(plan_dir, out if out is not None else plan_dir / "plots", sorted(runs))
-
-
-@click.command(
-    epilog="""\b
-Examples:
-  dsorch diff plans/llama3-70b-dgx16 plans/llama3-70b-dgx16-32n
-  git worktree add /tmp/base main && dsorch diff /tmp/base/plans/x plans/x   # what a pull request changes
-"""
-)
-@click.argument("plan_a", type=click.Path(file_okay=False, path_type=Path))
-@click.argument("plan_b", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def diff(plan_a, plan_b, as_json):
-    """What changed from plan directory PLAN_A to PLAN_B: inputs, layout, memory per GPU, predicted
-    step time and MFU, the Megatron-LM flags and ds_config.json keys, and the other files that differ."""
-    from orchestrator.plandir.diff import diff_plans, diff_text
-    from orchestrator.plandir.reader import load_plan_dir
-
-    d = diff_plans(load_plan_dir(plan_a), load_plan_dir(plan_b))
-    if as_json:
-        click.echo(json.dumps(d.as_dict(), indent=2))
-        return
-    click.echo(diff_text(d, display_path(plan_a), display_path(plan_b)), nl=False)
-
-
-@click.command()
-@click.argument("path", type=click.Path(path_type=Path))
-@click.option(
-    "--dp",
-    type=click.IntRange(1, 1_000_000_000),
-    default=None,
-    help="Data-parallel size to check a single ds_config.json at (a plan directory records its own).",
-)
-def validate(path, dp):
-    """Re-validate a plan directory (or one ds_config.json) with DeepSpeed's own config classes and
-    Megatron-LM's argument definitions."""
-    from orchestrator.validate.plan_dir import validate_path
-
-    ds_env()
-    errors = validate_path(path, dp)
-    if errors:
-        raise UserError(f"{path}: {len(errors)} problem(s):\n  " + "\n  ".join(errors))
-    click.echo(f"{path}: valid")
