@@ -8,10 +8,11 @@ import click
 from orchestrator import __version__
 from orchestrator.cli.common import EPILOG, UserError, user_error
 from orchestrator.cli.doctor import doctor
-from orchestrator.cli.jobs import cancel, logs, status, submit
+from orchestrator.cli.jobs import cancel, logs, status
 from orchestrator.cli.planning import plan
 from orchestrator.cli.reviewing import diff, plot, validate
 from orchestrator.cli.setup import completion, import_hf, init, profiles
+from orchestrator.cli.submit import submit
 from orchestrator.cli.tuning import calibrate, replan, trial
 from orchestrator.errors import DsorchError
 
