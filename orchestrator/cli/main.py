@@ -13,7 +13,8 @@ from orchestrator.cli.planning import plan
 from orchestrator.cli.reviewing import diff, plot, validate
 from orchestrator.cli.setup import completion, import_hf, init, profiles
 from orchestrator.cli.submit import submit
-from orchestrator.cli.tuning import calibrate, replan, trial
+from orchestrator.cli.trial import trial
+from orchestrator.cli.tuning import calibrate, replan
 from orchestrator.errors import DsorchError
 
 
