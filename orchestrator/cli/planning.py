@@ -141,7 +141,7 @@ def plan(
         profiles_dir=profiles_dir,
         out=out,
         write=not no_write,
-        default_out=check or not (no_write or as_json),
+        default_dir=check or not (no_write or as_json),
         runtime=runtime,
         nodes=nodes,
         gpus_per_node=gpus_per_node,
@@ -216,7 +216,7 @@ def _plan_one(
     profiles_dir: str | None,
     out: Path | None,
     write: bool,
-    default_out: bool,
+    default_dir: bool,
     runtime: str,
     nodes: int | None,
     gpus_per_node: int | None,
@@ -225,7 +225,7 @@ def _plan_one(
     top: int,
 ) -> tuple[Plan, dict[str, str], Path | None]:
     """The plan of one SPEC (with the flags) or PLAN_DIR (as recorded), its files, and its directory:
-    ``out``, else the default plan directory when ``default_out``, else none."""
+    ``out``, else the default plan directory when ``default_dir``, else none."""
     from orchestrator.compose import plan_files, replan
     from orchestrator.plandir.writer import spec_path_in
     from orchestrator.spec.model import load_spec
@@ -235,7 +235,7 @@ def _plan_one(
     spec_file, loaded = load_spec(path)
     lp = load_cluster(project, setting, resolve_profiles_dir(project, profiles_dir))
     to = out
-    if to is None and default_out:
+    if to is None and default_dir:
         to = project.default_plan_dir(spec_file.name, lp.profile.name, runtime, nodes, gpus_per_node)
     return (
         *plan_files(
