@@ -106,6 +106,18 @@ def test_plot_of_a_plan_from_before_the_stacks_were_stated_once_says_to_regenera
     assert r.exit_code == 2 and "have no comm_buffers, framework (an older dsorch wrote it); regenerate" in r.output
 
 
+def test_plot_of_a_plan_without_a_predicted_step_time_says_to_regenerate(runner, in_tmp):
+    out = in_tmp / "p"
+    assert run(runner, "plan", "examples/tiny.yaml", "--cluster", "local", "--out", out).exit_code == 0
+    text = (out / "plan.yaml").read_text()
+    edited = re.sub(r"(?m)^(  step_time_s: )[\d.e-]+$", r"\1null", text, count=1)
+    assert edited != text
+    (out / "plan.yaml").write_text(edited)
+    r = run(runner, "plot", out)
+    assert r.exit_code == 2 and "predicted.step_time_s is empty; regenerate it with `dsorch plan`" in r.output
+    assert "Traceback" not in r.output
+
+
 def test_plan_md_is_deterministic_and_checked(runner, in_tmp):
     a, b = in_tmp / "a", in_tmp / "b"
     for out in (a, b):
