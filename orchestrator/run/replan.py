@@ -120,7 +120,7 @@ def replan(
         shown_path=str(spec_path),
     )
     write_plan_dir(out, files)
-    universal = ckpt_dir / f"{reshard.UNIVERSAL_PREFIX}{native.name}"
+    universal = ckpt_dir / f"{checkpoint.UNIVERSAL_PREFIX}{native.name}"
     reshard.convert(
         native,
         universal,
