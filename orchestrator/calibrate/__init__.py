@@ -25,6 +25,7 @@ Records file (YAML with a top-level ``records:`` list, or JSONL with one record 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from orchestrator.calibrate.rows import (
     row_errors,
 )
 from orchestrator.costmodel import evaluate
-from orchestrator.costmodel.calibration import FIELDS, resolve_efficiency
+from orchestrator.costmodel.calibration import FIELDS, Resolved, resolve_efficiency
 from orchestrator.plan.solver import GIB
 from orchestrator.spec.cluster import ClusterProfile, Efficiency
 
@@ -83,7 +84,7 @@ def calibrate(
     plan_dir: Path | None = None,
     free: tuple[str, ...] | None = None,
     prior_weight: float = 0.02,
-    memory_only: list[CalibrationRecord] = (),
+    memory_only: Sequence[CalibrationRecord] = (),
 ) -> tuple[ClusterProfile, CalibrationReport]:
     """Fit ``profile``'s efficiencies to measured step times; returns the calibrated profile (all
     efficiencies explicit) and a report of errors before and after.
@@ -100,27 +101,8 @@ def calibrate(
     # Start from the engine most runs used (the fitted values then apply to the profile as a whole).
     engines = [row_engine(r) for r in rows]
     start = resolve_efficiency(profile, max(sorted(set(engines)), key=engines.count))
-    # Fit only what the runs exercise (a parameter no run depends on would drift freely); which
-    # overlaps exist is the runtime's (costmodel.evaluate.ENGINES): DeepSpeed overlaps the DP
-    # reduction only without pipelining, and neither runtime as dsorch launches it overlaps TP.
     if free is None:
-        exercised = {"gemm", "hbm"}
-        for r in rows:
-            tp, pp = r.pins.tp or 1, r.pins.pp or 1
-            dp = r.profile.world_size // (tp * pp)  # the gradient reduction's group: every replica of a weight
-            if r.training.flash_attention:
-                exercised.add("attention")
-            if tp > 1 or (dp > 1 and r.profile.gpus_per_node > 1):
-                exercised.add("intra_node_comm")
-            if r.profile.nodes > 1:
-                exercised.add("inter_node_comm")
-            if dp > 1 and (r.runtime == "megatron" or pp == 1):
-                exercised.add("dp_overlap")
-            if row_engine(r) == "deepspeed-zero3" and dp > 1:
-                exercised.add("zero3_stall_us")
-            if r.runtime == "megatron" and r.training.tp_comm_overlap and tp > 1 and r.pins.sequence_parallel:
-                exercised.add("tp_overlap")
-        free = tuple(f for f in FIELDS if f in exercised)
+        free = _exercised(rows)  # fit only what the runs exercise
     before = row_errors(rows, lambda row: start)
     # A user's handful of runs makes a cheap objective: more restarts buy a better optimum.
     result = fit(
@@ -137,45 +119,18 @@ def calibrate(
 
     overhead = profile.memory_overhead_gib
     new_overhead = overhead
-    records = []
+    records: list[dict] = []
     notes = [f"fitted {', '.join(free)} to {len(rows)} run(s); other efficiencies kept"]
-    timed = [(row, b, a) for row, b, a in zip(rows, before, after)]
-    for row, b, a in timed + [(row, None, None) for row in memory_rows]:
-        item = {"id": row.id}
-        if a is not None:
-            item.update(
-                {
-                    "layout": a.layout,
-                    "measured_step_s": round(row.measured_step_s, 4),
-                    "predicted_before_s": round(b.predicted_s, 4),
-                    "predicted_after_s": round(a.predicted_s, 4),
-                }
-            )
-        else:
-            item["out_of_memory"] = True
-        if row.measured_peak_gib is not None:
-            p = _prepare(row)
-            ev = evaluate(row.model, row.training, row.profile, row.runtime, p.cand, efficiency=fitted)
-            total = float(ev.memory.total[0]) / GIB
-            allocator_only = row.note == "cuda_max_allocated"
-            predicted = total - overhead if allocator_only else total
-            kind = (
-                "allocator (no CUDA context / NCCL)"
-                if allocator_only
-                else "device total, at least (ran out of memory)"
-                if a is None
-                else "device total"
-            )
-            item.update(
-                {
-                    "measured_peak_gib": round(row.measured_peak_gib, 3),
-                    "predicted_peak_gib": round(predicted, 3),
-                    "peak_kind": kind,
-                }
-            )
-            if not allocator_only and row.measured_peak_gib > total:
-                new_overhead = max(new_overhead, overhead + row.measured_peak_gib - total)
+    # The timed rows with their errors before and after (one each: the fit predicts the rows it
+    # was given), then the memory-only rows, which have none.
+    entries: list[tuple[Row, tuple[RowError, RowError] | None]] = [
+        (row, (b, a)) for row, b, a in zip(rows, before, after, strict=True)
+    ]
+    entries += [(row, None) for row in memory_rows]
+    for row, errors in entries:
+        item, needed = _record_item(row, errors, fitted, overhead)
         records.append(item)
+        new_overhead = max(new_overhead, needed)
     if new_overhead != overhead:
         notes.append(
             f"memory_overhead_gib raised from {overhead:g} to {_ceil_cent(new_overhead):.2f} to cover the "
@@ -194,6 +149,76 @@ def calibrate(
         notes,
     )
     return calibrated, report
+
+
+def _exercised(rows: list[Row]) -> tuple[str, ...]:
+    """The efficiencies the runs exercise, in FIELDS order: only those are fitted (a parameter no
+    run depends on would drift freely). Which overlaps exist is the runtime's
+    (costmodel.evaluate.ENGINES): DeepSpeed overlaps the DP reduction only without pipelining, and
+    neither runtime as dsorch launches it overlaps TP."""
+    found = {"gemm", "hbm"}
+    for r in rows:
+        tp, pp = r.pins.tp or 1, r.pins.pp or 1
+        dp = r.profile.world_size // (tp * pp)  # the gradient reduction's group: every replica of a weight
+        if r.training.flash_attention:
+            found.add("attention")
+        if tp > 1 or (dp > 1 and r.profile.gpus_per_node > 1):
+            found.add("intra_node_comm")
+        if r.profile.nodes > 1:
+            found.add("inter_node_comm")
+        if dp > 1 and (r.runtime == "megatron" or pp == 1):
+            found.add("dp_overlap")
+        if row_engine(r) == "deepspeed-zero3" and dp > 1:
+            found.add("zero3_stall_us")
+        if r.runtime == "megatron" and r.training.tp_comm_overlap and tp > 1 and r.pins.sequence_parallel:
+            found.add("tp_overlap")
+    return tuple(f for f in FIELDS if f in found)
+
+
+def _record_item(
+    row: Row, errors: tuple[RowError, RowError] | None, fitted: Resolved, overhead: float
+) -> tuple[dict[str, object], float]:
+    """A row's entry in the report: its step times before and after the fit (``errors``), or that
+    it ran out of memory (``None``: a memory-only row), then its peak memory as the fitted profile
+    predicts it. Also the framework overhead the row's peak needs (``overhead`` when it needs no
+    more): a device-total peak above the predicted total raises it."""
+    item: dict[str, object] = {"id": row.id}
+    if errors is not None:
+        b, a = errors
+        item.update(
+            {
+                "layout": a.layout,
+                "measured_step_s": round(row.measured_step_s, 4),
+                "predicted_before_s": round(b.predicted_s, 4),
+                "predicted_after_s": round(a.predicted_s, 4),
+            }
+        )
+    else:
+        item["out_of_memory"] = True
+    if row.measured_peak_gib is None:
+        return item, overhead
+    p = _prepare(row)
+    ev = evaluate(row.model, row.training, row.profile, row.runtime, p.cand, efficiency=fitted)
+    total = float(ev.memory.total[0]) / GIB
+    allocator_only = row.note == "cuda_max_allocated"
+    predicted = total - overhead if allocator_only else total
+    kind = (
+        "allocator (no CUDA context / NCCL)"
+        if allocator_only
+        else "device total, at least (ran out of memory)"
+        if errors is None
+        else "device total"
+    )
+    item.update(
+        {
+            "measured_peak_gib": round(row.measured_peak_gib, 3),
+            "predicted_peak_gib": round(predicted, 3),
+            "peak_kind": kind,
+        }
+    )
+    if not allocator_only and row.measured_peak_gib > total:
+        return item, overhead + row.measured_peak_gib - total
+    return item, overhead
 
 
 def _ceil_cent(x: float) -> float:

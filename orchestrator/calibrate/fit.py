@@ -76,7 +76,7 @@ def fit(
 
     def values_of(z) -> dict[str, float]:
         v = dict(start)
-        v.update({f: _from_unit(float(zi), *bounds[f]) for f, zi in zip(free, z)})
+        v.update({f: _from_unit(float(zi), *bounds[f]) for f, zi in zip(free, z, strict=True)})
         return v
 
     def objective(z) -> float:

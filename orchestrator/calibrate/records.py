@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.calibrate.rows import Row
 from orchestrator.errors import SpecError
+from orchestrator.errors import ValidationError as PlanError  # the plan directory reader's error
 from orchestrator.plan.layout import (
     PINNABLE,
     RUNTIMES,
@@ -101,6 +102,11 @@ def oom_record(plan_dir: Path, metrics: Path | None) -> CalibrationRecord:
     from orchestrator.plandir.reader import load_plan_dir
 
     pd = load_plan_dir(plan_dir)
+    # plan.yaml's predicted section mixes numbers with the interval's basis in words: this entry is
+    # always a number where dsorch wrote it.
+    predicted_s = pd.doc.predicted["step_time_s"]
+    if predicted_s is None:
+        raise PlanError(f"{pd.path}/plan.yaml: predicted.step_time_s is empty; regenerate it with `dsorch plan`.")
     peak = pd.doc.cluster.gpu_memory_gib + OOM_MARGIN_GIB
     if metrics is not None and metrics.is_file():
         try:
@@ -115,7 +121,7 @@ def oom_record(plan_dir: Path, metrics: Path | None) -> CalibrationRecord:
         training=pd.spec.training,
         runtime=pd.runtime,
         layout=RecordLayout(**pd.layout.as_dict()),
-        step_time_s=float(pd.doc.predicted["step_time_s"]),
+        step_time_s=float(predicted_s),
         peak_mem_gib=peak,
         mem_kind="out_of_memory",
         nodes=pd.doc.cluster.nodes,
@@ -204,7 +210,7 @@ def _parse_record(raw: object, path: Path, index: int) -> CalibrationRecord:
         raise SpecError(
             f"{path}: record {index}: {problems}. Valid keys: {valid}; the format is in "
             f"orchestrator/calibrate/__init__.py."
-        )
+        ) from e
 
 
 def load_records(metrics_paths: list[Path], profile: ClusterProfile, plan_dir: Path | None = None) -> list[Row]:
@@ -221,7 +227,7 @@ def load_records(metrics_paths: list[Path], profile: ClusterProfile, plan_dir: P
                 f"{path}: cannot read a measurement from it ({type(e).__name__}: "
                 f"{' '.join(str(e).split())[:300]}). Each record needs layout, model and step_time_s; "
                 f"see the format in orchestrator/calibrate/__init__.py."
-            )
+            ) from e
     if not rows:
         raise SpecError("no measurements to calibrate from.")
     return rows

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -104,8 +105,11 @@ def _predict(p: _Prepared, eff: Resolved) -> tuple[float, int]:
 
 
 def _resolved(values: dict[str, float], like: Resolved | None = None) -> Resolved:
+    # Typed Any: a type checker cannot tell that FIELDS names exactly Resolved's float fields, and
+    # would match the floats against every other keyword too.
+    efficiencies: dict[str, Any] = {f: float(values[f]) for f in FIELDS}
     return Resolved(
-        **{f: float(values[f]) for f in FIELDS},
+        **efficiencies,
         sources=tuple((f, "fit") for f in FIELDS),
         entry=None if like is None else like.entry,
         mean_rel_error=None if like is None else like.mean_rel_error,

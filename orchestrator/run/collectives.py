@@ -113,6 +113,9 @@ def _unreachable_pairs(r: _Ranks) -> list[list[int]]:
         recv = torch.full((1,), -1.0, device=r.device)
         reqs = [dist.isend(send, (r.rank + k) % r.world), dist.irecv(recv, (r.rank - k) % r.world)]
         for req in reqs:
+            # torch types these Work | None: None only for a rank outside the group, and the
+            # default group holds every rank.
+            assert req is not None
             req.wait()
         r.sync()
         if int(recv.item()) != (r.rank - k) % r.world:

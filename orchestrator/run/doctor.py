@@ -4,11 +4,11 @@ measures its collectives, to set against the profile's figures.
 Every rank runs ``python -m orchestrator.run.collectives`` (the reachability check and the
 nccl-tests style sweep; run/collectives.py says how) as the child of run/jobs.py ``DoctorJob``.
 This module is the login side: it submits the job (``submit_checks``), reports its state for
-the CLI's polling (``check_state``) and its result (``checks_result``), compares what rank 0 wrote into ``doctor.json`` with the profile as the
-cost model reads it (``costmodel/evaluate.py``: one direction of NVLink is
-``intra_node.bandwidth_gbps / 2`` GB/s, a GPU's share of the NICs ``inter_node.bandwidth_gbps / 8
-x nics_per_node / gpus_per_node`` GB/s) and, for ``--write``, stores the measured figures in a
-profile that extends the original (``write_measured_profile``).
+the CLI's polling (``check_state``) and its result (``checks_result``), compares what rank 0
+wrote into ``doctor.json`` with the profile as the cost model reads it (``costmodel/evaluate.py``:
+one direction of NVLink is ``intra_node.bandwidth_gbps / 2`` GB/s, a GPU's share of the NICs
+``inter_node.bandwidth_gbps / 8 x nics_per_node / gpus_per_node`` GB/s) and, for ``--write``,
+stores the measured figures in a profile that extends the original (``write_measured_profile``).
 """
 
 from __future__ import annotations
@@ -155,15 +155,24 @@ def _sig(x: float) -> float:
     return float(f"{x:.4g}")  # four significant digits: what a sweep of a few repetitions supports
 
 
+def _link(bandwidth_gbps: float, latency: float | None) -> dict[str, float]:
+    """A link's measured figures. collectives.py sweeps all-reduce over every group it measures, so
+    a latency is there wherever a bandwidth is; a doctor.json without one gives the bandwidth only."""
+    link = {"bandwidth_gbps": _sig(bandwidth_gbps)}
+    if latency is not None:
+        link["latency_us"] = _sig(latency)
+    return link
+
+
 def measured_profile_doc(profile, doc: dict, name: str) -> dict:
     """A profile that extends ``profile`` with the measured figures (only those measured)."""
     out: dict = {"name": name, "extends": profile.name}
     intra, inter = peak_busbw(doc, "intra-node"), peak_busbw(doc, "inter-node")
     if intra is not None:
-        out["intra_node"] = {"bandwidth_gbps": _sig(2 * intra), "latency_us": _sig(latency_us(doc, "intra-node"))}
+        out["intra_node"] = _link(2 * intra, latency_us(doc, "intra-node"))
     if inter is not None:
         per_nic_gbit = inter * 8 * profile.gpus_per_node / profile.inter_node.nics_per_node
-        out["inter_node"] = {"bandwidth_gbps": _sig(per_nic_gbit), "latency_us": _sig(latency_us(doc, "inter-node"))}
+        out["inter_node"] = _link(per_nic_gbit, latency_us(doc, "inter-node"))
     return out
 
 

@@ -234,8 +234,8 @@ def _run_rank_child(
         # The training child installs its handlers first thing (orchestrator/train/__main__.py);
         # give the interpreter a moment to get there before passing on an early signal.
         time.sleep(1.0)
-        for signum in sorted(set(received)):
-            child.send_signal(signum)
+        for early in sorted(set(received)):
+            child.send_signal(early)
     children.append(child)
     return child.wait(), received
 

@@ -133,7 +133,7 @@ class Registry:
         except (OSError, sqlite3.Error) as e:
             raise DsorchError(
                 f"{self.path}: cannot open the job registry ({e}); run dsorch from a directory you can write to."
-            )
+            ) from e
         try:
             with self._translated():
                 yield from self._session(con, write)
@@ -183,7 +183,7 @@ class Registry:
 
     @staticmethod
     def _record(row) -> JobRecord:
-        return JobRecord(**dict(zip(_COLUMNS, row)))
+        return JobRecord(**dict(zip(_COLUMNS, row, strict=True)))  # every query selects _COLUMNS
 
     def all(self) -> list[JobRecord]:
         self._check_dir()

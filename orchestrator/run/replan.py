@@ -11,17 +11,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import DsorchError
+
+if TYPE_CHECKING:  # imported where they are used: re-planning loads the solver and the renderers
+    from orchestrator.plan.layout import Layout, Pins
+    from orchestrator.plan.make import Plan
+    from orchestrator.plandir.reader import PlanDir
+    from orchestrator.spec.cluster import ClusterProfile
+    from orchestrator.spec.model import SpecFile
 
 
 @dataclass(frozen=True)
 class Replanned:
-    plan: object  # plan.Plan
+    plan: Plan
     out: Path
     run_dir: Path
     step: int
-    source: object  # Layout
+    source: Layout
     universal: Path
 
 
@@ -38,25 +46,76 @@ def find_run(project, ref: str) -> Path:
     return Path(rec.run_dir)
 
 
+@dataclass(frozen=True)
+class _Checkpoint:
+    """The checkpoint a re-plan converts: the newest intact one, its step and layout, and the plan
+    directory that wrote it (from its manifest)."""
+
+    path: Path
+    step: int
+    layout: Layout
+    plan: PlanDir
+
+
 def replan(
     project,
     run_dir: Path,
     nodes: int | None,
     gpus_per_node: int | None,
-    pins,
+    pins: Pins,
     out: Path | None,
     profiles_dir: str | None,
 ) -> Replanned:
     from orchestrator.compose import plan_files
-    from orchestrator.plan.layout import Layout, Pins
-    from orchestrator.plan.solver import search
-    from orchestrator.plandir.reader import load_plan_dir
+    from orchestrator.plan.layout import Pins
     from orchestrator.plandir.writer import spec_path_in, write_plan_dir
     from orchestrator.spec.cluster import load_profile
-    from orchestrator.spec.model import load_spec
     from orchestrator.train import checkpoint, reshard
 
     ckpt_dir = run_dir / "checkpoints"
+    ckpt = _newest_checkpoint(ckpt_dir)
+    old = ckpt.plan
+    spec_path, spec, spec_sha256 = _unchanged_spec(old)
+    lp = load_profile(old.doc.cluster.name, profiles_dir)
+    if out is None:  # named after what changed
+        suffix = (f"-{nodes}n" if nodes else "") + (f"-{gpus_per_node}g" if gpus_per_node else "")
+        out = old.path.parent / f"{old.path.name}{suffix}"
+    gpn = gpus_per_node or old.doc.inputs.gpus_per_node
+    nodes = nodes or old.doc.inputs.nodes  # --gpus-per-node alone keeps the run's node count
+    profile = lp.profile.resized(nodes, gpn)
+    target = _convertible_target(spec, spec_path, profile, pins, ckpt, run_dir)
+    the_plan, files = plan_files(
+        spec,
+        spec_path_in(spec_path, out),
+        spec_sha256,
+        lp,
+        "deepspeed",
+        Pins.of(target),
+        nodes=nodes,
+        gpus_per_node=gpn,
+        memory_margin_gib=old.doc.inputs.memory_margin_gib,
+        keep=8,
+        shown_path=str(spec_path),
+    )
+    write_plan_dir(out, files)
+    universal = ckpt_dir / f"{checkpoint.UNIVERSAL_PREFIX}{ckpt.path.name}"
+    reshard.convert(
+        ckpt.path,
+        universal,
+        reshard.naming(target.pp),
+        spec.model.tied_embeddings,
+        {"step": ckpt.step, "layout": ckpt.layout.as_dict(), "plan": str(out.resolve())},
+    )
+    return Replanned(the_plan, out, run_dir, ckpt.step, ckpt.layout, universal)
+
+
+def _newest_checkpoint(ckpt_dir: Path) -> _Checkpoint:
+    """The run's newest intact checkpoint and the plan that wrote it; an error says why there is
+    none to convert."""
+    from orchestrator.plan.layout import Layout
+    from orchestrator.plandir.reader import load_plan_dir
+    from orchestrator.train import checkpoint
+
     native = checkpoint.newest_intact(ckpt_dir)
     if native is None:
         raise DsorchError(
@@ -74,20 +133,40 @@ def replan(
         old = load_plan_dir(man["plan"])
     except DsorchError as e:
         raise DsorchError(f"the plan that wrote {native} does not load ({e}); restore it to re-plan.") from None
-    spec_path = (old.path / old.doc.inputs.model_spec.path).resolve()
+    return _Checkpoint(native, step, source, old)
+
+
+def _unchanged_spec(old: PlanDir) -> tuple[Path, SpecFile, str]:
+    """The model spec ``old`` was planned from (its path, the spec, its sha256), refused when it
+    changed since: the checkpoint is of the spec as it was."""
+    from orchestrator.plandir.reader import PLAN_FILE
+    from orchestrator.spec.model import load_spec
+
+    recorded = old.doc.inputs.model_spec
+    if recorded.path is None:  # dsorch records it; only a hand-edited plan.yaml lacks it
+        raise DsorchError(
+            f"{old.path / PLAN_FILE}: records no model spec path; restore the plan that wrote the "
+            f"checkpoint to re-plan this run."
+        )
+    spec_path = (old.path / recorded.path).resolve()
     spec, loaded_spec = load_spec(spec_path)
-    if loaded_spec.sha256 != old.doc.inputs.model_spec.sha256:
+    if loaded_spec.sha256 != recorded.sha256:
         raise DsorchError(
             f"{spec_path} changed since {old.path} was planned; the checkpoint is of the old spec. "
             f"Restore the spec to re-plan this run."
         )
-    lp = load_profile(old.doc.cluster.name, profiles_dir)
-    if out is None:  # named after what changed
-        suffix = (f"-{nodes}n" if nodes else "") + (f"-{gpus_per_node}g" if gpus_per_node else "")
-        out = old.path.parent / f"{old.path.name}{suffix}"
-    gpn = gpus_per_node or old.doc.inputs.gpus_per_node
-    nodes = nodes or old.doc.inputs.nodes  # --gpus-per-node alone keeps the run's node count
-    profile = lp.profile.resized(nodes, gpn)
+    return spec_path, spec, loaded_spec.sha256
+
+
+def _convertible_target(
+    spec: SpecFile, spec_path: Path, profile: ClusterProfile, pins: Pins, ckpt: _Checkpoint, run_dir: Path
+) -> Layout:
+    """The fastest layout for ``profile`` that the checkpoint's layout converts to (the global
+    batch kept: the spec's); an error says why there is none."""
+    from orchestrator.plan.solver import search
+    from orchestrator.train import reshard
+
+    source = ckpt.layout
     ranked = search(
         spec.model,
         spec.training,
@@ -95,7 +174,7 @@ def replan(
         "deepspeed",
         pins,
         keep=1_000_000,
-        memory_margin_gib=old.doc.inputs.memory_margin_gib,
+        memory_margin_gib=ckpt.plan.doc.inputs.memory_margin_gib,
     ).ranked
     target = next((s.layout for s in ranked if not reshard.convertible(source, s.layout)), None)
     if target is None:
@@ -106,26 +185,4 @@ def replan(
             f"(`dsorch plan {spec_path} --cluster {profile.name} --nodes {profile.nodes}` says why)"
         )
         raise DsorchError(f"cannot re-plan {run_dir} for {profile.nodes} node(s): {why}.")
-    the_plan, files = plan_files(
-        spec,
-        spec_path_in(spec_path, out),
-        loaded_spec.sha256,
-        lp,
-        "deepspeed",
-        Pins.of(target),
-        nodes=nodes,
-        gpus_per_node=gpn,
-        memory_margin_gib=old.doc.inputs.memory_margin_gib,
-        keep=8,
-        shown_path=str(spec_path),
-    )
-    write_plan_dir(out, files)
-    universal = ckpt_dir / f"{reshard.UNIVERSAL_PREFIX}{native.name}"
-    reshard.convert(
-        native,
-        universal,
-        reshard.naming(target.pp),
-        spec.model.tied_embeddings,
-        {"step": step, "layout": source.as_dict(), "plan": str(out.resolve())},
-    )
-    return Replanned(the_plan, out, run_dir, step, source, universal)
+    return target

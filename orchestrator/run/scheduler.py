@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import submitit
+from submitit.core.core import PicklingExecutor
 from submitit.core.utils import JobPaths
 
 from orchestrator.errors import DsorchError
@@ -80,17 +81,19 @@ def _script_only_executor(folder: Path) -> submitit.SlurmExecutor:
     return ScriptOnlySlurmExecutor(folder=str(folder), max_num_timeout=3)
 
 
-def make_executor(spec: JobSpec, folder: Path, script_only: bool = False) -> submitit.Executor:
+def make_executor(spec: JobSpec, folder: Path, script_only: bool = False) -> PicklingExecutor:
+    """submitit's executor for the job; both kinds pickle the job and write the script sbatch_script
+    shows (``PicklingExecutor``)."""
     if spec.kind == "local":
-        ex = submitit.LocalExecutor(folder=str(folder))
-        ex.update_parameters(
+        local = submitit.LocalExecutor(folder=str(folder))
+        local.update_parameters(
             tasks_per_node=spec.tasks_per_node,
             nodes=1,
             timeout_min=spec.time_min,
             gpus_per_node=spec.tasks_per_node if spec.use_gpus else 0,
             setup=_setup_lines(spec),
         )
-        return ex
+        return local
     ex = _script_only_executor(folder) if script_only else submitit.SlurmExecutor(folder=str(folder), max_num_timeout=3)
     sbatch = sbatch_parameters(spec.slurm)
     # The profile's options that submitit has a keyword for go in as keywords; slurm.extra goes in as
@@ -176,7 +179,7 @@ def submit(spec: JobSpec, folder: Path, job: TrainingJob | DoctorJob) -> str:
         with _detached_stdio(spec.kind == "local"):
             submitted = ex.submit(job)
     except Exception as e:  # submitit raises FailedJobError / subprocess errors with sbatch's stderr
-        raise DsorchError(f"the scheduler refused the job: {' '.join(str(e).split())[:2000]}")
+        raise DsorchError(f"the scheduler refused the job: {' '.join(str(e).split())[:2000]}") from e
     if spec.kind == "local":
         # The local controller outlives this process; do not let submitit cancel it at exit.
         submitted._cancel_at_deletion = False
@@ -198,7 +201,7 @@ def submit_array(spec: JobSpec, folder: Path, jobs: list[TrainingJob], timeout_s
             with ex.batch():
                 submitted = [ex.submit(j) for j in jobs]
     except Exception as e:  # as in submit()
-        raise DsorchError(f"the scheduler refused the job array: {' '.join(str(e).split())[:2000]}")
+        raise DsorchError(f"the scheduler refused the job array: {' '.join(str(e).split())[:2000]}") from e
     return [str(j.job_id) for j in submitted]
 
 
@@ -261,7 +264,7 @@ def job_state(kind: str, folder: Path, job_id: str, last_known: str) -> tuple[st
         # No SLURM client here (e.g. a laptop with a copy of the experiment directory): the last
         # state seen stays; `dsorch status` says so.
         return (state_from_result(result) if result is not None else last_known), error
-    job = submitit.SlurmJob(folder=str(folder), job_id=job_id)
+    job: submitit.SlurmJob[object] = submitit.SlurmJob(folder=str(folder), job_id=job_id)
     try:
         state = job.get_info(mode="force").get("State", "UNKNOWN") or "UNKNOWN"
     except Exception:

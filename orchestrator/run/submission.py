@@ -163,7 +163,7 @@ def record_array(
             jobs.append(dataclasses.replace(sub.job, run_dir=run_dir, save=False))
         with _no_leftovers(folder):
             ids = scheduler.submit_array(spec, folder, jobs, timeout_s)
-        for key, job_id in zip(keys, ids):
+        for key, job_id in zip(keys, ids, strict=True):  # submit_array: one id per job
             update(key, job_id=job_id, state="PENDING")
     return [reg.get(str(k)) for k in keys]
 

@@ -179,7 +179,7 @@ def load_manifest(trial_dir: Path) -> Manifest:
         raise DsorchError(
             f"{path}: not a manifest dsorch trial wrote ({' '.join(str(e).split())[:300]}); "
             f"start the trials again into a new directory."
-        )
+        ) from e
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -228,9 +228,11 @@ def measure(entry: TrialEntry, plan_dir, run_dir, state: str, log_text: str = ""
         except SpecError:
             rec = None
     if state == "COMPLETED" and rec is not None:
-        t = rec.training
-        cluster = load_plan_dir(Path(plan_dir)).doc.cluster
-        flops = model_flops_per_step(rec.model, t.seq_length, t.global_batch_size)
+        # The plan directory's spec and cluster: the record's model and training are that spec's
+        # (run_record reads them from the same directory).
+        pd = load_plan_dir(Path(plan_dir))
+        t, cluster = pd.spec.training, pd.doc.cluster
+        flops = model_flops_per_step(pd.spec.model, t.seq_length, t.global_batch_size)
         mfu = flops / rec.step_time_s / cluster.world_size / (cluster.peak_tflops * 1e12)
         return TrialResult(
             entry,
@@ -264,11 +266,11 @@ def trial_plans(
     *,
     nodes: int | None = None,
     gpus_per_node: int | None = None,
-) -> list[tuple[object, dict[str, str]]]:
+) -> list[tuple[Path, dict[str, str]]]:
     """Each pick's plan directory (``folder/NN-family``) and its files: its layout pinned whole, then
     searched, rendered and validated as `dsorch plan` does, so that every trial is an ordinary plan
     directory (`dsorch submit` runs one, `dsorch calibrate` reads its run)."""
-    out = []
+    out: list[tuple[Path, dict[str, str]]] = []
     for i, pick in enumerate(picks):
         d = Path(folder) / trial_dir_name(i, pick)
         _, files = plan_files(
@@ -372,7 +374,7 @@ def start(
         executor=loaded.profile.executor,
         log_dir=str(folder),
         time_limit_s=proposal.time_limit_s,
-        trials=[entry_of(i, p, r.job_id) for i, (p, r) in enumerate(zip(proposal.picks, records))],
+        trials=[entry_of(i, p, r.job_id) for i, (p, r) in enumerate(zip(proposal.picks, records, strict=True))],
     )
     _write_atomic(
         out / MANIFEST,
@@ -416,7 +418,7 @@ class Collected:
 
 def results_of(trial_dir: Path, manifest: Manifest, records) -> list[TrialResult]:
     out = []
-    for t, rec in zip(manifest.trials, records):
+    for t, rec in zip(manifest.trials, records, strict=True):  # one registry row per trial (states)
         log = _logs(manifest, t.job_id) + "\n" + (rec.error or "")
         out.append(measure(t, trial_dir / t.dir, trial_dir / t.dir / "run", rec.state, log))
     return out
@@ -536,9 +538,12 @@ def _evidence_row(r: TrialResult) -> dict:
         "predicted_peak_gib": r.entry.predicted_peak_gib,
         "outcome": r.failure or "ok",
     }
+    # measure() gives a completed trial all three, a failed one none.
     if r.measured_step_s is not None:
         row["measured_step_s"] = round(r.measured_step_s, 6)
+    if r.tokens_per_s is not None:
         row["measured_tokens_per_s"] = round(r.tokens_per_s, 1)
+    if r.mfu is not None:
         row["measured_mfu"] = round(r.mfu, 4)
     if r.peak_mem_gib is not None:
         row["measured_peak_gib"] = round(r.peak_mem_gib, 4)
@@ -546,6 +551,7 @@ def _evidence_row(r: TrialResult) -> dict:
 
 
 def results_yaml(c: Collected, root: Path) -> str:
+    winner = c.measured_winner
     doc = {
         "trials": [_evidence_row(r) for r in c.results],
         "calibration": c.report.as_dict(),
@@ -554,7 +560,9 @@ def results_yaml(c: Collected, root: Path) -> str:
             "plan_dir": _rel(c.plan_dir, root),
             "layout": c.plan.layout.short(),
             "predicted_step_s": round(c.plan.chosen.step_time_s, 6),
-            "measured_step_s": round(c.measured_winner.measured_step_s, 6) if c.measured_winner else None,
+            "measured_step_s": (
+                round(winner.measured_step_s, 6) if winner and winner.measured_step_s is not None else None
+            ),
         },
     }
     return (

@@ -4,15 +4,14 @@ see entry.py for the launch commands."""
 import os
 import sys
 
-from orchestrator.train.stop import StopRequest
+from orchestrator.errors import DsorchError
+from orchestrator.train.stop import EXIT_OUT_OF_MEMORY, StopRequest
 
 # Before the heavy imports below (seconds of torch and DeepSpeed): a SIGUSR2/SIGTERM during
 # start-up must request a stop, not kill the rank with the default action.
 stop = StopRequest()
 
-from orchestrator.errors import DsorchError
-from orchestrator.train.entry import DeviceMemoryExceeded, main
-from orchestrator.train.stop import EXIT_OUT_OF_MEMORY
+from orchestrator.train.entry import DeviceMemoryExceeded, main  # noqa: E402  (after the handlers: see above)
 
 try:
     main(stop=stop)

@@ -78,7 +78,7 @@ def save(
     directory: `dsorch replan` reads them); ``universal_info`` into DeepSpeed's client state, for
     converting the checkpoint to another layout (reshard.py)."""
     tag = tag_for(step)
-    client_state = {"step": step}
+    client_state: dict[str, object] = {"step": step}
     if universal_info is not None:
         client_state["universal_checkpoint_info"] = universal_info
     # save_latest=False: DeepSpeed's `latest` file would name a checkpoint before its manifest
@@ -137,7 +137,9 @@ def _choose(ckpt_dir: Path, layout: dict, naming: str) -> tuple[str | None, bool
     n_step = n_man["step"] if n_man else -1
     # A manifest without a layout is from before dsorch recorded it: taken as this layout's.
     own = n_man is not None and n_man.get("layout") in (None, layout)
-    if u_man is not None and (u_man["step"] > n_step or (u_man["step"] == n_step and not own)):
+    # A manifest is None exactly when its directory is: the conditions below name both so that a
+    # type checker knows the directory is there.
+    if universal and u_man is not None and (u_man["step"] > n_step or (u_man["step"] == n_step and not own)):
         if u_man.get("naming") != naming:
             return (
                 None,
@@ -148,7 +150,7 @@ def _choose(ckpt_dir: Path, layout: dict, naming: str) -> tuple[str | None, bool
                 ),
             )
         return universal.name, True, None
-    if n_man is None:
+    if not native or n_man is None:
         return None, False, None
     if not own:
         return (
@@ -165,13 +167,14 @@ def _choose(ckpt_dir: Path, layout: dict, naming: str) -> tuple[str | None, bool
 
 def choose_resume(ckpt_dir: Path, is_rank0: bool, layout: dict, naming: str) -> tuple[str | None, bool]:
     """The checkpoint to resume from, decided on rank 0 and broadcast to all: (tag, universal)."""
-    choice = [None, False, None]
+    choice: list[object] = [None, False, None]  # what _choose returns, as broadcast_object_list fills it
     if is_rank0:
         choice = list(_choose(ckpt_dir, layout, naming))
     dist.broadcast_object_list(choice, src=0)
-    if choice[2]:
-        raise ValueError(choice[2])
-    return choice[0], bool(choice[1])
+    tag, universal, error = choice
+    if error:
+        raise ValueError(error)
+    return None if tag is None else str(tag), bool(universal)
 
 
 def load(engine, ckpt_dir: Path, tag: str) -> int:

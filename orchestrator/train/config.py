@@ -50,6 +50,15 @@ def stage_layers(pd: PlanDir) -> tuple[int, ...]:
     return (split.first, *([split.middle] * (pp - 2)), split.last)
 
 
+def ds_config(pd: PlanDir) -> dict:
+    """The plan's ds_config.json. The loader requires one of a deepspeed plan, the only runtime
+    check_trainable lets through, so only a bug gets here without it."""
+    config = pd.ds_config
+    if config is None:
+        raise ValidationError(f"{pd.path}: no ds_config.json; regenerate the plan directory with `dsorch plan`")
+    return config
+
+
 def load_plan(plan_dir: str | Path) -> PlanDir:
     pd = load_plan_dir(plan_dir)
     check_trainable(pd)

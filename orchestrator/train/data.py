@@ -81,7 +81,8 @@ class TokenFile:
         self.num_windows = (len(self.tokens) - 1) // seq_length
         if self.num_windows < 1:
             raise ValidationError(f"{bin_path}: {len(self.tokens)} tokens, fewer than one sequence of {seq_length + 1}")
-        self._perm_epoch, self._perm = -1, None
+        # The current epoch's order of windows; epoch -1: none drawn yet.
+        self._perm_epoch, self._perm = -1, np.empty(0, dtype=np.int64)
 
     def sample(self, index: int) -> np.ndarray:
         epoch, i = divmod(index, self.num_windows)

@@ -40,7 +40,7 @@ from orchestrator.errors import DsorchError
 from orchestrator.plan.layout import Layout
 from orchestrator.plandir.reader import PlanDir
 from orchestrator.train import checkpoint, launch, reshard
-from orchestrator.train.config import load_plan, stage_layers
+from orchestrator.train.config import ds_config, load_plan, stage_layers
 from orchestrator.train.data import micro_batches, open_dataset
 from orchestrator.train.metrics import MetricsLog, peak_memory_gib, peak_reserved_gib
 from orchestrator.train.model import DenseModel, LossFn, Pipeline, layer_specs, recompute
@@ -103,8 +103,8 @@ def build_engine(plan: PlanDir, grid, topo, device, load_universal: bool = False
         # DeepSpeed's pipeline engine runs 1F1B and accepts ZeRO-0/1 only (engine.py asserts
         # stage < 2). Full recomputation is its activation_checkpoint_interval (from ds_config),
         # applied to decoder blocks only, as Megatron's --recompute-granularity full does.
-        interval = int(plan.ds_config.get("pipeline", {}).get("activation_checkpoint_interval", 0))
-        model = Pipeline(
+        interval = int(ds_config(plan).get("pipeline", {}).get("activation_checkpoint_interval", 0))
+        model: torch.nn.Module = Pipeline(
             specs,
             stage_layers(plan),
             topology=topo,
@@ -138,7 +138,7 @@ def ds_config_for(plan: PlanDir, device) -> dict:
     runs use it (DeepSpeed's "torch_adam" optimizer parameter). A GPU plan run on CPU gets it too."""
     import copy
 
-    cfg = copy.deepcopy(plan.ds_config)
+    cfg = copy.deepcopy(ds_config(plan))
     opt = cfg.get("optimizer", {})
     if device.type == "cpu" and str(opt.get("type", "")).lower() in ("adam", "adamw"):
         opt.setdefault("params", {}).setdefault("torch_adam", True)
@@ -321,7 +321,8 @@ class Trainer:
             os.kill(os.getpid(), signal.SIGKILL)
         if stopping:
             if rank0:
-                write_stopped(self.run_dir, done, stop.signum)
+                # A Trainer given no StopRequest stops only when another rank asked: no signal of its own.
+                write_stopped(self.run_dir, done, stop.signum if stop is not None else None)
                 self.stop_file.unlink(missing_ok=True)  # honoured; a later run must not stop at once
                 print(
                     f"dsorch train: stop requested; checkpoint of step {done} saved in {self.ckpt_dir}, "
@@ -334,6 +335,8 @@ class Trainer:
     def _settle(self, facts: _StepFacts) -> bool:
         """Wait for a step's all-reduce, log the step (rank 0) and apply the memory limit; returns
         whether some rank was asked to stop."""
+        # step() sets it right after making the facts; None is only for a rank outside the group.
+        assert facts.work is not None
         facts.work.wait()
         busiest, wanted = (float(v) for v in facts.reduced.tolist())
         if self.rank0:
@@ -381,7 +384,7 @@ class _StepFacts:
     reserved: float | None
     clock: tuple[float, float]
     reduced: torch.Tensor
-    work: object = None
+    work: dist.Work | None = None  # the all-reduce of ``reduced``, in flight
 
 
 class DeviceMemoryExceeded(RuntimeError):

@@ -6,8 +6,8 @@ Two launchers are understood:
   MASTER_ADDR, MASTER_PORT.
 * SLURM with one task per GPU (``srun --ntasks-per-node=G python -m orchestrator.train ...``):
   SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS; the master is the NodeAddr of the first host of
-  SLURM_JOB_NODELIST (orchestrator/train/hosts.py), the port MASTER_PORT or one derived from SLURM_JOB_ID (so that two jobs
-  sharing a node do not collide).
+  SLURM_JOB_NODELIST (orchestrator/train/hosts.py), the port MASTER_PORT or one derived from
+  SLURM_JOB_ID (so that two jobs sharing a node do not collide).
 
 torchrun's variables win when both are present (torchrun started inside an allocation).
 """
@@ -98,7 +98,8 @@ def init(denv: DistEnv, backend: str) -> torch.device:
         # deepspeed.comm re-exports under that attribute name.)
         import importlib
 
-        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+        # A module attribute set at run time, which no stub declares.
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # type: ignore[attr-defined]
     deepspeed.init_distributed(dist_backend=backend)
     return device
 

@@ -1,10 +1,11 @@
 """Per-step training metrics: one log line and one metrics.jsonl record per step (rank 0).
 
-metrics.jsonl is the input of ``dsorch calibrate``: one JSON object per line with
-step, loss, lr, wall_s (seconds since the loop started), cpu_s (this rank's CPU seconds since then), grad_norm, step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_mem_gib,
-mem_kind, plus the layout it ran with. A resumed run appends: steps that ran after the last
-checkpoint of the interrupted run are dropped from the file when the run resumes (``truncate``),
-so the file is one trajectory with no gap and no repeated step.
+metrics.jsonl is the input of ``dsorch calibrate``: one JSON object per line with step, loss, lr,
+wall_s (seconds since the loop started), cpu_s (this rank's CPU seconds since then), grad_norm,
+step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_mem_gib, mem_kind, plus the layout it ran with.
+A resumed run appends: steps that ran after the last checkpoint of the interrupted run are dropped
+from the file when the run resumes (``truncate``), so the file is one trajectory with no gap and no
+repeated step.
 
 Model FLOPs come from the planner's own formula (costmodel/flops.py, Megatron-LM's count), so
 the achieved MFU logged here and the MFU the plan predicted are the same quantity.
@@ -106,6 +107,8 @@ class MetricsLog:
     ) -> dict:
         tflops = self.flops / step_time / self.world_size / 1e12
         wall_s, cpu_s = clock or self.clock()
+        tokens_per_s = self.tokens / step_time
+        mfu = tflops / self.peak if self.peak else None
         rec = {
             "step": step,
             "loss": loss,
@@ -114,9 +117,9 @@ class MetricsLog:
             "cpu_s": cpu_s,
             "grad_norm": None if grad_norm is None else float(grad_norm),
             "step_time_s": step_time,
-            "tokens_per_s": self.tokens / step_time,
+            "tokens_per_s": tokens_per_s,
             "tflops_per_gpu": tflops,
-            "mfu": tflops / self.peak if self.peak else None,
+            "mfu": mfu,
             "peak_mem_gib": mem_gib,
             "mem_kind": mem_kind,
             "layout": self.layout,
@@ -126,10 +129,10 @@ class MetricsLog:
         if self.path is not None:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(rec, sort_keys=True) + "\n")
-        mfu = "" if rec["mfu"] is None else f" | MFU {100 * rec['mfu']:.1f}%"
+        mfu_text = "" if mfu is None else f" | MFU {100 * mfu:.1f}%"
         print(
             f"step {step:5d} | loss {loss:.5f} | lr {lr:.3e} | {step_time * 1e3:7.1f} ms | "
-            f"{rec['tokens_per_s']:,.0f} tok/s | {tflops:.4f} TFLOP/s{mfu} | "
+            f"{tokens_per_s:,.0f} tok/s | {tflops:.4f} TFLOP/s{mfu_text} | "
             f"peak mem {mem_gib:.2f} GiB",
             flush=True,
         )

@@ -10,6 +10,8 @@ hidden], sequence-sharded over the tp group when sequence parallelism is on.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -320,7 +322,8 @@ class DenseModel(nn.Module):
 
     def __init__(self, specs, loss_fn: LossFn, full_recompute: bool):
         super().__init__()
-        built, tied = [], {}
+        built: list[Callable[..., Any]] = []  # the modules, and a tied module's other use (its forward_fn)
+        tied: dict[str, nn.Module] = {}
         for spec in specs:
             if isinstance(spec, TiedLayerSpec) and spec.key in tied:
                 built.append(functools.partial(spec.forward_fn, tied[spec.key]))

@@ -192,7 +192,7 @@ def mark_tensor_parallel(p: nn.Parameter) -> nn.Parameter:
     # DeepSpeed's gradient-norm code (runtime/utils.py is_model_parallel_parameter) counts a
     # parameter without this attribute on tp rank 0 only, as a replica; a sharded one on every
     # tp rank. Without it the clipped norm of a tp>1 run is wrong.
-    p.tensor_model_parallel = True
+    p.tensor_model_parallel = True  # type: ignore[attr-defined]  # DeepSpeed's attribute, set per parameter
     return p
 
 
