@@ -74,6 +74,12 @@ def make_console(stderr: bool = False):
 
 
 # Shared by every command that resolves a cluster profile.
+def cluster_option(help: str):
+    """--cluster/-c: a profile name, completed from the profiles this experiment directory sees;
+    ``help`` says what the command does with it."""
+    return click.option("--cluster", "-c", default=None, metavar="NAME", shell_complete=complete_cluster, help=help)
+
+
 profiles_dir_option = click.option(
     "--profiles-dir",
     type=click.Path(file_okay=False),

@@ -7,7 +7,7 @@ import sys
 import click
 
 from orchestrator.cli.common import (
-    complete_cluster,
+    cluster_option,
     cwd_project,
     display_path,
     load_cluster,
@@ -26,13 +26,8 @@ Examples:
   dsorch doctor --cluster dgx16 --nodes 2 --write  # store the figures in profiles/dgx16-doctor.yaml
 """
 )
-@click.option(
-    "--cluster",
-    "-c",
-    default=None,
-    metavar="NAME",
-    shell_complete=complete_cluster,
-    help="Cluster profile; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.",
+@cluster_option(
+    "Cluster profile; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.",
 )
 @click.option(
     "--nodes",

@@ -15,7 +15,7 @@ from orchestrator.cli.common import (
     EPILOG,
     UserError,
     check_out_path,
-    complete_cluster,
+    cluster_option,
     cwd_project,
     display_path,
     ds_env,
@@ -35,13 +35,8 @@ if TYPE_CHECKING:  # the commands import these when they run, so that `dsorch --
 
 @click.command(epilog=EPILOG)
 @click.argument("spec", nargs=-1, required=True, metavar="SPEC|PLAN_DIR...", type=click.Path(path_type=Path))
-@click.option(
-    "--cluster",
-    "-c",
-    default=None,
-    metavar="NAME",
-    shell_complete=complete_cluster,
-    help="Cluster profile name (see `dsorch profiles`); default $DSORCH_CLUSTER, then cluster in dsorch.yaml.",
+@cluster_option(
+    "Cluster profile name (see `dsorch profiles`); default $DSORCH_CLUSTER, then cluster in dsorch.yaml.",
 )
 @click.option(
     "--out",

@@ -10,7 +10,7 @@ import click
 from orchestrator.cli.common import (
     UserError,
     check_out_path,
-    complete_cluster,
+    cluster_option,
     cwd_project,
     display_path,
     make_console,
@@ -185,13 +185,8 @@ Examples:
 """
 )
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path), default=".")
-@click.option(
-    "--cluster",
-    "-c",
-    default=None,
-    metavar="NAME",
-    shell_complete=complete_cluster,
-    help="Default cluster profile of this repository.",
+@cluster_option(
+    "Default cluster profile of this repository.",
 )
 @click.option(
     "--profiles-dir", default=None, metavar="DIR", help="Directory of your own cluster profiles, relative to DIRECTORY."

@@ -11,7 +11,7 @@ import click
 
 from orchestrator.cli.common import (
     UserError,
-    complete_cluster,
+    cluster_option,
     cwd_project,
     display_path,
     ds_env,
@@ -38,13 +38,8 @@ Examples:
 """
 )
 @click.argument("plan_dir", type=click.Path(path_type=Path), required=False)
-@click.option(
-    "--cluster",
-    "-c",
-    default=None,
-    metavar="NAME",
-    shell_complete=complete_cluster,
-    help="Cluster to run on; default: the one the plan was made for. Without PLAN_DIR it picks the plan: "
+@cluster_option(
+    "Cluster to run on; default: the one the plan was made for. Without PLAN_DIR it picks the plan: "
     "this directory if it is one, else the one plan for the cluster (--cluster, $DSORCH_CLUSTER or "
     "dsorch.yaml) in the plans directory. `local` runs on this machine.",
 )

@@ -10,7 +10,7 @@ import click
 from orchestrator.cli.common import (
     UserError,
     check_out_path,
-    complete_cluster,
+    cluster_option,
     cwd_project,
     display_path,
     ds_env,
@@ -34,13 +34,8 @@ Examples:
 """
 )
 @click.argument("target", metavar="SPEC_OR_TRIAL_DIR", type=click.Path(path_type=Path))
-@click.option(
-    "--cluster",
-    "-c",
-    default=None,
-    metavar="NAME",
-    shell_complete=complete_cluster,
-    help="Cluster profile to measure on; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.",
+@cluster_option(
+    "Cluster profile to measure on; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.",
 )
 @click.option(
     "--top",

@@ -10,7 +10,7 @@ import click
 
 from orchestrator.cli.common import (
     UserError,
-    complete_cluster,
+    cluster_option,
     cwd_project,
     display_path,
     ds_env,
@@ -92,13 +92,8 @@ Examples:
 """
 )
 @click.argument("metrics", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option(
-    "--cluster",
-    "-c",
-    default=None,
-    metavar="NAME",
-    shell_complete=complete_cluster,
-    help="Profile whose efficiencies to fit; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.",
+@cluster_option(
+    "Profile whose efficiencies to fit; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.",
 )
 @click.option(
     "--plan",
