@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.calibrate import error_summary, error_table, fit, row_errors
-from orchestrator.calibrate.rows import _resolved, predicted_peak_gib
+from orchestrator.calibrate.rows import resolved_with, predicted_peak_gib
 from orchestrator.calibrate.published import HARDWARE, all_published_rows, published_errors
 from orchestrator.costmodel.calibration import FIELDS
 from orchestrator.costmodel.evaluate import runtime_engine
@@ -112,7 +112,7 @@ def main() -> None:
         for i in range(len(mine)):
             rest = mine[:i] + mine[i + 1:]
             loo = fit(rest, res.values, tuple(spec["free"]), iters=args.iters, restarts=1)
-            held_out.append(row_errors([mine[i]], lambda row, v=loo.values: _resolved(v))[0].rel_error)
+            held_out.append(row_errors([mine[i]], lambda row, v=loo.values: resolved_with(v))[0].rel_error)
         summary["loo_max"] = max(abs(e) for e in held_out)
         summary["loo_mean"] = sum(abs(e) for e in held_out) / len(held_out)
         fitted[eid] = {"values": res.values, "summary": summary, "rows": mine}

@@ -39,10 +39,10 @@ from orchestrator.calibrate.rows import (
     CPU_BOUNDS,
     Row,
     RowError,
-    _prepare,
-    _resolved,
     error_summary,
     error_table,
+    prepare_row,
+    resolved_with,
     row_engine,
     row_errors,
 )
@@ -115,7 +115,7 @@ def calibrate(
         bounds=CPU_BOUNDS if profile.backend == "gloo" else BOUNDS,
     )
     after = result.errors
-    fitted = _resolved(result.values)
+    fitted = resolved_with(result.values)
 
     overhead = profile.memory_overhead_gib
     new_overhead = overhead
@@ -197,7 +197,7 @@ def _record_item(
         item["out_of_memory"] = True
     if row.measured_peak_gib is None:
         return item, overhead
-    p = _prepare(row)
+    p = prepare_row(row)
     ev = evaluate(row.model, row.training, row.profile, row.runtime, p.cand, efficiency=fitted)
     total = float(ev.memory.total[0]) / GIB
     allocator_only = row.note == "cuda_max_allocated"

@@ -12,10 +12,10 @@ from orchestrator.calibrate.rows import (
     BOUNDS,
     Row,
     RowError,
-    _layout_text,
-    _predict,
-    _prepare,
-    _resolved,
+    layout_text,
+    predict_row,
+    prepare_row,
+    resolved_with,
 )
 
 
@@ -70,7 +70,7 @@ def fit(
     ``prior_weight`` > 0 pulls each fraction towards ``start`` (in logistic units), so that a
     handful of user runs moves only what they can tell apart.
     """
-    prepared = [_prepare(r) for r in rows]
+    prepared = [prepare_row(r) for r in rows]
     measured = np.array([r.measured_step_s for r in rows])
     z0 = np.array([_to_unit(min(max(start[f], bounds[f][0]), bounds[f][1]), *bounds[f]) for f in free])
 
@@ -80,8 +80,8 @@ def fit(
         return v
 
     def objective(z) -> float:
-        eff = _resolved(values_of(z))
-        pred = np.array([_predict(p, eff)[0] for p in prepared])
+        eff = resolved_with(values_of(z))
+        pred = np.array([predict_row(p, eff)[0] for p in prepared])
         rel = np.abs(pred / measured - 1)
         return float(rel.mean() + rel.max() + prior_weight * np.sum((z - z0) ** 2))
 
@@ -93,9 +93,9 @@ def fit(
         if v < best_val:
             best, best_val = z, v
     values = values_of(best)
-    eff = _resolved(values)
+    eff = resolved_with(values)
     errors = []
     for p in prepared:
-        t, i = _predict(p, eff)
-        errors.append(RowError(p.row.id, p.row.hardware, p.row.measured_step_s, t, _layout_text(p.cand, i)))
+        t, i = predict_row(p, eff)
+        errors.append(RowError(p.row.id, p.row.hardware, p.row.measured_step_s, t, layout_text(p.cand, i)))
     return FitResult(values, errors, best_val, free)

@@ -61,7 +61,7 @@ def predicted_peak_gib(row: Row) -> float:
     from orchestrator.costmodel.evaluate import ZERO_BUCKET_ELEMENTS
     from orchestrator.costmodel.memory import state_bytes
 
-    ev = evaluate(row.model, row.training, row.profile, row.runtime, _prepare(row).cand)
+    ev = evaluate(row.model, row.training, row.profile, row.runtime, prepare_row(row).cand)
     total = float(ev.memory.total[0])
     if row.note == "fsdp":
         total -= ZERO_BUCKET_ELEMENTS * state_bytes(row.runtime, row.training.precision, 3)[0]
@@ -75,13 +75,13 @@ def row_engine(row: Row) -> str:
 
 
 @dataclass
-class _Prepared:
+class PreparedRow:
     row: Row
     cand: Candidates
     fits: np.ndarray
 
 
-def _prepare(row: Row) -> _Prepared:
+def prepare_row(row: Row) -> PreparedRow:
     op_sac = row.pins.recompute == "op"  # torchtitan's per-op SAC: enumerated as selective, evaluated as itself
     pins = row.pins.replaced(recompute="selective") if op_sac else row.pins
     cand, _ = enumerate_layouts(row.model, row.training, row.profile, row.runtime, pins)
@@ -93,10 +93,10 @@ def _prepare(row: Row) -> _Prepared:
     fits = ev.memory.total / GIB <= row.profile.gpu.memory_gib
     if not fits.any():  # a published run did fit: keep the smallest rather than nothing
         fits = ev.memory.total == ev.memory.total.min()
-    return _Prepared(row, cand.take(np.flatnonzero(fits)), fits)
+    return PreparedRow(row, cand.take(np.flatnonzero(fits)), fits)
 
 
-def _predict(p: _Prepared, eff: Resolved) -> tuple[float, int]:
+def predict_row(p: PreparedRow, eff: Resolved) -> tuple[float, int]:
     ev = evaluate(
         p.row.model, p.row.training, p.row.profile, p.row.runtime, p.cand, efficiency=eff, engine=p.row.engine
     )
@@ -104,7 +104,7 @@ def _predict(p: _Prepared, eff: Resolved) -> tuple[float, int]:
     return float(ev.time.step[i]), i
 
 
-def _resolved(values: dict[str, float], like: Resolved | None = None) -> Resolved:
+def resolved_with(values: dict[str, float], like: Resolved | None = None) -> Resolved:
     # Typed Any: a type checker cannot tell that FIELDS names exactly Resolved's float fields, and
     # would match the floats against every other keyword too.
     efficiencies: dict[str, Any] = {f: float(values[f]) for f in FIELDS}
@@ -130,7 +130,7 @@ class RowError:
         return self.predicted_s / self.measured_s - 1.0
 
 
-def _layout_text(cand: Candidates, i: int) -> str:
+def layout_text(cand: Candidates, i: int) -> str:
     """A row's layout in one line (``short_text``); torchtitan's op-level recompute reads "rc=op"."""
     values = {a.name: a.decode(getattr(cand, a.name)[i]) for a in AXES if a.name != "recompute"}
     values["recompute"] = (
@@ -144,10 +144,10 @@ def row_errors(rows: list[Row], efficiency_for=None) -> list[RowError]:
     (default: what the row's profile resolves to, i.e. the shipped calibration)."""
     out = []
     for row in rows:
-        p = _prepare(row)
+        p = prepare_row(row)
         eff = resolve_efficiency(row.profile, row_engine(row)) if efficiency_for is None else efficiency_for(row)
-        t, i = _predict(p, eff)
-        out.append(RowError(row.id, row.hardware, row.measured_step_s, t, _layout_text(p.cand, i)))
+        t, i = predict_row(p, eff)
+        out.append(RowError(row.id, row.hardware, row.measured_step_s, t, layout_text(p.cand, i)))
     return out
 
 
