@@ -14,8 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import DsorchError
-from orchestrator.errors import ValidationError as PlanError
+from orchestrator.errors import DsorchError, InvalidFile
 from orchestrator.plan.layout import Pins
 from orchestrator.plan.make import KEEP, Plan, make_plan
 from orchestrator.plandir.reader import PLAN_FILE, load_plan_dir, read_text
@@ -97,7 +96,7 @@ def recorded_inputs(plan_dir: Path) -> Recorded:
     # to refuse the directory.
     doc = load_plan_dir(plan_dir, strict=False).doc
     if doc.evidence is not None:
-        raise PlanError(
+        raise InvalidFile(
             f"{plan_dir} was chosen by `dsorch trial` from measured runs (evidence in its plan.yaml), "
             f"which planning from its inputs alone cannot repeat; leave it out of `dsorch plan --check "
             f"PLAN_DIR...`, or collect the trials again (`dsorch trial --collect`)."
@@ -106,14 +105,14 @@ def recorded_inputs(plan_dir: Path) -> Recorded:
     spec_path, cluster = inputs.model_spec.path, inputs.cluster_profile.name
     if spec_path is None or cluster is None:
         missing = "model spec path" if spec_path is None else "cluster profile name"
-        raise PlanError(
+        raise InvalidFile(
             f"{plan_dir / PLAN_FILE}: records no {missing} to plan from; re-plan it with `dsorch plan "
             f"SPEC --out {plan_dir}`."
         )
     try:
         pins = Pins(**inputs.pinned)
     except TypeError:
-        raise PlanError(
+        raise InvalidFile(
             f"{plan_dir / PLAN_FILE}: inputs.pinned names an axis this dsorch does not pin "
             f"({', '.join(inputs.pinned)}); re-plan it with `dsorch plan SPEC --out {plan_dir}`."
         ) from None
@@ -140,7 +139,7 @@ def replan(plan_dir: Path, profiles_dir: str | Path | None) -> tuple[Plan, dict[
     r = recorded_inputs(plan_dir)
     shown = os.path.normpath(r.spec)
     if not r.spec.is_file():
-        raise PlanError(
+        raise InvalidFile(
             f"{plan_dir / PLAN_FILE} records the model spec {r.spec_path} (relative to the plan "
             f"directory), and {shown} is not a file; restore it, or re-plan with `dsorch plan SPEC "
             f"--out {plan_dir}`."

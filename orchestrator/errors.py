@@ -21,8 +21,9 @@ class NoFeasibleLayout(DsorchError):
     """Every legal layout exceeds the GPU memory."""
 
 
-class ValidationError(DsorchError):
-    """A generated or user-supplied config that DeepSpeed or Megatron would reject."""
+class InvalidFile(DsorchError):
+    """A file dsorch reads or wrote that it, DeepSpeed or Megatron-LM rejects: a plan directory or one of
+    its generated configs, a token file. (Named apart from pydantic's ValidationError.)"""
 
 
 class OutputError(DsorchError):

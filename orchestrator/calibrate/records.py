@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.calibrate.rows import Row
 from orchestrator.errors import SpecError
-from orchestrator.errors import ValidationError as PlanError  # the plan directory reader's error
 from orchestrator.plan.layout import (
     PINNABLE,
     RUNTIMES,
@@ -99,14 +98,10 @@ def oom_record(plan_dir: Path, metrics: Path | None) -> CalibrationRecord:
     """A memory-only record of a run that ran out of memory: its peak is at least the plan's device
     memory (plus OOM_MARGIN_GIB), or the largest peak it recorded before dying. Its step time is
     the plan's prediction, a placeholder that no time fit may use (calibrate's memory_only)."""
-    from orchestrator.plandir.reader import load_plan_dir
+    from orchestrator.plandir.reader import load_plan_dir, predicted_step_s
 
     pd = load_plan_dir(plan_dir)
-    # plan.yaml's predicted section mixes numbers with the interval's basis in words: this entry is
-    # always a number where dsorch wrote it.
-    predicted_s = pd.doc.predicted["step_time_s"]
-    if predicted_s is None:
-        raise PlanError(f"{pd.path}/plan.yaml: predicted.step_time_s is empty; regenerate it with `dsorch plan`.")
+    predicted_s = predicted_step_s(pd.path, pd.doc.predicted)
     peak = pd.doc.cluster.gpu_memory_gib + OOM_MARGIN_GIB
     if metrics is not None and metrics.is_file():
         try:
@@ -121,7 +116,7 @@ def oom_record(plan_dir: Path, metrics: Path | None) -> CalibrationRecord:
         training=pd.spec.training,
         runtime=pd.runtime,
         layout=RecordLayout(**pd.layout.as_dict()),
-        step_time_s=float(predicted_s),
+        step_time_s=predicted_s,
         peak_mem_gib=peak,
         mem_kind="out_of_memory",
         nodes=pd.doc.cluster.nodes,

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 from orchestrator.cli.plot_figure import figure, svg_text
 from orchestrator.costmodel.stacks import MEMORY_LABELS, MEMORY_PARTS, TIME_LABELS, TIME_PARTS, Label
-from orchestrator.errors import ValidationError as PlanError
 from orchestrator.plan.layout import Layout
-from orchestrator.plandir.reader import PlanDir, ScoredDoc
+from orchestrator.plandir.reader import PlanDir, ScoredDoc, predicted_step_s
 
 # Colour-blind-safe (Okabe & Ito 2008), one per part, fixed so every plan reads the same.
 _COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#999999")
@@ -29,15 +28,6 @@ def _label(s: ScoredDoc) -> str:
     return Layout(**s.layout.model_dump()).short()
 
 
-def predicted_step_s(pd: PlanDir, predicted: dict[str, float | str | None]) -> float:
-    """The predicted step time of a plan.yaml ``predicted`` section. The section mixes numbers with
-    the interval's basis in words, so its type cannot say that this entry is a number."""
-    value = predicted["step_time_s"]
-    if value is None:
-        raise PlanError(f"{pd.path}/plan.yaml: predicted.step_time_s is empty; regenerate it with `dsorch plan`.")
-    return float(value)
-
-
 def memory_rows(pd: PlanDir) -> tuple[list[Row], float]:
     """One row per ranked layout (the chosen first): its memory stack per GPU, and the capacity."""
     rows = [
@@ -50,7 +40,7 @@ def memory_rows(pd: PlanDir) -> tuple[list[Row], float]:
 def time_rows(pd: PlanDir) -> list[Row]:
     """One row per ranked layout: its step's time stack (exposed communication only)."""
     return [
-        Row(_label(s), i == 0, {k: s.time_breakdown_s[k] for k in TIME_PARTS}, predicted_step_s(pd, s.predicted))
+        Row(_label(s), i == 0, {k: s.time_breakdown_s[k] for k in TIME_PARTS}, predicted_step_s(pd.path, s.predicted))
         for i, s in enumerate(pd.ranked)
     ]
 

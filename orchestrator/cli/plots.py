@@ -15,15 +15,15 @@ from pathlib import Path
 from orchestrator.calibrate.records import read_steps
 from orchestrator.cli.plot_figure import figure, svg_text
 from orchestrator.cli.plot_schedule import draw_schedule
-from orchestrator.cli.plot_stacks import draw_memory, draw_time, predicted_step_s
-from orchestrator.plandir.reader import PlanDir
+from orchestrator.cli.plot_stacks import draw_memory, draw_time
+from orchestrator.plandir.reader import PlanDir, predicted_step_s
 
 
 def draw_steps(pd: PlanDir, runs: list[Path]) -> str:
     """Measured loss and step time per step of each run, against the predicted step time and its interval."""
     fig = figure(9.0, 5.0)
     loss_ax, time_ax = fig.subplots(2, 1, sharex=True)
-    predicted = predicted_step_s(pd, pd.doc.predicted)
+    predicted = predicted_step_s(pd.path, pd.doc.predicted)
     interval = pd.doc.predicted.get("step_time_interval")
     for i, run in enumerate(runs):
         recs = read_steps(run / "metrics.jsonl")

@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.costmodel.stacks import MEMORY_KEYS, TIME_PARTS
-from orchestrator.errors import ValidationError as PlanError
+from orchestrator.errors import InvalidFile
 from orchestrator.plan.layout import (
     RUNTIMES,
     WORLD_PRODUCT,
@@ -158,7 +158,7 @@ class PlanDir:
         missing = [k for k in MEMORY_KEYS if k not in d.memory_gib_per_gpu]
         missing += [k for k in TIME_PARTS if k not in d.time_breakdown_s]
         if missing:
-            raise PlanError(
+            raise InvalidFile(
                 f"{self.path / PLAN_FILE}: its stacks have no {', '.join(missing)} (an older dsorch wrote "
                 f"it); regenerate it with the command in its first lines."
             )
@@ -174,6 +174,16 @@ class PlanDir:
         return self.texts["megatron_args.txt"]
 
 
+def predicted_step_s(plan_dir: Path, predicted: dict[str, float | str | None]) -> float:
+    """The step time of a plan.yaml ``predicted`` section (the chosen layout's or an alternative's).
+    The section mixes numbers with the interval's basis in words, so its type cannot say that this
+    entry is a number; dsorch always writes one, and a hand-edited plan.yaml without it is refused."""
+    value = predicted.get("step_time_s")
+    if not isinstance(value, int | float):
+        raise InvalidFile(f"{plan_dir}/plan.yaml: predicted.step_time_s is empty; regenerate it with `dsorch plan`.")
+    return float(value)
+
+
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -182,17 +192,17 @@ def read_text(path: Path, what: str = "file") -> str:
     """A generated file's text, with the errors a damaged directory gives turned into one line."""
     try:
         if not path.is_file():
-            raise PlanError(f"{path}: not a regular file; regenerate the plan directory with `dsorch plan`.")
+            raise InvalidFile(f"{path}: not a regular file; regenerate the plan directory with `dsorch plan`.")
         if path.stat().st_size > MAX_FILE_BYTES:
-            raise PlanError(
+            raise InvalidFile(
                 f"{path}: {path.stat().st_size:,} bytes is too large for a dsorch {what}; regenerate it "
                 f"with `dsorch plan`."
             )
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise PlanError(f"{path}: not UTF-8 text (byte {e.start}); regenerate it with `dsorch plan`.") from e
+        raise InvalidFile(f"{path}: not UTF-8 text (byte {e.start}); regenerate it with `dsorch plan`.") from e
     except OSError as e:
-        raise PlanError(f"{path}: cannot be read ({e.strerror or e}).") from e
+        raise InvalidFile(f"{path}: cannot be read ({e.strerror or e}).") from e
 
 
 def _fmt_errors(e: ValidationError, path: Path) -> str:
@@ -219,14 +229,14 @@ def load_plan_dir(path: str | Path, *, strict: bool = True) -> PlanDir:
     records changed files in ``PlanDir.changed`` instead of refusing them."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise PlanError(f"{path} is a file, not a plan directory; pass the directory `dsorch plan` wrote.")
+        raise InvalidFile(f"{path} is a file, not a plan directory; pass the directory `dsorch plan` wrote.")
     if not path.is_dir():
-        raise PlanError(
+        raise InvalidFile(
             f"plan directory {path} does not exist; write one with `dsorch plan SPEC --cluster NAME --out {path}`."
         )
     plan_file = path / PLAN_FILE
     if not plan_file.exists():
-        raise PlanError(
+        raise InvalidFile(
             f"{path} has no plan.yaml file, so it is not a plan directory; write one with `dsorch plan "
             f"SPEC --cluster NAME --out {path}`."
         )
@@ -235,24 +245,24 @@ def load_plan_dir(path: str | Path, *, strict: bool = True) -> PlanDir:
     changed: list[str] = []
     for name, digest in sorted(doc.files.items()):
         if name not in GENERATED or name == PLAN_FILE:
-            raise PlanError(f"{plan_file}: files lists {name!r}, which dsorch does not write; regenerate the plan.")
+            raise InvalidFile(f"{plan_file}: files lists {name!r}, which dsorch does not write; regenerate the plan.")
         f = path / name
         if not f.exists():
-            raise PlanError(
+            raise InvalidFile(
                 f"{f} is missing; regenerate the plan directory with `dsorch plan` (the command is in "
                 f"the first lines of plan.yaml)."
             )
         texts[name] = read_text(f)
         if sha256_text(texts[name]) != digest:
             if strict:
-                raise PlanError(changed_message(f))
+                raise InvalidFile(changed_message(f))
             changed.append(name)
     needed = {"megatron_args.txt", "launch.sh", "job.sbatch"} | (
         {"ds_config.json"} if doc.runtime == "deepspeed" else set()
     )
     missing = sorted(needed - set(texts))
     if missing:
-        raise PlanError(f"{plan_file}: records no hash for {', '.join(missing)}; regenerate the plan.")
+        raise InvalidFile(f"{plan_file}: records no hash for {', '.join(missing)}; regenerate the plan.")
     _check_consistent(doc, plan_file)
     return PlanDir(path, doc, texts, tuple(changed))
 
@@ -262,19 +272,19 @@ def _parse(text: str, plan_file: Path) -> PlanDoc:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise PlanError(
+        raise InvalidFile(
             f"{plan_file}: not valid YAML ({' '.join(str(e).split())[:300]}); regenerate it with `dsorch plan`."
         ) from e
     except (ValueError, RecursionError) as e:
-        raise PlanError(f"{plan_file}: a value cannot be read ({e}); regenerate it with `dsorch plan`.") from e
+        raise InvalidFile(f"{plan_file}: a value cannot be read ({e}); regenerate it with `dsorch plan`.") from e
     if not isinstance(raw, dict):
-        raise PlanError(
+        raise InvalidFile(
             f"{plan_file}: not a dsorch plan (no mapping at the top level); regenerate it with `dsorch plan`."
         )
     try:
         return PlanDoc.model_validate(raw)
     except ValidationError as e:
-        raise PlanError(_fmt_errors(e, plan_file)) from e
+        raise InvalidFile(_fmt_errors(e, plan_file)) from e
 
 
 def plan_dir_of(path: str | Path, files: dict[str, str]) -> PlanDir:
@@ -308,4 +318,4 @@ def _check_consistent(doc: PlanDoc, plan_file: Path) -> None:
     ):
         problems.append("the model section disagrees with the spec")
     if problems:
-        raise PlanError(f"{plan_file}: " + "; ".join(problems) + "; regenerate it with `dsorch plan`.")
+        raise InvalidFile(f"{plan_file}: " + "; ".join(problems) + "; regenerate it with `dsorch plan`.")

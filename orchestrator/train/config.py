@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.errors import ValidationError
+from orchestrator.errors import InvalidFile
 from orchestrator.plan.rules import stage_split
 from orchestrator.plandir.reader import PlanDir, load_plan_dir
 
@@ -19,7 +19,7 @@ def check_trainable(pd: PlanDir) -> None:
     """What the bundled entrypoint cannot train, as one error with the fix."""
     t = pd.spec.training
     if pd.runtime != "deepspeed":
-        raise ValidationError(
+        raise InvalidFile(
             f"{pd.path} is a plan for the {pd.runtime} runtime; the bundled entrypoint trains "
             "deepspeed plans (re-plan with --runtime deepspeed)"
         )
@@ -28,12 +28,12 @@ def check_trainable(pd: PlanDir) -> None:
         ("training.attention_dropout", t.attention_dropout),
     ):
         if value:
-            raise ValidationError(
+            raise InvalidFile(
                 f"{name} {value}: the bundled entrypoint trains without dropout (its tensor-parallel layers keep "
                 "no per-rank RNG tracker); set dropout to 0 in the model spec or use --runtime megatron"
             )
     if pd.layout.vpp != 1:
-        raise ValidationError(
+        raise InvalidFile(
             "vpp > 1 (interleaved 1F1B) is not in DeepSpeed's pipeline engine; "
             "plan with --vpp 1 or use --runtime megatron"
         )
@@ -44,7 +44,7 @@ def stage_layers(pd: PlanDir) -> tuple[int, ...]:
     pp = pd.layout.pp
     split = stage_split(pd.spec.model.num_layers, pp)
     if split is None:  # the loader's schema and the planner agree, so only a bug gets here
-        raise ValidationError(f"{pd.path}: {pd.spec.model.num_layers} layers do not split over pp={pp}")
+        raise InvalidFile(f"{pd.path}: {pd.spec.model.num_layers} layers do not split over pp={pp}")
     if pp == 1:
         return (split.first,)
     return (split.first, *([split.middle] * (pp - 2)), split.last)
@@ -55,7 +55,7 @@ def ds_config(pd: PlanDir) -> dict:
     check_trainable lets through, so only a bug gets here without it."""
     config = pd.ds_config
     if config is None:
-        raise ValidationError(f"{pd.path}: no ds_config.json; regenerate the plan directory with `dsorch plan`")
+        raise InvalidFile(f"{pd.path}: no ds_config.json; regenerate the plan directory with `dsorch plan`")
     return config
 
 

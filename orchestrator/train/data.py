@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from orchestrator.errors import ValidationError
+from orchestrator.errors import InvalidFile
 
 TOKEN_FORMAT = "dsorch-tokens-v1"
 
@@ -56,31 +56,31 @@ class TokenFile:
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except FileNotFoundError as e:
-            raise ValidationError(
+            raise InvalidFile(
                 f"--data {path}: {meta_path} is missing; token files come in "
                 "pairs NAME.bin + NAME.json (scripts/make_token_file.py)"
             ) from e
         except json.JSONDecodeError as e:
-            raise ValidationError(
+            raise InvalidFile(
                 f"{meta_path}:{e.lineno}: not valid JSON ({e.msg}); regenerate it with scripts/make_token_file.py"
             ) from e
         if meta.get("format") != TOKEN_FORMAT:
-            raise ValidationError(f"{meta_path}: format {meta.get('format')!r}, expected {TOKEN_FORMAT!r}")
+            raise InvalidFile(f"{meta_path}: format {meta.get('format')!r}, expected {TOKEN_FORMAT!r}")
         if int(meta["vocab_size"]) > vocab_size:
-            raise ValidationError(
+            raise InvalidFile(
                 f"{meta_path}: vocab_size {meta['vocab_size']} exceeds the model's "
                 f"{vocab_size}; tokenize for this model or plan a larger vocabulary"
             )
         self.tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]).newbyteorder("<"), mode="r")
         if len(self.tokens) != int(meta["num_tokens"]):
-            raise ValidationError(
+            raise InvalidFile(
                 f"{bin_path}: {len(self.tokens)} tokens, the sidecar says "
                 f"{meta['num_tokens']}; the pair is damaged, regenerate it"
             )
         self.seq_length, self.seed, self.path = seq_length, seed, path
         self.num_windows = (len(self.tokens) - 1) // seq_length
         if self.num_windows < 1:
-            raise ValidationError(f"{bin_path}: {len(self.tokens)} tokens, fewer than one sequence of {seq_length + 1}")
+            raise InvalidFile(f"{bin_path}: {len(self.tokens)} tokens, fewer than one sequence of {seq_length + 1}")
         # The current epoch's order of windows; epoch -1: none drawn yet.
         self._perm_epoch, self._perm = -1, np.empty(0, dtype=np.int64)
 

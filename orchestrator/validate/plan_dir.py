@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.errors import ValidationError
+from orchestrator.errors import InvalidFile
 from orchestrator.validate.deepspeed import validate_ds_config
 from orchestrator.validate.megatron import check_megatron_args, check_pretrain_needs, parse_args_lines
 
@@ -58,20 +58,20 @@ def validate_path(path: Path, dp: int | None = None) -> list[str]:
             runtime=pd.runtime,
         )
     if not path.exists():
-        raise ValidationError(f"{path}: no such file or directory.")
+        raise InvalidFile(f"{path}: no such file or directory.")
     if dp is None:
-        raise ValidationError(
+        raise InvalidFile(
             f"{path}: a single ds_config.json needs its data-parallel size: pass --dp N "
             f"(DeepSpeed checks train_batch_size = micro-batch x accumulation x dp)."
         )
     try:
         cfg = json.loads(_read(path))
     except json.JSONDecodeError as e:
-        raise ValidationError(f"{path}:{e.lineno}: not valid JSON ({e.msg}).") from e
+        raise InvalidFile(f"{path}:{e.lineno}: not valid JSON ({e.msg}).") from e
     except RecursionError:  # the message says it all; a chained recursion error adds nothing
-        raise ValidationError(f"{path}: nested too deeply to be a ds_config.json.") from None
+        raise InvalidFile(f"{path}: nested too deeply to be a ds_config.json.") from None
     if not isinstance(cfg, dict):
-        raise ValidationError(f"{path}: expected a JSON object at the top level.")
+        raise InvalidFile(f"{path}: expected a JSON object at the top level.")
     return _capped([f"{path.name}: {e}" for e in validate_ds_config(cfg, dp)])
 
 
