@@ -28,3 +28,12 @@ class InvalidFile(DsorchError):
 
 class OutputError(DsorchError):
     """The output directory cannot be written."""
+
+
+class JobError(DsorchError):
+    """A job, its scheduler or the job registry: SLURM's tools missing, a job that cannot be
+    submitted, found or followed, a damaged registry."""
+
+
+class CheckpointError(DsorchError):
+    """A run's checkpoint that cannot be resumed from or converted to another layout."""

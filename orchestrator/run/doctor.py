@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.errors import DsorchError
+from orchestrator.errors import JobError
 from orchestrator.run import scheduler
 from orchestrator.run.jobs import DOCTOR_RESULT, DoctorJob
 from orchestrator.run.trial import PROFILE_HEADER, check_profile_name, write_profile
@@ -86,7 +86,7 @@ def check_state(sub: DoctorSubmission, last: CheckState | None) -> CheckState:
     state, error = scheduler.job_state(sub.profile.executor, sub.folder, sub.job_id, last.state if last else "PENDING")
     if state in WAITING and time.time() > sub.submitted_at + 60 * sub.timeout_min + 60:
         scheduler.cancel(sub.profile.executor, sub.job_id)
-        raise DsorchError(
+        raise JobError(
             f"the doctor job {sub.job_id} did not finish within --timeout {sub.timeout_min} min; "
             f"it was cancelled. Is the partition busy? Try again with a larger --timeout."
         )
@@ -98,7 +98,7 @@ def checks_result(sub: DoctorSubmission, end: CheckState, shown_folder: str) -> 
     the user reads it, for the errors."""
     result = sub.folder / DOCTOR_RESULT
     if end.state != "COMPLETED" or not result.is_file():
-        raise DsorchError(
+        raise JobError(
             f"the doctor job {sub.job_id} ended {end.state}"
             + (f":\n{end.error}" if end.error else "")
             + f"\nIts logs: {shown_folder}. A rank that cannot reach another fails at rendezvous or at "

@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
-from orchestrator.errors import DsorchError
+from orchestrator.errors import DsorchError, JobError
 
 SCHEMA_VERSION = 1
 ACTIVE_STATES = frozenset(
@@ -117,7 +117,7 @@ class Registry:
 
     def _check_dir(self) -> None:
         if self.dir.exists() and not self.dir.is_dir():
-            raise DsorchError(
+            raise JobError(
                 f"{self.dir} is a file; dsorch keeps its job registry in the directory {self.dir.name}/ "
                 f"of the experiment directory: move the file away."
             )
@@ -131,7 +131,7 @@ class Registry:
             # A flipped bit in a text column must not become a UnicodeDecodeError far from here.
             con.text_factory = _text
         except (OSError, sqlite3.Error) as e:
-            raise DsorchError(
+            raise JobError(
                 f"{self.path}: cannot open the job registry ({e}); run dsorch from a directory you can write to."
             ) from e
         try:
@@ -147,7 +147,7 @@ class Registry:
             yield
         except sqlite3.OperationalError as e:
             if "locked" in str(e) or "busy" in str(e):
-                raise DsorchError(
+                raise JobError(
                     f"{self.path}: another dsorch process held the registry for over a minute "
                     f"({e}); wait for it to finish and try again."
                 ) from None
@@ -168,7 +168,7 @@ class Registry:
                 con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             con.execute("COMMIT")
         elif version > SCHEMA_VERSION:
-            raise DsorchError(f"{self.path} was written by a newer dsorch (schema {version}); upgrade dsorch.")
+            raise JobError(f"{self.path} was written by a newer dsorch (schema {version}); upgrade dsorch.")
         if write:
             con.execute("BEGIN IMMEDIATE")
         try:
@@ -203,7 +203,7 @@ class Registry:
                 row = con.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE key = ?", (int(ref),)).fetchone()
         if row is None:
             known = ", ".join(f"{r.job_id}" for r in self.all()[-10:]) or "none yet"
-            raise DsorchError(
+            raise JobError(
                 f"no job '{ref}' in {self.path}; known job ids: {known}. Run `dsorch status` from the "
                 f"experiment directory you submitted from."
             )
@@ -230,7 +230,7 @@ class Registry:
                 ).fetchall()
                 if active and not force:
                     jobs = ", ".join(f"{j} ({s})" for j, s in active)
-                    raise DsorchError(
+                    raise JobError(
                         f"plan {plan} already has a job pending or running: {jobs}. Wait for it, "
                         f"`dsorch cancel` it, or pass --force to submit another."
                     )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.errors import DsorchError
+from orchestrator.errors import CheckpointError, DsorchError, JobError, NoFeasibleLayout, SpecError
 
 if TYPE_CHECKING:  # imported where they are used: re-planning loads the solver and the renderers
     from orchestrator.plan.layout import Layout, Pins
@@ -42,7 +42,7 @@ def find_run(project, ref: str) -> Path:
 
     rec = Registry(project.root).get(ref)  # unknown: one paragraph naming the known ids
     if not rec.run_dir:
-        raise DsorchError(f"job {rec.job_id} has no run directory (its submission never reached the scheduler).")
+        raise JobError(f"job {rec.job_id} has no run directory (its submission never reached the scheduler).")
     return Path(rec.run_dir)
 
 
@@ -118,13 +118,13 @@ def _newest_checkpoint(ckpt_dir: Path) -> _Checkpoint:
 
     native = checkpoint.newest_intact(ckpt_dir)
     if native is None:
-        raise DsorchError(
+        raise CheckpointError(
             f"{ckpt_dir}: no intact checkpoint to convert. A run writes one at its end, when it is "
             f"stopped (`dsorch cancel`, SLURM's time-limit warning) and every --save-interval steps."
         )
     man = checkpoint.manifest_of(native)
     if "plan" not in man:
-        raise DsorchError(
+        raise CheckpointError(
             f"{native} was written by an older dsorch that did not record its plan and layout; "
             f"resume it with the plan that wrote it."
         )
@@ -132,7 +132,7 @@ def _newest_checkpoint(ckpt_dir: Path) -> _Checkpoint:
     try:
         old = load_plan_dir(man["plan"])
     except DsorchError as e:
-        raise DsorchError(f"the plan that wrote {native} does not load ({e}); restore it to re-plan.") from None
+        raise CheckpointError(f"the plan that wrote {native} does not load ({e}); restore it to re-plan.") from None
     return _Checkpoint(native, step, source, old)
 
 
@@ -144,14 +144,14 @@ def _unchanged_spec(old: PlanDir) -> tuple[Path, SpecFile, str]:
 
     recorded = old.doc.inputs.model_spec
     if recorded.path is None:  # dsorch records it; only a hand-edited plan.yaml lacks it
-        raise DsorchError(
+        raise CheckpointError(
             f"{old.path / PLAN_FILE}: records no model spec path; restore the plan that wrote the "
             f"checkpoint to re-plan this run."
         )
     spec_path = (old.path / recorded.path).resolve()
     spec, loaded_spec = load_spec(spec_path)
     if loaded_spec.sha256 != recorded.sha256:
-        raise DsorchError(
+        raise SpecError(
             f"{spec_path} changed since {old.path} was planned; the checkpoint is of the old spec. "
             f"Restore the spec to re-plan this run."
         )
@@ -184,5 +184,5 @@ def _convertible_target(
             else f"no layout of {spec.name} fits {profile.nodes} x {profile.gpus_per_node} GPUs of {profile.name} "
             f"(`dsorch plan {spec_path} --cluster {profile.name} --nodes {profile.nodes}` says why)"
         )
-        raise DsorchError(f"cannot re-plan {run_dir} for {profile.nodes} node(s): {why}.")
+        raise NoFeasibleLayout(f"cannot re-plan {run_dir} for {profile.nodes} node(s): {why}.")
     return target

@@ -22,7 +22,7 @@ import submitit
 from submitit.core.core import PicklingExecutor
 from submitit.core.utils import JobPaths
 
-from orchestrator.errors import DsorchError
+from orchestrator.errors import JobError
 from orchestrator.run.jobs import DoctorJob, LocalArray, TrainingJob, state_from_result
 from orchestrator.spec.cluster import ClusterProfile, SlurmSpec
 from orchestrator.spec.sbatch import parse_slurm_time, rank_env, sbatch_parameters
@@ -134,7 +134,7 @@ def check_scheduler(kind: str, dry_run: str | None = None) -> None:
         return
     missing = [t for t in SUBMIT_TOOLS if shutil.which(t) is None]
     if missing:
-        raise DsorchError(
+        raise JobError(
             f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on PATH, so there is "
             f"no SLURM cluster to submit to from here. Run dsorch on a SLURM login node (or put SLURM's "
             f"client tools on PATH)"
@@ -179,7 +179,7 @@ def submit(spec: JobSpec, folder: Path, job: TrainingJob | DoctorJob) -> str:
         with _detached_stdio(spec.kind == "local"):
             submitted = ex.submit(job)
     except Exception as e:  # submitit raises FailedJobError / subprocess errors with sbatch's stderr
-        raise DsorchError(f"the scheduler refused the job: {' '.join(str(e).split())[:2000]}") from e
+        raise JobError(f"the scheduler refused the job: {' '.join(str(e).split())[:2000]}") from e
     if spec.kind == "local":
         # The local controller outlives this process; do not let submitit cancel it at exit.
         submitted._cancel_at_deletion = False
@@ -201,7 +201,7 @@ def submit_array(spec: JobSpec, folder: Path, jobs: list[TrainingJob], timeout_s
             with ex.batch():
                 submitted = [ex.submit(j) for j in jobs]
     except Exception as e:  # as in submit()
-        raise DsorchError(f"the scheduler refused the job array: {' '.join(str(e).split())[:2000]}") from e
+        raise JobError(f"the scheduler refused the job array: {' '.join(str(e).split())[:2000]}") from e
     return [str(j.job_id) for j in submitted]
 
 
@@ -310,7 +310,7 @@ def cancel(kind: str, job_id: str) -> None:
     if kind == "local":
         pid, _ = _local_id(job_id)
         if pid is None:
-            raise DsorchError(
+            raise JobError(
                 f"job id {job_id!r} is not a local process id; the registry row is damaged, nothing to cancel."
             )
         try:
@@ -321,13 +321,13 @@ def cancel(kind: str, job_id: str) -> None:
             pass
         return
     if shutil.which("scancel") is None:
-        raise DsorchError(
+        raise JobError(
             f"cancelling SLURM job {job_id} needs scancel, which is not on PATH here; run `dsorch cancel "
             f"{job_id}` (or `scancel {job_id}`) on the cluster's login node."
         )
     r = subprocess.run(["scancel", job_id], capture_output=True, text=True)
     if r.returncode != 0:
-        raise DsorchError(f"scancel {job_id} failed: {r.stderr.strip()}")
+        raise JobError(f"scancel {job_id} failed: {r.stderr.strip()}")
 
 
 def log_paths(folder: Path, job_id: str, rank: int) -> tuple[Path, Path]:

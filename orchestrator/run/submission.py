@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import DsorchError
+from orchestrator.errors import JobError
 from orchestrator.plandir.reader import GENERATED, load_plan_dir
 from orchestrator.run import scheduler
 from orchestrator.run.jobs import STARTS_FILE, TrainingJob
@@ -65,17 +65,15 @@ def prepare_submission(
     cluster = cluster or planned.name
     loaded = load_profile(cluster, profiles_dir)  # an unknown name fails here, listing the known ones
     if cluster != planned.name:
-        raise DsorchError(
+        raise JobError(
             f"{plan_dir} was planned for cluster '{planned.name}' ({planned.nodes} x {planned.gpus_per_node}), "
             f"not '{cluster}'; layouts do not carry over between clusters. Re-plan: dsorch plan "
             f"{pd.doc.inputs.model_spec.path or 'SPEC'} --cluster {cluster} --out DIR."
         )
     if nodes is not None and nodes != planned.nodes:
-        raise DsorchError(
-            f"{plan_dir} was planned for {planned.nodes} nodes, not {nodes}; re-plan with --nodes {nodes}."
-        )
+        raise JobError(f"{plan_dir} was planned for {planned.nodes} nodes, not {nodes}; re-plan with --nodes {nodes}.")
     if pd.runtime != "deepspeed":
-        raise DsorchError(
+        raise JobError(
             f"{plan_dir} targets the {pd.runtime} runtime; dsorch submit runs its bundled "
             f"DeepSpeed entrypoint. Re-plan with --runtime deepspeed, or submit {plan_dir}/job.sbatch "
             f"with sbatch."
@@ -83,10 +81,10 @@ def prepare_submission(
     profile = loaded.profile.resized(planned.nodes, planned.gpus_per_node)
     errors = validate_files(pd.texts, dp=pd.layout.dp, world_size=planned.world_size, runtime=pd.runtime)
     if errors:
-        raise DsorchError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
+        raise JobError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
     check_trainable(pd)  # what the entrypoint refuses (dropout, vpp > 1) fails here, before queueing
     if data is not None and not (Path(data).exists() or Path(f"{data}.bin").exists()):
-        raise DsorchError(
+        raise JobError(
             f"--data {data}: no such token file (NAME or NAME.bin); make one with scripts/make_token_file.py."
         )
     spec = scheduler.JobSpec.of(profile, job_name(pd.spec.name))
@@ -94,7 +92,7 @@ def prepare_submission(
     folder = (experiment_dir / ".dsorch" / "jobs" / plan_abs.name).resolve()
     for p in (plan_abs, folder):
         if "\n" in str(p) or "\r" in str(p):
-            raise DsorchError(f"{p!r}: a path with a line break cannot go into an sbatch script; rename it.")
+            raise JobError(f"{p!r}: a path with a line break cannot go into an sbatch script; rename it.")
     run = run_dir or (runs_dir or experiment_dir / "runs") / f"{plan_abs.name}-{{key}}"
     job = TrainingJob(str(plan_abs), str(run), steps, _data_path(data), spec.use_gpus, save_interval)
     return Submission(

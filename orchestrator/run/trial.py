@@ -36,7 +36,7 @@ from orchestrator.calibrate import calibrate, calibrated_profile_yaml
 from orchestrator.calibrate.records import oom_record, run_record
 from orchestrator.compose import checked_files, plan_files
 from orchestrator.costmodel.flops import model_flops_per_step
-from orchestrator.errors import DsorchError, SpecError
+from orchestrator.errors import InvalidFile, JobError, NoFeasibleLayout, OutputError, SpecError
 from orchestrator.plan.layout import Layout, Pins
 from orchestrator.plan.make import make_plan
 from orchestrator.plan.solver import Scored, search
@@ -170,13 +170,13 @@ def entry_of(index: int, pick: TrialPick, job_id: str) -> TrialEntry:
 def load_manifest(trial_dir: Path) -> Manifest:
     path = Path(trial_dir) / MANIFEST
     if not path.is_file():
-        raise DsorchError(
+        raise InvalidFile(
             f"{trial_dir} is not a trial directory (no {MANIFEST}); start one with `dsorch trial SPEC --cluster NAME`."
         )
     try:
         return Manifest.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
     except (ValidationError, yaml.YAMLError) as e:
-        raise DsorchError(
+        raise InvalidFile(
             f"{path}: not a manifest dsorch trial wrote ({' '.join(str(e).split())[:300]}); "
             f"start the trials again into a new directory."
         ) from e
@@ -310,7 +310,7 @@ def propose(spec, loaded, top: int, steps: int, nodes: int | None, gpus_per_node
     # keep: every feasible layout, so that each family's best is in the list.
     ranked = search(spec.model, spec.training, profile, "deepspeed", keep=1_000_000).ranked
     if not ranked:
-        raise DsorchError(
+        raise NoFeasibleLayout(
             f"no layout of {spec.name} fits on {profile.name} ({profile.nodes} x {profile.gpus_per_node}); "
             f"`dsorch plan` says why. Nothing to measure."
         )
@@ -335,12 +335,12 @@ def start(
 ) -> Manifest:
     """Write every trial's plan directory, submit them as one array, record rows and the manifest."""
     if (out / MANIFEST).exists():
-        raise DsorchError(
+        raise OutputError(
             f"{out} already holds trials ({MANIFEST}); see them with `dsorch trial --status {out}`, "
             f"or pass --out NEW_DIR for new ones."
         )
     if out.exists() and any(out.iterdir()):
-        raise DsorchError(
+        raise OutputError(
             f"{out} exists and is not empty; pass --out NEW_DIR (dsorch trial writes a directory of its own)."
         )
     check_scheduler(loaded.profile.executor, dry_run="shows the trials and their cost")
@@ -434,7 +434,7 @@ def write_profile(project, profiles_dir: str | None, name: str, text: str) -> Pa
     pdir.mkdir(parents=True, exist_ok=True)
     path = pdir / f"{name}.yaml"
     if path.exists() and not path.read_text(encoding="utf-8").startswith(PROFILE_HEADER):
-        raise DsorchError(
+        raise OutputError(
             f"{path} exists and was not written by dsorch; pass --name NEW_NAME for the measured profile."
         )
     _write_atomic(path, text)
@@ -452,14 +452,14 @@ def collect(
     ok = [r for r in results if r.failure is None]
     if not ok:
         causes = "; ".join(f"{r.entry.dir}: {r.failure} ({r.state})" for r in results)
-        raise DsorchError(
+        raise JobError(
             f"none of the {len(results)} trials in {trial_dir} finished ({causes}); there is nothing "
             f"to calibrate from. `dsorch logs JOB_ID --rank 0` shows why each ended."
         )
     spec_path = (trial_dir / manifest.spec).resolve()
     spec, loaded_spec = load_spec(spec_path)
     if loaded_spec.sha256 != manifest.spec_sha256:
-        raise DsorchError(
+        raise SpecError(
             f"{spec_path} changed since the trials ran (sha256 differs from {trial_dir / MANIFEST}); "
             f"the measurements are of the old spec. Start new trials."
         )
@@ -519,7 +519,7 @@ def collect(
 
 def check_profile_name(name: str) -> None:
     if not PROFILE_NAME.fullmatch(name):
-        raise DsorchError(
+        raise OutputError(
             f"--name {name!r}: a profile name is letters, digits, '.', '_' and '-' (it names a file "
             f"and goes into plan.yaml); choose another."
         )

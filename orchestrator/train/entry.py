@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from orchestrator.errors import DsorchError
+from orchestrator.errors import CheckpointError
 from orchestrator.plan.layout import Layout
 from orchestrator.plandir.reader import PlanDir
 from orchestrator.train import checkpoint, launch, reshard
@@ -213,7 +213,7 @@ class Trainer:
         try:
             tag, universal = checkpoint.choose_resume(ckpt_dir, rank0, lay.as_dict(), reshard.naming(lay.pp))
         except ValueError as e:
-            raise DsorchError(str(e)) from None
+            raise CheckpointError(str(e)) from None
         self.engine = engine = build_engine(plan, grid, topo, device, load_universal=universal)
 
         self.start = 0

@@ -31,7 +31,7 @@ import re
 import shutil
 from pathlib import Path
 
-from orchestrator.errors import DsorchError
+from orchestrator.errors import CheckpointError
 from orchestrator.train.checkpoint import MANIFEST, file_digests
 
 # dsorch's manifest in a converted directory (the native checkpoints' is checkpoint.MANIFEST).
@@ -153,7 +153,7 @@ def convert(tag_dir: Path, out_dir: Path, target_naming: str, tied: bool, manife
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
         tail = "\n".join(said.getvalue().strip().splitlines()[-15:])
-        raise DsorchError(
+        raise CheckpointError(
             f"DeepSpeed's ds_to_universal could not convert {tag_dir}: {type(e).__name__}: "
             f"{' '.join(str(e).split())[:500]}\n{tail}"
         ) from None
