@@ -1,5 +1,5 @@
-"""Issue 11's modern layouts: context parallelism, FP8, uneven interleaved pipelines, TP and p2p
-overlap, Megatron's DP bucket rule. Each is searched (or applied) by the planner, priced by the cost
+"""Megatron-Core's parallelism and engine options: context parallelism, FP8, uneven interleaved
+pipelines, Megatron-FSDP, TP and p2p overlap, the DP bucket rule. Each is searched (or applied) by the planner, priced by the cost
 model, emitted as Megatron-LM flags and checked by dsorch's Megatron validation (tests/system/test_megatron_lm.py
 runs Megatron-LM's own parser and validate_args on the same examples)."""
 
