@@ -6,15 +6,16 @@ from __future__ import annotations
 import click
 
 from orchestrator import __version__
+from orchestrator.cli.calibrate import calibrate
 from orchestrator.cli.common import EPILOG, UserError, user_error
 from orchestrator.cli.doctor import doctor
 from orchestrator.cli.jobs import cancel, logs, status
 from orchestrator.cli.planning import plan
+from orchestrator.cli.replan import replan
 from orchestrator.cli.reviewing import diff, plot, validate
 from orchestrator.cli.setup import completion, import_hf, init, profiles
 from orchestrator.cli.submit import submit
 from orchestrator.cli.trial import trial
-from orchestrator.cli.tuning import calibrate, replan
 from orchestrator.errors import DsorchError
 
 

@@ -1,20 +1,16 @@
-"""`dsorch calibrate`, `replan`: a cluster profile fitted to measured runs, and a run re-planned for
-another number of nodes (cli/trial.py measures and calibrates in one command)."""
+"""`dsorch replan`: a run re-planned for another number of nodes, its checkpoint converted."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from orchestrator.cli.common import (
     UserError,
-    cluster_option,
     cwd_project,
     display_path,
     ds_env,
-    load_cluster,
     pin_options,
     profiles_dir_option,
     resolve_profiles_dir,
@@ -82,60 +78,3 @@ def replan(run, nodes, gpus_per_node, out, pins, profiles_dir):
         f"wrote {display_path(r.out)}/; converted the checkpoint to {display_path(r.universal)}/ (DeepSpeed universal)"
     )
     click.echo(f"  continue: dsorch submit {display_path(r.out)} --resume-from {display_path(run_dir)}")
-
-
-@click.command(
-    epilog="""\b
-Examples:
-  dsorch calibrate runs/tiny-1 --cluster local --out my-local.yaml
-  dsorch calibrate measured.jsonl --cluster dgx16 --name dgx16-calibrated --out profiles/dgx16-calibrated.yaml
-"""
-)
-@click.argument("metrics", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@cluster_option(
-    "Profile whose efficiencies to fit; default $DSORCH_CLUSTER, then cluster in dsorch.yaml.",
-)
-@click.option(
-    "--plan",
-    "plan_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Plan directory the runs used (default: found next to each metrics.jsonl).",
-)
-@click.option("--name", default=None, help="Name of the calibrated profile (default: NAME-calibrated).")
-@click.option(
-    "--out",
-    "-o",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write the calibrated profile here (default: print it).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the fit report as JSON.")
-@profiles_dir_option
-def calibrate(metrics, cluster, plan_dir, name, out, as_json, profiles_dir):
-    """Fit a profile's efficiencies to measured step times and write a calibrated profile.
-
-    METRICS are run directories or metrics.jsonl files written by the training entrypoint, or
-    record files (YAML/JSONL of {layout, model, step_time_s, peak_mem_gib}; see
-    orchestrator/calibrate/__init__.py).
-    """
-    from orchestrator.calibrate import calibrate as fit
-    from orchestrator.calibrate import calibrated_profile_yaml
-
-    project = cwd_project()
-    lp = load_cluster(project, project.cluster(cluster), resolve_profiles_dir(project, profiles_dir))
-    calibrated, report = fit(list(metrics), lp.profile, plan_dir=plan_dir)
-    text = calibrated_profile_yaml(calibrated, report, name=name)
-    if out is not None:
-        from orchestrator.plandir.writer import write_text_atomic
-
-        write_text_atomic(out, text)
-    doc = report.as_dict()
-    if as_json:
-        click.echo(json.dumps(doc, indent=2))
-    elif out is None:
-        click.echo(text, nl=False)
-    if not as_json:
-        from orchestrator.cli.console import calibration_summary
-
-        click.echo(calibration_summary(doc, out), err=out is None)
