@@ -287,7 +287,7 @@ def _pinned(self) -> dict[str, Any]:
 
 def _pin_words(self) -> list[str]:
     """The CLI words of the pinned axes, in table order (`dsorch plan ... --tp 8 --cp 2`)."""
-    return [w for a in PINNABLE if getattr(self, a.name) is not None for w in a.pin_words(getattr(self, a.name))]
+    return [word for name, value in _pinned(self).items() for word in AXIS[name].pin_words(value)]
 
 
 PINNABLE: tuple[Axis, ...] = tuple(a for a in AXES if a.flag is not None)

@@ -301,8 +301,9 @@ def plan_dir_of(path: str | Path, files: dict[str, str]) -> PlanDir:
 def _check_consistent(doc: PlanDoc, plan_file: Path) -> None:
     L, c, t = doc.layout, doc.cluster, doc.spec.training
     problems = []
-    if world_of(L.model_dump()) != c.world_size:
-        problems.append(f"layout {WORLD_PRODUCT} = {world_of(L.model_dump())} but cluster.world_size is {c.world_size}")
+    world = world_of(L.model_dump())
+    if world != c.world_size:
+        problems.append(f"layout {WORLD_PRODUCT} = {world} but cluster.world_size is {c.world_size}")
     if c.nodes * c.gpus_per_node != c.world_size:
         problems.append(f"cluster.nodes x gpus_per_node = {c.nodes * c.gpus_per_node} but world_size is {c.world_size}")
     if L.micro_batch_size * L.grad_accum_steps * L.dp != t.global_batch_size:
