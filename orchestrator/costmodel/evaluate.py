@@ -167,6 +167,8 @@ class Candidates:
     recompute: np.ndarray  # RECOMPUTE_CODES
     sequence_parallel: np.ndarray  # bool
     cp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
     layers_first: np.ndarray
     layers_middle: np.ndarray
     layers_last: np.ndarray

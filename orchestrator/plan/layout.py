@@ -57,6 +57,13 @@ class Layout:
     # Context parallelism (Megatron-LM --context-parallel-size): the sequence split over cp ranks,
     # ring attention between them. The global batch is not split by it.
     cp: int = 1
+    # Expert parallelism (mixture-of-experts models): the routed experts of every MoE layer split
+    # over ep ranks, each expert's matrices over etp ranks. Megatron-Core folds the expert mesh out
+    # of the same GPUs as the attention's: etp x ep x expert-dp = tp x cp x dp
+    # (core/parallel_state.py, expert_tensor_and_model_parallel groups), so neither multiplies the
+    # world size. Both are 1 for a dense model.
+    ep: int = 1
+    etp: int = 1
 
     def __post_init__(self) -> None:
         for axis in AXES:
@@ -230,6 +237,30 @@ AXES: tuple[Axis, ...] = (
         splits_world=True,
         help="Pin the context-parallel degree (ring attention; megatron runtime only).",
     ),
+    Axis(
+        name="ep",
+        label="ep",
+        column="EP",
+        flag="--ep",
+        neutral=1,
+        since_0_1=False,
+        short="ep{}",
+        omit_neutral=True,
+        help="Pin the expert-parallel degree (mixture-of-experts models): routed experts split over "
+        "this many ranks of tp x cp x dp.",
+    ),
+    Axis(
+        name="etp",
+        label="etp",
+        column="ETP",
+        flag="--etp",
+        neutral=1,
+        since_0_1=False,
+        short="etp{}",
+        omit_neutral=True,
+        help="Pin the expert tensor-parallel degree (mixture-of-experts models): each expert's "
+        "matrices split over this many ranks, apart from tp.",
+    ),
 )
 AXIS: dict[str, Axis] = {a.name: a for a in AXES}
 # The order of short(): sequence parallelism is a mode of tp, cp splits what tp leaves.
@@ -237,6 +268,8 @@ SHORT_ORDER = (
     "tp",
     "sequence_parallel",
     "cp",
+    "ep",
+    "etp",
     "pp",
     "vpp",
     "dp",
@@ -247,7 +280,7 @@ SHORT_ORDER = (
 )
 # Equal step time and memory: the layout with the smaller value of the first of these wins (the
 # search's lexsort keys; dp and grad_accum_steps follow from the others).
-TIEBREAK = ("tp", "pp", "cp", "vpp", "micro_batch_size", "zero_stage", "recompute", "sequence_parallel")
+TIEBREAK = ("tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "zero_stage", "recompute", "sequence_parallel")
 # "tp*cp*pp*dp", for messages about the world size.
 WORLD_PRODUCT = "*".join(n for n in SHORT_ORDER if AXIS[n].splits_world)
 

@@ -205,6 +205,8 @@ def _layouts_at(tp, cp, pp, dp, split, model, training, runtime, pins, reject) -
                             recompute=rc,
                             sequence_parallel=sp,
                             cp=cp,
+                            ep=1,
+                            etp=1,
                         ),
                         split,
                     )
