@@ -205,8 +205,10 @@ def _layouts_at(tp, cp, pp, dp, split, model, training, runtime, pins, reject) -
                             recompute=rc,
                             sequence_parallel=sp,
                             cp=cp,
-                            ep=1,
-                            etp=1,
+                            # TEMPORARY (branch trainmoe, until the lead's ep/etp search lands on moe):
+                            # honour a pinned ep, with etp = tp as the deepspeed runtime needs.
+                            ep=pins.ep or 1,
+                            etp=pins.etp or (tp if (pins.ep or 1) > 1 else 1),
                         ),
                         split,
                     )
