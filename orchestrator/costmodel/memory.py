@@ -183,6 +183,92 @@ def entrypoint_extra_bytes_per_layer(s, b, d, t, sp, recompute, *, rmsnorm=True,
     return np.where(rc == 2, 0.0, extra)
 
 
+def moe_activation_bytes_per_layer(
+    s,
+    b,
+    h,
+    t,
+    sp,
+    recompute,
+    *,
+    num_experts,
+    top_k,
+    expert_ffn,
+    shared_ffn=0,
+    shared_gate=False,
+    swiglu=True,
+    router="softmax",
+    norm_top_k=True,
+    load_balancing="aux_loss",
+    sent=None,
+    received=None,
+    act_bytes=2,
+):
+    """What a mixture-of-experts feed-forward keeps for backward, per layer and micro-batch, beyond
+    what ``activation_bytes_per_layer`` counts with ``f = 0`` (attention, the norms' inputs and the
+    MLP input, i.e. the post-attention norm's output, which the router keeps in the MLP's place).
+    A MoE layer of the bundled entrypoint (train/moe.py) keeps formula(f = 0) + entrypoint extras +
+    this, to the byte (tests/system/test_activation_census.py, at tp 1, tp 2 with and without
+    sequence parallelism, and ep 2).
+
+    T = s b tokens of the micro-batch: the entrypoint routes the whole micro-batch on every tp rank
+    (under SP it gathers the sequence first), so the routing terms are not divided by t. ``sent``:
+    the token copies this rank routes (T top_k, fewer when a capacity drops some); ``received``: the
+    copies its experts process (with ep > 1 what the other ranks of the expert group send; balanced
+    routing gives ``sent``; Megatron's moe_load_imbalance is their ratio on the busiest rank). The
+    terms, with the op that keeps each (a = act_bytes; router scores and probabilities are fp32,
+    indices int64):
+
+    * router scores, 4 T E: the softmax / sigmoid output over all experts (their backward reads it);
+    * chosen experts, 8 T top_k: the index of the gather that takes the chosen scores;
+    * renormalisation (norm_top_k, top_k > 1), 4 T top_k + 4 T: the chosen scores and their sum,
+      both kept by the division;
+    * load-balancing loss: the routed fractions f_i, 4 E (``aux_loss``) or 4 b E per sequence
+      (``seq_aux_loss``), kept by the product f_i P_i; with a sigmoid router also the per-token sum
+      its scores are normalised by, 4 T. Pass ``load_balancing="none"`` when aux_loss_coeff is 0;
+    * dispatch indices, 8 T top_k + 8 sent: the sort order of all routes (a view of it keeps it
+      whole) and the token of each sent copy (the dispatch gather and the combining scatter);
+    * the experts' inputs, a received h: the permuted copies (ep 1), or the received ones regrouped
+      by expert (ep > 1; the copies sent and the raw received block are not kept);
+    * the experts' GEMMs, a received (3 or 2) f_e / t: the fused gate/up output and the
+      down-projection input (SwiGLU), or GeLU's input and output, per copy, as the dense MLP per
+      token (each expert split over the tp group, etp = tp);
+    * combining, a sent (h + 1): the expert outputs back on this rank and the probabilities, cast
+      to the activations' dtype, both kept by their product;
+    * shared experts, a s b (3 or 2) f_s / t: the dense MLP's terms for their intermediate size
+      (their input is the MLP input already counted); with the sigmoid gate also the gate and the
+      shared output, a s b (h + 1), both over t under SP;
+    * sequence parallelism: + a s b h, the gathered sequence the router keeps, and - a s b h / t
+      without shared experts, whose column-parallel GEMM is what keeps the sequence shard the
+      formula counts as the MLP input.
+
+    Full recomputation keeps only the layer input (counted by the formula): 0 here.
+    """
+    s = np.asarray(s, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    t = np.asarray(t, dtype=np.float64)
+    sp = np.asarray(sp, dtype=bool)
+    a, e, k = act_bytes, num_experts, top_k
+    tokens = s * b
+    sent = tokens * k if sent is None else np.asarray(sent, dtype=np.float64)
+    received = sent if received is None else np.asarray(received, dtype=np.float64)
+    per_token = 3.0 if swiglu else 2.0  # expert GEMM outputs kept per token, in units of f
+    routing = 4 * tokens * e + 8 * tokens * k
+    if norm_top_k and k > 1:
+        routing = routing + 4 * tokens * k + 4 * tokens
+    if load_balancing != "none":
+        routing = routing + (4 * b * e if load_balancing == "seq_aux_loss" else 4 * e)
+        routing = routing + (4 * tokens if router == "sigmoid" else 0.0)
+    dispatch = 8 * tokens * k + 8 * sent + a * received * h + a * received * per_token * expert_ffn / t
+    combine = a * sent * (h + 1)
+    shared = a * tokens * per_token * shared_ffn / t
+    if shared_gate:
+        shared = shared + a * np.where(sp, tokens / t, tokens) * (h + 1)
+    gathered = np.where(sp, a * tokens * h - (0.0 if shared_ffn else a * tokens * h / t), 0.0)
+    total = routing + dispatch + combine + shared + gathered
+    return np.where(np.asarray(recompute) == 2, 0.0, total)
+
+
 def in_flight_micro_batches(pp, vpp, m, stage):
     """Micro-batches (in whole-stage units) whose activations a pipeline stage holds at peak.
 

@@ -208,7 +208,7 @@ def _layouts_at(tp, cp, pp, dp, split, model, training, runtime, pins, reject) -
                             # TEMPORARY (branch trainmoe, until the lead's ep/etp search lands on moe):
                             # honour a pinned ep, with etp = tp as the deepspeed runtime needs.
                             ep=pins.ep or 1,
-                            etp=pins.etp or (tp if (pins.ep or 1) > 1 else 1),
+                            etp=pins.etp or (tp if model.moe is not None else 1),
                         ),
                         split,
                     )

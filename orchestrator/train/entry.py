@@ -44,6 +44,7 @@ from orchestrator.train.config import ds_config, load_plan, stage_layers
 from orchestrator.train.data import micro_batches, open_dataset
 from orchestrator.train.metrics import MetricsLog, peak_memory_gib, peak_reserved_gib
 from orchestrator.train.model import DenseModel, LossFn, Pipeline, layer_specs, recompute
+from orchestrator.train.moe import AuxLossScale, expert_groups
 from orchestrator.train.stop import EXIT_STOPPED, OOM_MARK, RUN_DIR_ENV, STOP_REQUEST_FILE, StopRequest
 from orchestrator.train.tensor_parallel import TPContext
 
@@ -84,20 +85,28 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=float(os.environ.get("DSORCH_TEST_MIN_STEP_SECONDS", 0)),
         help=argparse.SUPPRESS,
     )
+    # For the equivalence tests: at the end, each rank writes its part of the model whole, by the
+    # single-process names, to DIR/weights-rankN.pt (train/gather.py).
+    p.add_argument("--dump-weights", default=None, metavar="DIR", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.keep < 1:
         p.error("--keep must be at least 1")
     return args
 
 
-def build_engine(plan: PlanDir, grid, topo, device, load_universal: bool = False):
+def build_engine(
+    plan: PlanDir, grid, topo, device, load_universal: bool = False, aux_scale: AuxLossScale | None = None
+):
     """The model as DeepSpeed sees it: a PipelineModule for pp > 1, a plain module for pp = 1.
-    ``load_universal``: the checkpoint to resume from is a universal one (reshard.py)."""
+    ``load_universal``: the checkpoint to resume from is a universal one (reshard.py);
+    ``aux_scale``: the MoE layers' auxiliary-loss gradient scale (``aux_loss_scale``)."""
     import deepspeed
 
     lay, training = plan.layout, plan.spec.training
     tp = TPContext(grid.get_slice_parallel_group(), lay.sequence_parallel)
-    specs = layer_specs(plan.spec.model, training.seq_length, lay, tp, training.seed)
+    # Expert parallelism: DeepSpeed's expert groups, made on every rank before any layer is built.
+    ep = expert_groups(lay.ep, grid)
+    specs = layer_specs(plan.spec.model, training.seq_length, lay, tp, training.seed, ep, aux_scale)
     loss_fn = LossFn(tp)
     if lay.pp > 1:
         # DeepSpeed's pipeline engine runs 1F1B and accepts ZeRO-0/1 only (engine.py asserts
@@ -143,6 +152,14 @@ def ds_config_for(plan: PlanDir, device) -> dict:
     if device.type == "cpu" and str(opt.get("type", "")).lower() in ("adam", "adamw"):
         opt.setdefault("params", {}).setdefault("torch_adam", True)
     return cfg
+
+
+def aux_loss_scale(engine) -> float:
+    """What DeepSpeed multiplies the loss by before backward: 1 / gradient-accumulation steps
+    (engine.py backward, scale_wrt_gas), times the fp16 loss scale (its ZeRO and fp16 optimizers'
+    ``loss_scale``). The MoE auxiliary loss's gradient is scaled by the same (train/moe.py)."""
+    scale = float(engine.optimizer.loss_scale) if engine.fp16_enabled() else 1.0
+    return scale / engine.gradient_accumulation_steps()
 
 
 def train_step(engine, batches, pp: int, device, dp_group) -> float:
@@ -204,6 +221,7 @@ class Trainer:
         topo = PipeModelDataParallelTopology(num_pp=lay.pp, num_mp=lay.tp, num_dp=lay.dp)
         grid = PipelineParallelGrid(topology=topo)
         self.dp_rank, self.dp_group = grid.get_data_parallel_rank(), grid.get_data_parallel_group()
+        self.tp_group, self.rank = grid.get_slice_parallel_group(), denv.rank
 
         self.run_dir = run_dir = Path(args.run_dir) if args.run_dir else plan.path / "run"
         self.ckpt_dir = ckpt_dir = run_dir / "checkpoints"
@@ -214,7 +232,10 @@ class Trainer:
             tag, universal = checkpoint.choose_resume(ckpt_dir, rank0, lay.as_dict(), reshard.naming(lay.pp))
         except ValueError as e:
             raise CheckpointError(str(e)) from None
-        self.engine = engine = build_engine(plan, grid, topo, device, load_universal=universal)
+        self.aux_scale = AuxLossScale()
+        self.engine = engine = build_engine(
+            plan, grid, topo, device, load_universal=universal, aux_scale=self.aux_scale
+        )
 
         self.start = 0
         if tag is not None:
@@ -238,7 +259,13 @@ class Trainer:
             print(
                 f"dsorch train: {plan.spec.name} from {plan.path} on {denv.world_size} ranks "
                 f"({denv.launcher}, {device.type}, {training.precision})\n"
-                f"  layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp} = {lay.world_size}, ZeRO-{lay.zero_stage}, "
+                f"  layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp} = {lay.world_size}"
+                + (
+                    f" (ep {lay.ep}: experts over {lay.ep} dp ranks, expert dp {lay.dp // lay.ep})"
+                    if lay.ep > 1
+                    else ""
+                )
+                + f", ZeRO-{lay.zero_stage}, "
                 f"sp {'on' if lay.sequence_parallel else 'off'}, recompute {lay.recompute}, "
                 f"decoder layers per stage {list(stage_layers(plan))}\n"
                 f"  batch:  global {lay.global_batch_size} = micro-batch {lay.micro_batch_size} x "
@@ -268,6 +295,7 @@ class Trainer:
         if device.type == "cuda":  # page-locked, so the copies to the GPU run asynchronously
             batches = [(ids.pin_memory(), labels.pin_memory()) for ids, labels in batches]
         lr = engine.get_lr()[0]  # the rate this step's update uses
+        self.aux_scale.value = aux_loss_scale(engine)
         t0 = time.perf_counter()
         loss = train_step(engine, batches, lay.pp, device, self.dp_group)
         if device.type == "cuda":
@@ -368,6 +396,10 @@ class Trainer:
             self._pending = None
         if self.rank0:
             self.stop_file.unlink(missing_ok=True)  # a request that came with the last step is moot
+        if self.args.dump_weights:
+            from orchestrator.train.gather import dump_weights
+
+            dump_weights(self.engine.module, self.tp_group, Path(self.args.dump_weights), self.rank)
 
 
 @dataclass

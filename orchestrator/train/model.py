@@ -1,5 +1,7 @@
-"""A Llama-style decoder (RMSNorm, RoPE, SwiGLU or GeLU MLP, GQA) built from tensor-parallel
-layers, as a flat list of pipeline layers: embedding, N decoder blocks, final norm, output head.
+"""A Llama-style decoder (RMSNorm, RoPE, SwiGLU or GeLU MLP, GQA, optional QK-norm) built from
+tensor-parallel layers, as a flat list of pipeline layers: embedding, N decoder blocks, final norm,
+output head. The blocks of ``model.is_moe_layer(i)`` have a mixture-of-experts feed-forward
+(train/moe.py) in place of the MLP.
 
 The same list serves both engines: DeepSpeed's PipelineModule builds the layers of its own
 stage from the LayerSpecs (pp > 1), and ``DenseModel`` runs them all in sequence (pp = 1, where
@@ -21,11 +23,13 @@ from torch.utils.checkpoint import checkpoint
 
 from orchestrator.plan.layout import Layout
 from orchestrator.spec.model import ModelSpec
+from orchestrator.train.moe import AuxLossScale, EPContext, moe_layer
 from orchestrator.train.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     TPContext,
     VocabParallelEmbedding,
+    copy_to_tp,
     full_normal,
     scaled_std,
     scatter_to_sp,
@@ -148,6 +152,34 @@ class _RMSNorm(torch.autograd.Function):
         return _as(grad_x, x.dtype), grad_weight, None
 
 
+def _mlp(up, down, activation: str, x):
+    u = up(x)
+    if activation in ("swiglu", "geglu"):
+        return down(gated_activation(u, activation))
+    return down(F.gelu(u))
+
+
+class FeedForward(nn.Module):
+    """A (gated) MLP of intermediate size ``f``, column-parallel gate/up and row-parallel down over
+    ``tp``, weights drawn full under ``name``: a routed or shared expert of a MoE layer (the dense
+    layer keeps its own ``up``/``down``, whose names its checkpoints carry)."""
+
+    def __init__(self, model: ModelSpec, f: int, tp: TPContext, name: str, *, seed: int):
+        super().__init__()
+        h, std = model.hidden_size, model.init_method_std
+
+        def w(rows, cols, what, s=std):
+            return full_normal((rows, cols), s, seed, f"{name}.{what}")
+
+        ups = [w(f, h, "gate"), w(f, h, "up")] if model.gated else [w(f, h, "up")]
+        self.up = ColumnParallelLinear(tp, ups, model.bias)
+        self.down = RowParallelLinear(tp, w(h, f, "down", scaled_std(std, model.num_layers)), model.bias)
+        self.activation = model.activation
+
+    def forward(self, x):
+        return _mlp(self.up, self.down, self.activation, x)
+
+
 def rope_tables(model: ModelSpec, seq_length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of RoPE (Su et al. 2021), rotate-half convention of Llama / Megatron."""
     d = model.head_dim
@@ -191,7 +223,17 @@ class Embedding(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, model: ModelSpec, seq_length: int, layout: Layout, tp: TPContext, seed: int, index: int):
+    def __init__(
+        self,
+        model: ModelSpec,
+        seq_length: int,
+        layout: Layout,
+        tp: TPContext,
+        seed: int,
+        index: int,
+        ep: EPContext | None = None,
+        aux_scale: AuxLossScale | None = None,
+    ):
         super().__init__()
         h, f, d = model.hidden_size, model.ffn_hidden_size, model.head_dim
         heads, kv_heads = model.num_attention_heads, model.kv_heads
@@ -208,11 +250,21 @@ class DecoderLayer(nn.Module):
             tp, [w(heads * d, h, "q"), w(kv_heads * d, h, "k"), w(kv_heads * d, h, "v")], model.bias or model.qkv_bias
         )
         self.out = RowParallelLinear(tp, w(h, heads * d, "o", out_std), model.bias)
+        self.tp = tp
+        # QK-norm (Qwen3; Megatron-LM --qk-layernorm): RMSNorm over each head's channels, one weight
+        # of head_dim shared by the heads, applied to queries and keys before RoPE.
+        self.q_norm = nn.Parameter(torch.ones(d)) if model.qk_norm else None
+        self.k_norm = nn.Parameter(torch.ones(d)) if model.qk_norm else None
         self.post_norm = Norm(model, tp)
         self.activation, self.parallel = model.activation, model.parallel_residual
-        ups = [w(f, h, "gate"), w(f, h, "up")] if model.gated else [w(f, h, "up")]
-        self.up = ColumnParallelLinear(tp, ups, model.bias)
-        self.down = RowParallelLinear(tp, w(h, f, "down", out_std), model.bias)
+        self.moe = None
+        if model.is_moe_layer(index):
+            make_ffn = functools.partial(FeedForward, model, seed=seed)
+            self.moe = moe_layer(model, tp, ep or EPContext(), seed, index, make_ffn, aux_scale or AuxLossScale())
+        else:
+            ups = [w(f, h, "gate"), w(f, h, "up")] if model.gated else [w(f, h, "up")]
+            self.up = ColumnParallelLinear(tp, ups, model.bias)
+            self.down = RowParallelLinear(tp, w(h, f, "down", out_std), model.bias)
         cos, sin = rope_tables(model, seq_length)
         self.rope = model.position_embedding == "rope"
         # [s, 1, 1, d]: broadcast over batch and heads of the [s, b, heads, d] projections.
@@ -229,6 +281,8 @@ class DecoderLayer(nn.Module):
         s, b = qkv.shape[0], qkv.shape[1]
         qkv = qkv.view(s, b, self.heads + 2 * self.kv_heads, self.head_dim)
         qk, v = qkv.split([self.heads + self.kv_heads, self.kv_heads], dim=2)
+        if self.q_norm is not None:
+            qk = self._qk_norm(qk)
         if self.rope:  # q and k heads rotated together: one set of element-wise ops, not two
             cos, sin = self.cos[:s].to(qk.dtype), self.sin[:s].to(qk.dtype)
             qk = apply_rope(qk, cos, sin)
@@ -242,11 +296,17 @@ class DecoderLayer(nn.Module):
         o = recompute(self.core_attention, q, k, v) if self.selective else self.core_attention(q, k, v)
         return self.out(o.permute(2, 0, 1, 3).reshape(s, b, self.heads * self.head_dim))
 
+    def _qk_norm(self, qk):
+        """RMSNorm of each query and key head ([s, b, heads + kv_heads, d]). The weights see this
+        rank's heads only: their gradients are summed over the tp group (copy_to_tp)."""
+        q, k = qk.split([self.heads, self.kv_heads], dim=2)
+        wq, wk = (copy_to_tp(p, self.tp.group) for p in (self.q_norm, self.k_norm))
+        return torch.cat([_RMSNorm.apply(q, wq, NORM_EPS), _RMSNorm.apply(k, wk, NORM_EPS)], dim=2)
+
     def mlp(self, x):
-        u = self.up(self.post_norm(x))
-        if self.activation in ("swiglu", "geglu"):
-            return self.down(gated_activation(u, self.activation))
-        return self.down(F.gelu(u))
+        if self.moe is not None:
+            return self.moe(self.post_norm(x))
+        return _mlp(self.up, self.down, self.activation, self.post_norm(x))
 
     def forward(self, x):
         if self.parallel:  # GPT-J / GPT-NeoX: both branches read the block's input
@@ -281,8 +341,19 @@ def _tied_logits(embedding: Embedding, x):
     return embedding.logits(x)
 
 
-def layer_specs(model: ModelSpec, seq_length: int, layout: Layout, tp: TPContext, seed: int) -> list:
-    """The model as pipeline layers: [embedding, decoder x L, final norm, output head]."""
+def layer_specs(
+    model: ModelSpec,
+    seq_length: int,
+    layout: Layout,
+    tp: TPContext,
+    seed: int,
+    ep: EPContext | None = None,
+    aux_scale: AuxLossScale | None = None,
+) -> list:
+    """The model as pipeline layers: [embedding, decoder x L, final norm, output head]. ``ep``: this
+    rank's expert group (train/moe.py expert_groups); ``aux_scale``: the scale of the MoE layers'
+    auxiliary-loss gradient, which the trainer sets each step."""
+    ep, aux_scale = ep or EPContext(), aux_scale or AuxLossScale()
     if model.tied_embeddings:
         first = TiedLayerSpec("embed", Embedding, model, seq_length, tp, seed, tied_weight_attr=["word.weight"])
         last = TiedLayerSpec(
@@ -290,7 +361,9 @@ def layer_specs(model: ModelSpec, seq_length: int, layout: Layout, tp: TPContext
         )
     else:
         first, last = LayerSpec(Embedding, model, seq_length, tp, seed), LayerSpec(OutputHead, model, tp, seed)
-    blocks = [LayerSpec(DecoderLayer, model, seq_length, layout, tp, seed, i) for i in range(model.num_layers)]
+    blocks = [
+        LayerSpec(DecoderLayer, model, seq_length, layout, tp, seed, i, ep, aux_scale) for i in range(model.num_layers)
+    ]
     return [first, *blocks, LayerSpec(Norm, model, tp), last]
 
 

@@ -95,7 +95,9 @@ def convertible(source, target) -> list[str]:
     return problems
 
 
-def _dense_name(name: str) -> str:
+def dense_name(name: str) -> str:
+    """A parameter name of the pipeline model (``<index>.<name>``, ``tied_modules.embed.``) as the
+    pp = 1 model names it (``layers.<index>.<name>``); other names unchanged."""
     m = re.match(r"^(\d+)\.(.+)$", name)
     if m:
         return f"layers.{m.group(1)}.{m.group(2)}"
@@ -119,7 +121,7 @@ def rename_for(universal_dir: Path, target: str, tied: bool) -> None:
     for p in sorted(zero.iterdir()):
         if not p.is_dir():
             continue
-        new = _dense_name(p.name) if target == NAMING_DENSE else _pipeline_name(p.name, tied)
+        new = dense_name(p.name) if target == NAMING_DENSE else _pipeline_name(p.name, tied)
         if new != p.name:
             os.rename(p, zero / new)
 

@@ -8,6 +8,7 @@ Sec. 4.2.2, Fig. 5), as in megatron/core/tensor_parallel/mappings.py:
     copy_to_tp            forward identity             backward all-reduce
     reduce_from_tp        forward all-reduce           backward identity
     gather_from_sp        forward all-gather (seq)     backward reduce-scatter (seq)
+    gather_replicated     forward all-gather (seq)     backward split (seq)
     reduce_scatter_to_sp  forward reduce-scatter (seq) backward all-gather (seq)
     scatter_to_sp         forward split (seq)          backward all-gather (seq)
 
@@ -55,9 +56,11 @@ def _reduce_scatter_dim0(x: torch.Tensor, group) -> torch.Tensor:
         out = torch.empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype, device=x.device)
         dist.reduce_scatter_tensor(out, x, group=group)
         return out
-    # gloo has no reduce_scatter: all-reduce then keep our slice (same result, 2x the traffic).
+    # gloo has no reduce_scatter: all-reduce then keep our slice (same result, 2x the traffic). A
+    # copy, as NCCL's output is its own tensor: a view would keep the whole sum alive wherever the
+    # slice is saved for backward (the MoE shared-expert gate's product, tests/system/test_activation_census.py).
     dist.all_reduce(x, group=group)
-    return x.chunk(n, dim=0)[dist.get_rank(group)].contiguous()
+    return x.chunk(n, dim=0)[dist.get_rank(group)].clone()
 
 
 def _split_dim0(x: torch.Tensor, group) -> torch.Tensor:
@@ -104,6 +107,22 @@ class _GatherFromSP(torch.autograd.Function):
     def backward(ctx, g):
         # The consumer is a column-parallel GEMM: each rank's gradient is a partial sum.
         return _reduce_scatter_dim0(g, ctx.group), None
+
+
+class _GatherReplicated(torch.autograd.Function):
+    """All-gather the sequence for a consumer whose gradient comes back whole and equal on every tp
+    rank (a replicated computation, e.g. the MoE router and dispatch), so the backward keeps this
+    rank's slice instead of summing: Megatron-LM's gather_from_sequence_parallel_region with
+    tensor_parallel_output_grad=False (core/tensor_parallel/mappings.py)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_gather_dim0(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _split_dim0(g, ctx.group), None
 
 
 class _ReduceScatterToSP(torch.autograd.Function):
@@ -170,6 +189,10 @@ def gather_from_sp(x, group):
     return x if _world(group) == 1 else _GatherFromSP.apply(x, group)
 
 
+def gather_replicated(x, group):
+    return x if _world(group) == 1 else _GatherReplicated.apply(x, group)
+
+
 def reduce_scatter_to_sp(x, group):
     return x if _world(group) == 1 else _ReduceScatterToSP.apply(x, group)
 
@@ -188,11 +211,15 @@ def full_normal(shape: tuple[int, ...], std: float, seed: int, name: str) -> tor
     return torch.randn(shape, generator=g, dtype=torch.float32) * std
 
 
-def mark_tensor_parallel(p: nn.Parameter) -> nn.Parameter:
+def mark_tensor_parallel(p: nn.Parameter, dim: int, parts: list[int]) -> nn.Parameter:
+    """Mark ``p`` as a tp shard: along ``dim``, of the full blocks of sizes ``parts`` concatenated
+    (each block split over the ranks, rank r holding the r-th slice of each: a fused QKV is
+    [q_r; k_r; v_r])."""
     # DeepSpeed's gradient-norm code (runtime/utils.py is_model_parallel_parameter) counts a
     # parameter without this attribute on tp rank 0 only, as a replica; a sharded one on every
     # tp rank. Without it the clipped norm of a tp>1 run is wrong.
     p.tensor_model_parallel = True  # type: ignore[attr-defined]  # DeepSpeed's attribute, set per parameter
+    p.tp_split = (dim, parts)  # type: ignore[attr-defined]  # dsorch's: how to join the shards (train/gather.py)
     return p
 
 
@@ -247,8 +274,11 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, tp: TPContext, full_weights: list[torch.Tensor], bias: bool):
         super().__init__()
         self.tp = tp
-        self.weight = mark_tensor_parallel(nn.Parameter(torch.cat([tp.shard(w, 0) for w in full_weights], dim=0)))
-        self.bias = mark_tensor_parallel(nn.Parameter(torch.zeros(self.weight.shape[0]))) if bias else None
+        parts = [w.shape[0] for w in full_weights]
+        self.weight = mark_tensor_parallel(
+            nn.Parameter(torch.cat([tp.shard(w, 0) for w in full_weights], dim=0)), 0, parts
+        )
+        self.bias = mark_tensor_parallel(nn.Parameter(torch.zeros(self.weight.shape[0])), 0, parts) if bias else None
 
     def forward(self, x):
         if self.tp.sequence_parallel:
@@ -262,7 +292,7 @@ class RowParallelLinear(nn.Module):
     def __init__(self, tp: TPContext, full_weight: torch.Tensor, bias: bool):
         super().__init__()
         self.tp = tp
-        self.weight = mark_tensor_parallel(nn.Parameter(tp.shard(full_weight, 1)))
+        self.weight = mark_tensor_parallel(nn.Parameter(tp.shard(full_weight, 1)), 1, [full_weight.shape[1]])
         # The bias is replicated and added once, after the reduction.
         self.bias = nn.Parameter(torch.zeros(full_weight.shape[0])) if bias else None
 
@@ -278,7 +308,7 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, tp: TPContext, full_weight: torch.Tensor):
         super().__init__()
         self.tp = tp
-        self.weight = mark_tensor_parallel(nn.Parameter(tp.shard(full_weight, 0)))
+        self.weight = mark_tensor_parallel(nn.Parameter(tp.shard(full_weight, 0)), 0, [full_weight.shape[0]])
         self.per_rank = full_weight.shape[0] // tp.size
         self.start = tp.rank * self.per_rank
 

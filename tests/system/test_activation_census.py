@@ -11,7 +11,11 @@ with its fused kernels does; the cost model counts each difference for the deeps
 Megatron-LM / Transformer Engine keeps instead), and ``extras_by_hand`` writes the same terms out.
 The test holds, to the byte: measured == formula + the model's extras, for recompute none /
 selective / full at tp = 1 and at tp = 2 with and without sequence parallelism (two CPU ranks
-over gloo).
+over gloo). A mixture-of-experts layer (train/moe.py) keeps formula(f = 0) + the extras +
+``moe_activation_bytes_per_layer`` (router scores, routing indices, the permuted token copies,
+the experts' GEMM outputs, the combine, the shared experts), checked the same way for several
+routers at tp = 1, at tp = 2 with and without SP, and at ep = 2 (each rank with the token copies
+it sent and received).
 
 Run with ``pytest -s`` to see each case's storages. About 12 s on 2 cores.
 """
@@ -28,9 +32,13 @@ import pytest
 import torch
 from deepspeed.pipe import LayerSpec
 
-from orchestrator.costmodel.memory import activation_bytes_per_layer, entrypoint_extra_bytes_per_layer
+from orchestrator.costmodel.memory import (
+    activation_bytes_per_layer,
+    entrypoint_extra_bytes_per_layer,
+    moe_activation_bytes_per_layer,
+)
 from orchestrator.plan.layout import Layout
-from orchestrator.spec.model import ModelSpec
+from orchestrator.spec.model import ModelSpec, MoESpec
 from orchestrator.train.census import saved_activations
 from orchestrator.train.model import DecoderLayer, DenseModel, Pipeline, recompute
 from orchestrator.train.tensor_parallel import TPContext
@@ -108,11 +116,70 @@ def _measure(module: torch.nn.Module, x: torch.Tensor, *args):
     return saved
 
 
-def measure_dense(rc: str, tp: TPContext, t: int, sp: bool, rank: int = 0):
+def measure_dense(rc: str, tp: TPContext, t: int, sp: bool, rank: int = 0, model_spec: ModelSpec = MODEL, ep=None):
     """One decoder layer as the pp = 1 model runs it (DenseModel: full recompute wraps each layer)."""
-    spec = LayerSpec(DecoderLayer, MODEL, S, _layout(rc, t, sp), tp, SEED, 0)
+    spec = LayerSpec(DecoderLayer, model_spec, S, _layout(rc, t, sp), tp, SEED, 0, ep)
     model = _bf16_weights(DenseModel([spec], _no_loss, full_recompute=rc == "full"))
-    return _measure(model, _layer_input(t, sp, rank), None)
+    saved = _measure(model, _layer_input(t, sp, rank), None)
+    moe = model.layers[0].moe
+    return saved if moe is None else (saved, moe.sent_tokens, moe.routed_tokens)
+
+
+# --------------------------------------------------------------------------- mixture of experts
+
+# MoE layers (layer 0 of these models is MoE): the spec's router, shared-expert and balancing variants.
+MOE = {
+    "softmax-shared": MoESpec(num_experts=4, top_k=2, ffn_hidden_size=128, shared_experts=1),
+    "softmax-no-shared": MoESpec(num_experts=4, top_k=2, ffn_hidden_size=128),
+    "sigmoid-grouped-gated-seq": MoESpec(num_experts=8, top_k=2, ffn_hidden_size=64, shared_experts=2,
+                                         shared_expert_gate=True, router="sigmoid", groups=4, group_top_k=2,
+                                         scale=2.5, load_balancing="seq_aux_loss"),
+    "top1-no-aux-gelu": MoESpec(num_experts=4, top_k=1, ffn_hidden_size=128, aux_loss_coeff=0.0),
+    "capacity": MoESpec(num_experts=4, top_k=2, ffn_hidden_size=128, capacity_factor=0.5),
+}
+
+
+def moe_model(name: str) -> ModelSpec:
+    activation = "gelu" if "gelu" in name else "swiglu"
+    return MODEL.model_copy(update={"moe": MOE[name], "activation": activation})
+
+
+def moe_formula(name: str, rc: str, sent: int, received: int, t: int = 1, sp: bool = False) -> float:
+    """formula(f = 0) + the entrypoint's extras + what the MoE feed-forward keeps."""
+    m, model = MOE[name], moe_model(name)
+    swiglu = model.activation != "gelu"
+    dense = activation_bytes_per_layer(S, B, H, 0, A, KV, t, sp, RECOMPUTE[rc], swiglu=swiglu, flash=True,
+                                       hidden_dropout=False, attention_dropout=False, act_bytes=2)
+    moe = moe_activation_bytes_per_layer(
+        S, B, H, t, sp, RECOMPUTE[rc], num_experts=m.num_experts, top_k=m.top_k, expert_ffn=m.ffn_hidden_size,
+        shared_ffn=m.shared_ffn, shared_gate=m.shared_expert_gate, swiglu=swiglu, router=m.router,
+        norm_top_k=m.norm_top_k, load_balancing="none" if m.aux_loss_coeff == 0 else m.load_balancing,
+        sent=sent, received=received, act_bytes=2)
+    return float(dense + extras(rc, t, sp) + moe)
+
+
+@pytest.mark.parametrize("name", list(MOE))
+@pytest.mark.parametrize("rc", list(RECOMPUTE))
+def test_a_moe_layer_keeps_the_formula_plus_the_moe_terms(name, rc):
+    """tp = 1, ep = 1: every token copy stays here (sent = received: top_k per token, fewer with
+    the capacity, as counted by the layer)."""
+    saved, sent, routed = measure_dense(rc, TPContext(None, False), 1, False, model_spec=moe_model(name))
+    explain = f"\n{name}, recompute {rc}: {routed} token copies\n{saved.table()}"
+    print(explain)
+    assert sent == routed
+    if MOE[name].capacity_factor is None:
+        assert routed == S * B * MOE[name].top_k
+    else:  # ceil(T k / E x 0.5) per expert at most
+        assert routed <= MOE[name].num_experts * -(-S * B * MOE[name].top_k * 0.5 // MOE[name].num_experts)
+    assert saved.nbytes == moe_formula(name, rc, routed, routed), explain
+
+
+def test_the_moe_terms_grow_with_the_token_copies():
+    """Each token copy costs its hidden vector twice (the experts' input and output), the experts'
+    GEMM outputs and two indices; nothing else depends on the copies."""
+    one = moe_formula("softmax-no-shared", "none", 100, 100)
+    assert moe_formula("softmax-no-shared", "none", 101, 101) - one == 2 * (2 * H + 3 * 128 + 1) + 8
+    assert moe_formula("softmax-no-shared", "full", 101, 101) == 2 * S * B * H
 
 
 def _explain(table: str, rc: str, t: int, sp: bool) -> str:
@@ -243,6 +310,21 @@ def _rank_main(out_dir: Path) -> None:
             for rc in RECOMPUTE:
                 saved = measure_dense(rc, tp, tp.size, sp, tp.rank)
                 doc[f"{rc}/sp={sp}"] = {"nbytes": saved.nbytes, "table": saved.table()}
+        for name in ("softmax-shared", "softmax-no-shared", "sigmoid-grouped-gated-seq"):
+            for sp in (False, True):
+                saved, sent, routed = measure_dense("none", TPContext(group, sp), denv.world_size, sp, denv.rank,
+                                                    model_spec=moe_model(name))
+                doc[f"moe-{name}/sp={sp}"] = {"nbytes": saved.nbytes, "table": saved.table(), "sent": sent,
+                                              "routed": routed}
+        # ep = 2 over the two ranks as data-parallel ranks (tp = 1): DeepSpeed's expert groups.
+        from orchestrator.train.moe import expert_groups
+
+        dp_topo = PipeModelDataParallelTopology(num_pp=1, num_mp=1, num_dp=denv.world_size)
+        ep = expert_groups(denv.world_size, PipelineParallelGrid(topology=dp_topo))
+        for name in ("softmax-shared", "capacity"):
+            saved, sent, routed = measure_dense("none", TPContext(None, False), 1, False, denv.rank,
+                                                model_spec=moe_model(name), ep=ep)
+            doc[f"moe-ep2-{name}"] = {"nbytes": saved.nbytes, "table": saved.table(), "sent": sent, "routed": routed}
         # pp > 1: DeepSpeed's PipelineModule checkpoints every DecoderLayer itself
         # (activation_checkpoint_interval 1, checkpoint function model.recompute), as entry.py builds it.
         tp = TPContext(group, True)
@@ -305,6 +387,31 @@ def test_sp_divides_the_replicated_terms_by_t(two_ranks):
         for rc in ("none", "selective"):
             assert r[f"{rc}/sp=False"]["nbytes"] - r[f"{rc}/sp=True"]["nbytes"] == \
                 (8 * sbh + 2 * 4 * S * B) * (1 - 1 / T)
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
+@pytest.mark.parametrize("name", ["softmax-shared", "softmax-no-shared", "sigmoid-grouped-gated-seq"])
+def test_tp2_moe_layer_keeps_the_formula_plus_the_moe_terms(two_ranks, name, sp):
+    """Every tp rank routes the whole micro-batch (gathered under SP) and runs its slice of every
+    expert: all T top_k copies, f / t of each expert's GEMM outputs."""
+    for r in two_ranks:
+        got = r[f"moe-{name}/sp={sp}"]
+        assert got["sent"] == got["routed"] == S * B * MOE[name].top_k
+        assert got["nbytes"] == moe_formula(name, "none", got["routed"], got["routed"], T, sp), got["table"]
+
+
+@pytest.mark.parametrize("name", ["softmax-shared", "capacity"])
+def test_ep2_moe_layer_keeps_the_formula_with_what_each_rank_sent_and_received(two_ranks, name):
+    """ep = 2: each rank sends its micro-batch's copies (T top_k, or the capacity's) and runs what
+    the two ranks routed to its two experts; the copies received add up to the copies sent."""
+    got = [r[f"moe-ep2-{name}"] for r in two_ranks]
+    for g in got:
+        assert g["nbytes"] == moe_formula(name, "none", g["sent"], g["routed"]), g["table"]
+    sent, received = [g["sent"] for g in got], [g["routed"] for g in got]
+    assert sum(sent) == sum(received)
+    if MOE[name].capacity_factor is None:
+        assert sent == [S * B * MOE[name].top_k] * 2
+        assert received != sent  # the two ranks' experts took unequal shares: the test sees both terms
 
 
 if __name__ == "__main__":
