@@ -15,6 +15,11 @@ counted twice. What is counted where:
   buffers, flat copies. Which these are is the engines' business (stage_1_and_2.py,
   bf16_optimizer.py, stage3.py); the cost model counts the fp32 gradient buffer of bf16 with the
   gradients and the reduce buckets as communication buffers.
+* **expert_params**, **expert_optimizer**: the part of params and optimizer that belongs to the
+  routed experts of MoE layers (train/moe.py; also counted above). Expert weights are named
+  ``...deepspeed_experts.<i>...``; their optimizer state is that of the optimizer's MoE parameter
+  groups (DeepSpeed splits them off at ep > 1, moe/utils.py, and shards them over the expert
+  data-parallel group); at ep = 1 the experts share the dense groups and expert_optimizer is 0.
 
 Run after the first optimizer step, when every lazily built state exists.
 
@@ -70,34 +75,39 @@ def _walk(obj, seen_objs: set[int], out: list[torch.Tensor], depth: int = 0) -> 
 
 
 def census(engine) -> dict[str, int]:
-    """Bytes of params, grads, optimizer and other model-state tensors on this rank."""
+    """Bytes of params, grads, optimizer and other model-state tensors on this rank, and the
+    routed experts' share of params and optimizer."""
     counted: dict[int, str] = {}
     sizes: dict[int, int] = {}
+    experts: set[int] = set()  # storages of expert weights and of their optimizer state
 
-    def add(t: torch.Tensor | None, kind: str) -> None:
+    def add(t: torch.Tensor | None, kind: str, expert: bool = False) -> None:
         if t is None or t.numel() == 0 or t.device.type == "meta":
             return
         ptr, n = _storage(t)
         if ptr and ptr not in counted:
             counted[ptr], sizes[ptr] = kind, n
+            if expert:
+                experts.add(ptr)
 
-    module_params = list(engine.module.parameters())
-    for p in module_params:
+    named = list(engine.module.named_parameters())
+    module_params = [p for _, p in named]
+    for name, p in named:
         ds = getattr(p, "ds_tensor", None)
-        add(ds if isinstance(ds, torch.Tensor) else p.data, "params")
+        add(ds if isinstance(ds, torch.Tensor) else p.data, "params", ".deepspeed_experts." in name)
     inner = engine.optimizer
     while hasattr(inner, "optimizer") and not isinstance(inner, torch.optim.Optimizer):
         inner = inner.optimizer
     module_ptrs = {_storage(p.data)[0] for p in module_params if p.numel()}
     if isinstance(inner, torch.optim.Optimizer):
-        for state in inner.state.values():
-            for v in state.values():
-                if isinstance(v, torch.Tensor) and v.numel() > 1:  # not Adam's step counter
-                    add(v, "optimizer")
         for group in inner.param_groups:
+            moe = bool(group.get("moe"))  # DeepSpeed's mark of an expert group (moe/utils.py)
             for p in group["params"]:
+                for v in inner.state.get(p, {}).values():
+                    if isinstance(v, torch.Tensor) and v.numel() > 1:  # not Adam's step counter
+                        add(v, "optimizer", moe)
                 if _storage(p.data)[0] not in module_ptrs:
-                    add(p.data, "optimizer")
+                    add(p.data, "optimizer", moe)
                 add(p.grad, "grads")
     for p in module_params:
         add(p.grad, "grads")
@@ -105,9 +115,11 @@ def census(engine) -> dict[str, int]:
     _walk(engine.optimizer, set(), found)
     for t in found:
         add(t, "other")
-    out = {"params": 0, "grads": 0, "optimizer": 0, "other": 0}
+    out = {"params": 0, "grads": 0, "optimizer": 0, "other": 0, "expert_params": 0, "expert_optimizer": 0}
     for ptr, kind in counted.items():
         out[kind] += sizes[ptr]
+        if ptr in experts:
+            out[f"expert_{kind}"] += sizes[ptr]
     return out
 
 

@@ -343,7 +343,9 @@ class Trainer:
                 rank0,
                 layout=lay.as_dict(),
                 plan=str(plan.path.resolve()),
-                universal_info=reshard.universal_info(plan.spec.model),
+                # At ep > 1 DeepSpeed saves MoE checkpoints its own way, which reserves the key (and
+                # its universal checkpoint cannot convert them: reshard.convertible).
+                universal_info=reshard.universal_info(plan.spec.model) if lay.ep == 1 else None,
             )
         if args.fail_after_step == done and rank0:
             os.kill(os.getpid(), signal.SIGKILL)

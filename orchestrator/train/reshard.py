@@ -19,6 +19,10 @@ to the last digit in fp32):
 * ZeRO-1 or ZeRO-2 on both sides: the converter reads ``*_optim_states.pt`` (a ZeRO-0 run writes
   none) and the engine loads universal checkpoints only inside its ZeRO optimizer; ZeRO-3 writes
   another file layout and reshards to tp > 1 only with AutoTP metadata (``convertible``).
+* ep = 1 on both sides for mixture-of-experts models: at ep = 1 the experts are ordinary
+  parameters and convert like the dense MLP (``universal_info`` names the router and gates); at
+  ep > 1 DeepSpeed writes native MoE checkpoints, which its converter does not handle
+  (``convertible`` says why).
 """
 
 from __future__ import annotations
@@ -55,6 +59,12 @@ def universal_info(model) -> dict:
         replicated.append(r".*\.(out|down)\.bias$")
     if model.position_embedding == "learned":
         replicated.append(r".*\.pos$")
+    if model.qk_norm:
+        replicated.append(r".*\.(q|k)_norm$")
+    if model.moe is not None:  # train/moe.py: the router (and its bias) and the shared experts' gate
+        replicated.append(r".*\.moe\.router(_bias)?$")
+        if model.moe.shared_expert_gate:
+            replicated.append(r".*\.moe\.shared_gate$")
     info = {
         "tp_replicated_parameter_patterns": replicated,
         # RowParallelLinear splits the input dimension: the slices join along dim 1.
@@ -92,6 +102,16 @@ def convertible(source, target) -> list[str]:
             )
     if target.vpp != 1 or source.vpp != 1:
         problems.append("vpp > 1 is not in DeepSpeed's pipeline engine")
+    if source.ep > 1 or target.ep > 1:
+        problems.append(
+            f"expert parallelism (the run's ep {source.ep}, the new ep {target.ep}) is not converted: at ep > 1 "
+            "DeepSpeed checkpoints the routed experts as native MoE layers (one file per expert and layer, their "
+            "optimizer state partitioned over the expert data-parallel group), and its universal checkpoint "
+            "converter (ds_to_universal, 0.19) merges ZeRO partitions over the data-parallel group and knows "
+            "only AutoEP's expert layout, so it would merge the experts' partitions wrongly. A run at ep > 1 "
+            "resumes with the plan that wrote it (or another of its layout); one trained at ep 1 converts like a "
+            "dense model, to ep 1 layouts"
+        )
     return problems
 
 
