@@ -1,4 +1,5 @@
-"""dsorch's bundled training entrypoint: TP x PP x DP (ZeRO) with DeepSpeed, driven by a plan.
+"""dsorch's bundled training entrypoint: TP x PP x DP (ZeRO), and EP for mixture-of-experts
+models (train/moe.py), with DeepSpeed, driven by a plan.
 
 One process per rank. Everything about the model and the layout comes from the plan directory
 (megatron_args.txt, ds_config.json, plan.yaml); the command line only says how long, on what

@@ -56,5 +56,7 @@ def full_weights(module: torch.nn.Module, tp_group) -> dict[str, torch.Tensor]:
 
 
 def dump_weights(module: torch.nn.Module, tp_group, directory: Path, rank: int) -> None:
+    if any(hasattr(p, "ds_id") for p in module.parameters()):
+        raise SystemExit("--dump-weights: ZeRO-3 partitions the weights themselves; gather them with DeepSpeed")
     directory.mkdir(parents=True, exist_ok=True)
     torch.save(full_weights(module, tp_group), directory / f"weights-rank{rank}.pt")

@@ -83,6 +83,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -327,7 +328,7 @@ class MoEFeedForward(nn.Module):
 
     @property
     def experts(self) -> nn.ModuleList:
-        return self.deepspeed_moe.experts.deepspeed_experts
+        return cast(nn.ModuleList, self.deepspeed_moe.get_submodule("experts.deepspeed_experts"))
 
     def forward(self, x):
         tp = self.tp
@@ -407,8 +408,8 @@ class ExpertParallelMoE(MoEFeedForward, DeepSpeedMoE):
         self.use_residual = False
         for p in self.experts.parameters():
             # DeepSpeed's marks of an expert parameter (moe/experts.py Experts).
-            p.allreduce = False  # type: ignore[attr-defined]
-            p.group_name = self.expert_group_name  # type: ignore[attr-defined]
+            p.allreduce = False
+            p.group_name = self.expert_group_name
 
     def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
         """Called by DeepSpeed's engine on every module that has it: the groups exist already

@@ -2,7 +2,10 @@
 hold: the entrypoint on CPU ranks with --memory-census counts every tensor each rank keeps
 (train/census.py), in the second optimizer step before it updates, and the cost model predicts the
 same layout (ZeRO 0-3, tensor parallelism, bf16 and fp32). Equal, byte for byte where the engine
-keeps the state between steps; the documented exceptions are named at each assertion."""
+keeps the state between steps; the documented exceptions are named at each assertion. For
+mixture-of-experts layouts (ep 2 with dp 2 and 4, and with tp 2) the routed experts' weights and
+optimizer state are checked against the spec's parameter counts: E/ep experts per rank over etp,
+their optimizer state sharded over the expert data-parallel group."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from orchestrator.plandir.reader import load_plan_dir
 from orchestrator.plan.layout import Pins
 from orchestrator.plan.solver import search
 from orchestrator.spec.cluster import load_profile
+from orchestrator.spec.model import SpecFile
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,3 +135,76 @@ def test_bf16_zero0_holds_no_fp32_gradient_copy_between_steps(censuses):
     # of the gradient DeepSpeed makes for the step, as its own estimator does); between steps the
     # census finds the first 12.
     assert r["bytes"]["optimizer"] == pred["optimizer"] - 4 * params
+
+
+# --------------------------------------------------------------------------- mixture of experts
+
+# WIDE with a MoE feed-forward in layer 1 (layer 0 dense): 4 experts of 128, top 2, one shared expert.
+WIDE_MOE = {**WIDE, "name": "census-wide-moe",
+            "model": {**WIDE["model"], "moe": {"num_experts": 4, "top_k": 2, "ffn_hidden_size": 128,
+                                               "shared_experts": 1, "dense_leading_layers": 1}}}
+
+# name -> (processes, plan pins, tp, dp, ep); bf16, ZeRO-1 (BF16_Optimizer) and ZeRO-2.
+MOE_LAYOUTS = {
+    "moe-ep2-dp2-zero2": (2, ["--gpus-per-node", "2", "--dp", "2", "--ep", "2", "--zero", "2"], 1, 2, 2),
+    "moe-ep2-dp4-zero1": (4, ["--gpus-per-node", "4", "--dp", "4", "--ep", "2", "--zero", "1"], 1, 4, 2),
+    "moe-ep2-tp2-dp2-zero1": (4, ["--gpus-per-node", "4", "--tp", "2", "--dp", "2", "--ep", "2", "--zero", "1"],
+                              2, 2, 2),
+}
+
+
+def moe_rank_params(model, tp: int, ep: int) -> tuple[int, int]:
+    """(parameters a rank holds, of which routed experts), from the spec's counts: the tp-split
+    matrices (embedding, output, attention, dense and shared MLPs) over tp; the norms and routers
+    whole; per MoE layer E/ep experts, each over etp = tp."""
+    moe, L, lm = model.moe, model.num_layers, model.num_moe_layers
+    replicated = (2 * L + 1) * model.norm_params + lm * model.router_params
+    split = (model.embedding_params + model.output_params - model.norm_params + L * model.attention_params
+             + (L - lm) * model.mlp_params(model.ffn_hidden_size) + lm * model.shared_expert_params)
+    experts = lm * (moe.num_experts // ep) * model.expert_params // tp
+    return split // tp + replicated + experts, experts
+
+
+@pytest.fixture(scope="module")
+def moe_censuses(tmp_path_factory):
+    out = {}
+    for name, (nproc, pins, tp, dp, ep) in MOE_LAYOUTS.items():
+        d = tmp_path_factory.mktemp(name)
+        spec = d / "spec.yaml"
+        spec.write_text(yaml.safe_dump(WIDE_MOE))
+        r = CliRunner().invoke(main, ["plan", str(spec), "--cluster", "local", "--out", str(d / "plan"), *pins],
+                               catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        layout = load_plan_dir(d / "plan").layout
+        assert (layout.tp, layout.dp, layout.ep, layout.etp) == (tp, dp, ep, tp)
+        env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                            str(nproc), "-m", "orchestrator.train", "--plan", str(d / "plan"), "--steps", "3",
+                            "--no-save", "--run-dir", str(d / "run"), "--memory-census", str(d / "census")],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        ranks = [json.loads(f.read_text()) for f in sorted((d / "census").glob("census-rank*.json"))]
+        assert len(ranks) == nproc
+        out[name] = (ranks, layout)
+    return out
+
+
+@pytest.mark.parametrize("name", list(MOE_LAYOUTS))
+def test_expert_weights_and_their_optimizer_state_per_rank(moe_censuses, name):
+    """A rank holds its E/ep experts (over etp = tp) and the rest as a dense model does; the fp32
+    master and Adam moments (12 bytes per parameter) of the dense parameters are sharded over dp, the
+    experts' over the expert data-parallel group, dp / ep ranks (DeepSpeed's MoE param groups)."""
+    ranks, layout = moe_censuses[name]
+    model = SpecFile.model_validate(WIDE_MOE).model
+    params, experts = moe_rank_params(model, layout.tp, layout.ep)
+    dense, edp = params - experts, layout.dp // layout.ep
+    assert edp * layout.ep == layout.dp
+    for r in ranks:
+        b = r["bytes"]
+        assert (b["params"], b["expert_params"]) == (2 * params, 2 * experts), name
+        assert (b["optimizer"], b["expert_optimizer"]) == (12 * (dense // layout.dp + experts // edp),
+                                                           12 * (experts // edp)), name
+        if layout.zero_stage == 1:  # BF16_Optimizer's full fp32 gradient buffer, as for dense models
+            assert b["grads"] == 4 * params
+        else:  # ZeRO-2's fp32 gradient partition, in the ZeRO optimizer's flat buffer ("other")
+            assert b["grads"] == 0 and abs(b["other"] - 4 * (dense // layout.dp + experts // edp)) <= 64

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.costmodel import Candidates, evaluate
-from orchestrator.costmodel.memory import activation_bytes_per_layer, model_state_bytes
+from orchestrator.costmodel.memory import activation_bytes_per_layer, model_state_bytes, moe_activation_bytes_per_layer
 from orchestrator.costmodel.stacks import (
     MEMORY_KEYS,
     MEMORY_LABELS,
@@ -66,6 +66,24 @@ def test_flash_attention_drops_the_score_matrices():
     # sbh/t * 34 remain, plus the fp32 log-sum-exp (4 a s b / t) instead of 5as^2b/t.
     assert float(flash) == 34 * sbh / 8 + 4 * 96 * 2048 / 8
     assert float(plain) > float(flash)
+
+
+def test_moe_activation_terms_vectorize_and_scale_with_the_routed_copies():
+    """One call over arrays of layouts equals a call per layout; the routed terms grow with top_k
+    (2 x the hidden vector, the expert GEMM outputs, an index and a probability per copy); full
+    recomputation keeps none. The terms themselves are checked to the byte against the entrypoint's
+    layer by tests/system/test_activation_census.py."""
+    kw = dict(num_experts=64, top_k=6, expert_ffn=1408, shared_ffn=2816, router="sigmoid", load_balancing="seq_aux_loss")
+    t, sp, rc = np.array([1, 2, 8, 8]), np.array([False, True, False, True]), np.array([0, 1, 0, 2])
+    got = moe_activation_bytes_per_layer(4096, 1, 2048, t, sp, rc, **kw)
+    each = [float(moe_activation_bytes_per_layer(4096, 1, 2048, int(a), bool(b), int(c), **kw)) for a, b, c in
+            zip(t, sp, rc)]
+    assert got.tolist() == each and each[3] == 0.0
+    more = moe_activation_bytes_per_layer(4096, 1, 2048, 1, False, 0, **{**kw, "top_k": 7})
+    # a routed copy: expert input and output (2 x 2h), gate/up and down-projection input (2 x 3f), the
+    # combining probability (2), the sorted route and its token (8 + 8), the chosen expert (8), and the
+    # renormalisation's kept score (4)
+    assert float(more - got[0]) == 4096 * (2 * 2 * 2048 + 2 * 3 * 1408 + 2 + 16 + 8 + 4)
 
 
 # ---- invariants over many layouts of randomly shaped models
