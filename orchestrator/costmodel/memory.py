@@ -244,18 +244,14 @@ def moe_activation_bytes_per_layer(
 
     Full recomputation keeps only the layer input (counted by the formula): 0 here.
     """
-    s = np.asarray(s, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    t = np.asarray(t, dtype=np.float64)
+    s, b, t = (np.asarray(v, dtype=np.float64) for v in (s, b, t))
     sp = np.asarray(sp, dtype=bool)
     a, e, k = act_bytes, num_experts, top_k
     tokens = s * b
     sent = tokens * k if sent is None else np.asarray(sent, dtype=np.float64)
     received = sent if received is None else np.asarray(received, dtype=np.float64)
     per_token = 3.0 if swiglu else 2.0  # expert GEMM outputs kept per token, in units of f
-    routing = 4 * tokens * e + 8 * tokens * k
-    if norm_top_k and k > 1:
-        routing = routing + 4 * tokens * k + 4 * tokens
+    routing = 4 * tokens * e + 8 * tokens * k + (4 * tokens * k + 4 * tokens if norm_top_k and k > 1 else 0.0)
     if load_balancing != "none":
         routing = routing + (4 * b * e if load_balancing == "seq_aux_loss" else 4 * e)
         routing = routing + (4 * tokens if router == "sigmoid" else 0.0)

@@ -155,6 +155,10 @@ def ds_config_for(plan: PlanDir, device) -> dict:
     return cfg
 
 
+def _experts_text(lay: Layout) -> str:
+    return f" (ep {lay.ep}: experts over {lay.ep} dp ranks, expert dp {lay.dp // lay.ep})" if lay.ep > 1 else ""
+
+
 def aux_loss_scale(engine) -> float:
     """What DeepSpeed multiplies the loss by before backward: 1 / gradient-accumulation steps
     (engine.py backward, scale_wrt_gas), times the fp16 loss scale (its ZeRO and fp16 optimizers'
@@ -260,13 +264,8 @@ class Trainer:
             print(
                 f"dsorch train: {plan.spec.name} from {plan.path} on {denv.world_size} ranks "
                 f"({denv.launcher}, {device.type}, {training.precision})\n"
-                f"  layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp} = {lay.world_size}"
-                + (
-                    f" (ep {lay.ep}: experts over {lay.ep} dp ranks, expert dp {lay.dp // lay.ep})"
-                    if lay.ep > 1
-                    else ""
-                )
-                + f", ZeRO-{lay.zero_stage}, "
+                f"  layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp} = {lay.world_size}{_experts_text(lay)}, "
+                f"ZeRO-{lay.zero_stage}, "
                 f"sp {'on' if lay.sequence_parallel else 'off'}, recompute {lay.recompute}, "
                 f"decoder layers per stage {list(stage_layers(plan))}\n"
                 f"  batch:  global {lay.global_batch_size} = micro-batch {lay.micro_batch_size} x "

@@ -116,6 +116,10 @@ def test_expert_parallel_layout_matches_single_process(name, single, moe_runs):
     assert [got[s]["grad_norm"] for s in sorted(got)] == pytest.approx(
         [ref[s]["grad_norm"] for s in sorted(ref)], rel=RTOL)
     assert sorted(got_weights) == sorted(ref_weights)
+    # pytest -s shows how close: the largest relative loss gap and absolute weight gap.
+    loss_gap = max(abs(got[s]["loss"] / ref[s]["loss"] - 1) for s in ref)
+    weight_gap = max(float((got_weights[k] - w).abs().max()) for k, w in ref_weights.items())
+    print(f"\n{name}: largest relative loss gap {loss_gap:.1e}, largest weight gap {weight_gap:.1e}")
     for k, w in ref_weights.items():
         assert torch.allclose(got_weights[k], w, rtol=RTOL, atol=1e-6), (name, k, (got_weights[k] - w).abs().max())
 
