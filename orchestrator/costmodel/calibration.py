@@ -44,6 +44,8 @@ FIELDS = (
     "dp_overlap",
     "tp_overlap",
     "zero3_stall_us",
+    "grouped_gemm",
+    "ep_overlap",
 )
 TABLE_FILE = "calibration.yaml"
 ENGINE_NAMES = ("megatron", "deepspeed-zero3", "deepspeed")
@@ -77,6 +79,8 @@ class Resolved:
     dp_overlap: float
     tp_overlap: float
     zero3_stall_us: float
+    grouped_gemm: float
+    ep_overlap: float
     sources: tuple[tuple[str, str], ...]  # (field, "profile" | "calibration:<entry id>" | "default")
     entry: str | None  # the calibration entry used for the GPU, if any
     # Step-time error of the model on the entry's calibration set (fractions), for "within error".
