@@ -123,17 +123,20 @@ class Resolved:
         tp_overlap: bool = False,
         dp_overlap: bool = False,
         megatron_fsdp: bool = False,
+        ep: int = 1,
+        moe: bool = False,
     ) -> str | None:
         """What of a layout lies beyond the runs the entry was fitted on, in words; None if nothing."""
         if self.domain != "fitted" or not self.covers:
             return None
         c = dict(self.covers)
         out = [
-            f"{name} {v} (its runs: up to {c[name]})"
-            for name, v in (("tp", tp), ("pp", pp), ("cp", cp))
+            f"{name} {v} (its runs: up to {c.get(name, 1)})"
+            for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep))
             if v > c.get(name, 1)
         ]
         for used, key, what in (
+            (moe, "moe", "a mixture of experts"),
             (fp8, "fp8", "FP8 GEMMs"),
             (tp_overlap, "tp_overlap", "TP communication overlap"),
             (dp_overlap, "dp_overlap", "overlapped DP reduction"),

@@ -1310,6 +1310,8 @@ def invariant_violations(c: Candidates, ev: Evaluation) -> list[str]:
         bad.append("tensor-parallel traffic with tp = 1")
     if np.any(time.cp_comm[np.asarray(c.cp) == 1] != 0):
         bad.append("context-parallel traffic with cp = 1")
+    if np.any(time.ep_comm[(np.asarray(c.ep) == 1) & (np.asarray(c.etp) == 1)] != 0):
+        bad.append("expert-parallel traffic with ep = etp = 1")
     if np.any(mem.total < mem.params):
         bad.append("total memory below the local parameter shard")
     parts = [(f"memory {k}", getattr(mem, k)) for k in MEMORY_PARTS] + [
