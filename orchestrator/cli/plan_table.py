@@ -36,7 +36,7 @@ def _print_inputs(con, the_plan, cluster_note) -> None:
     p = the_plan.profile
     r = the_plan.result
     con.print(
-        f"[bold]{the_plan.spec.name}[/]: {params_words(m)}, seq {the_plan.spec.training.seq_length}, "
+        f"[bold]{the_plan.spec.name}[/]: {params_words(m, sep='')}, seq {the_plan.spec.training.seq_length}, "
         f"global batch {the_plan.spec.training.global_batch_size}, {the_plan.spec.training.precision}"
     )
     con.print(
