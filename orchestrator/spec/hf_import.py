@@ -766,8 +766,8 @@ def import_config(path: Path, name: str | None = None) -> Imported:
     # Checked before the family, so that Jamba is refused for its Mamba layers and Llama 4 for its
     # chunked attention, not for their model_type.
     first = _Config(data, path, str(kind) if kind else "Hugging Face")
+    _chunked(first)  # first: transformers 5 writes Llama 4's layer_types as "chunked_attention"
     _hybrid(first)
-    _chunked(first)
     if kind not in FAMILIES:
         known = ", ".join(sorted(k for k in FAMILIES if k.islower()))
         raise SpecError(

@@ -150,6 +150,17 @@ def test_qwen2_moe_shared_expert_and_qwen3_head_dim(tmp_path):
     assert q3.qk_norm and q3.kv_channels == 128 and q3.head_dim * q3.num_attention_heads == 4096 != q3.hidden_size
 
 
+def test_qwen3_dense_heads_are_head_dim_wide_with_qk_norm(in_tmp):
+    """Qwen3Config's head_dim defaults to 128 whatever hidden / heads is; Qwen3Attention normalizes each
+    head's query and key (q_norm, k_norm over head_dim)."""
+    cfg = dict(model_type="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=2,
+               num_attention_heads=16, num_key_value_heads=8, vocab_size=1000, max_position_embeddings=2048)
+    m = imported(in_tmp, write_config(in_tmp, cfg))[0].model
+    assert (m.kv_channels, m.qk_norm, m.moe) == (128, True, None)
+    d = 128
+    assert m.attention_params == 1024 * 16 * d + 2 * 1024 * 8 * d + 16 * d * 1024 + 2 * d
+
+
 GPT_OSS = dict(model_type="gpt_oss", num_hidden_layers=4, hidden_size=256, intermediate_size=256, head_dim=32,
                num_attention_heads=8, num_key_value_heads=2, vocab_size=1000, num_local_experts=4)
 
