@@ -7,8 +7,7 @@ configuration class in transformers (``configuration_<family>.py``; DeepSeek-V3'
 leaves out what equals the default.
 
 What the spec cannot express is refused with the key that says it, when it changes the shapes or
-the work (a norm shared by attention and MLP, ALiBi, a sliding window shorter than the sequence on
-every layer, chunked attention, Mamba layers, an expert setting a family's reader does not map, a
+the work (a norm shared by attention and MLP, ALiBi, chunked attention, Mamba layers, an expert setting a family's reader does not map, a
 pattern of MoE layers the spec's cannot reproduce). What changes only the numerics of an otherwise
 equal model (RoPE scaling, partial rotary, Gemma's embedding scale, router jitter) is carried as a
 warning and into the spec's ``source``: memory and step time, what dsorch plans, are the same.
@@ -789,32 +788,20 @@ def spec_document(imp: Imported, source: str, seq_length: int | None, global_bat
     """The spec file's content: the imported model and a training section to edit."""
     mpe = imp.model.get("max_position_embeddings")
     seq = seq_length or min(mpe or DEFAULT_MAX_SEQ, DEFAULT_MAX_SEQ)
+    model = dict(imp.model)
     if imp.window is not None and seq > imp.window:
         # A query at position i attends to the keys j <= i with j > i - window (transformers'
         # masking_utils.sliding_window_overlay on the causal mask; the Mistral 7B paper, Jiang et al.
         # 2023 sec. 2, counts one key more). In a sequence of seq tokens i - j <= seq - 1, so with
         # seq <= window every earlier key is inside the window: the mask is the causal mask, and the
         # spec's full attention is exact, FLOPs and memory alike. Longer sequences attend to fewer
-        # keys than full attention would count; this import carries a window only in GPT-OSS's
-        # pattern of sliding and full layers.
-        given = (
-            f"--seq-length {seq}"
-            if seq_length
-            else (f"the default, max_position_embeddings {mpe} capped at {DEFAULT_MAX_SEQ}")
-        )
-        w = imp.window
-        raise SpecError(
-            f"{imp.path or 'config.json'}: sliding_window: {w}: each token attends only to the {w} "
-            f"tokens up to it, and the spec would train sequences of {seq} ({given}), longer than the "
-            f"window. dsorch imports this {imp.family} model as full (causal) attention, which equals a "
-            f"sliding window only for sequences no longer than the window; pass --seq-length {w} (or "
-            f"less) to plan it exactly, or set model.sliding_window in the spec by hand."
-        )
+        # keys: the spec carries the window (every layer), and the planner counts the keys it sees.
+        model["sliding_window"] = imp.window
     gbs = global_batch_size or max(1, DEFAULT_TOKENS_PER_STEP // seq)
     text = source + ("; not carried: " + "; ".join(imp.notes) if imp.notes else "")
     return {
         "name": imp.name,
         "source": text,
-        "model": imp.model,
+        "model": model,
         "training": {"seq_length": seq, "global_batch_size": gbs, "precision": "bf16"},
     }
