@@ -47,7 +47,7 @@ ENTRIES = [
      "free": ("gemm", "hbm", "dp_overlap", "zero3_stall_us"), "borrow": "megatron/h100-sxm5-ndr"},
 ]
 START = {"gemm": 0.8, "attention": 0.5, "hbm": 0.8, "intra_node_comm": 0.8, "inter_node_comm": 0.8, "dp_overlap": 0.8,
-         "tp_overlap": 0.5, "zero3_stall_us": 500.0}
+         "tp_overlap": 0.5, "zero3_stall_us": 500.0, "grouped_gemm": 0.5, "ep_overlap": 0.5}
 
 HEADER = """\
 # Fitted efficiencies of dsorch's time model, per engine and hardware. Written by

@@ -47,6 +47,10 @@ class IntraNode(BaseModel):
     # model uses half of it per direction.
     bandwidth_gbps: float = Field(gt=0)
     latency_us: float = Field(default=5.0, ge=0)
+    # GPUs that share one NVLink domain: gpus_per_node (an NVSwitch node) when omitted; 72 on
+    # GB200/GB300 NVL72 racks, 18 nodes of 4 GPUs behind NVLink switch trays. Tensor, expert and
+    # context parallel groups stay on NVLink while they fit in a domain.
+    domain_gpus: int | None = Field(default=None, gt=0, le=1_000_000)
 
 
 class InterNode(BaseModel):
@@ -146,6 +150,21 @@ class Efficiency(BaseModel):
     # Not a fraction: microseconds each ZeRO-3 per-layer collective stalls the step beyond its
     # transfer time (launch and stream waits between layers), fitted per engine.
     zero3_stall_us: float | None = Field(default=None, ge=0, le=1_000_000)
+    # Fraction of dense peak the experts' grouped GEMMs reach (many small GEMMs, one per local
+    # expert, in one kernel: Megatron-Core --moe-grouped-gemm); below large dense GEMMs.
+    grouped_gemm: float | None = Field(default=None, gt=0, le=1)
+    # Fraction of the expert-parallel all-to-all hidden behind another micro-batch's compute where
+    # the engine overlaps them (Megatron-Core --overlap-moe-expert-parallel-comm); 0 elsewhere.
+    ep_overlap: float | None = Field(default=None, ge=0, le=1)
+
+
+class Features(BaseModel):
+    """Software the cluster's training environment has, where it changes what a plan may use."""
+
+    model_config = FROZEN
+    # DeepEP (deepseek-ai/DeepEP): the fused, node-deduplicating MoE dispatch and combine kernels
+    # behind Megatron-Core's flex token dispatcher (--moe-token-dispatcher-type flex).
+    deepep: bool = False
 
 
 class ClusterProfile(BaseModel):
@@ -167,12 +186,28 @@ class ClusterProfile(BaseModel):
     backend: Literal["nccl", "gloo"] = "nccl"
     # CUDA context, NCCL buffers, allocator fragmentation, per GPU.
     memory_overhead_gib: float = Field(default=3.0, ge=0, le=1_000_000)
+    features: Features = Features()
     efficiency: Efficiency = Efficiency()
     slurm: SlurmSpec = SlurmSpec()
+
+    @model_validator(mode="after")
+    def _domain(self) -> ClusterProfile:
+        d = self.intra_node.domain_gpus
+        if d is not None and (d < self.gpus_per_node or d % self.gpus_per_node):
+            raise ValueError(
+                f"intra_node.domain_gpus {d} must be a multiple of gpus_per_node {self.gpus_per_node} "
+                f"(an NVLink domain is whole nodes); leave it out for one node per domain"
+            )
+        return self
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def nvlink_domain(self) -> int:
+        """GPUs that reach each other over NVLink: a node, or an NVL72 rack (at most the world)."""
+        return min(self.intra_node.domain_gpus or self.gpus_per_node, self.world_size)
 
     def resized(self, nodes: int | None = None, gpus_per_node: int | None = None) -> ClusterProfile:
         """The same hardware with another node count or fewer GPUs per node (--nodes, --gpus-per-node)."""

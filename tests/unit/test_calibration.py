@@ -205,7 +205,7 @@ def test_deepspeed_zero3_estimator_agrees_term_by_term():
 
 # ---- calibrate: recover known efficiencies from runs the model itself generated
 TRUE = {"gemm": 0.6, "attention": 0.45, "hbm": 0.7, "intra_node_comm": 0.65, "inter_node_comm": 0.55,
-        "dp_overlap": 0.5, "tp_overlap": 0.0, "zero3_stall_us": 300.0}
+        "dp_overlap": 0.5, "tp_overlap": 0.0, "zero3_stall_us": 300.0, "grouped_gemm": 0.5, "ep_overlap": 0.0}
 
 
 def _synthetic_records(tmp_path):
