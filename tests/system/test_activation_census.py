@@ -17,7 +17,7 @@ the experts' GEMM outputs, the combine, the shared experts), checked the same wa
 routers at tp = 1, at tp = 2 with and without SP, and at ep = 2 (each rank with the token copies
 it sent and received).
 
-Run with ``pytest -s`` to see each case's storages. About 12 s on 2 cores.
+Run with ``pytest -s`` to see each case's storages. About 25 s on 2 cores.
 """
 
 from __future__ import annotations
