@@ -388,13 +388,15 @@ def test_memory_near_capacity_is_flagged_with_the_models_error():
     ("dgx-b200", 8, 8, "megatron/gb200-nvl72"),
 ])
 def test_blackwell_profiles_load_with_their_nvlink_domain(name, gpus_per_node, domain, hardware):
-    """An NVL72 rack is one 72-GPU NVLink domain of 4-GPU trays (at most the world: two trays are
-    8 GPUs); a DGX B200's domain is its node. DeepEP is software, off unless the site says so. The
-    B200 shares the GB200 entry's efficiencies but has no runs of its own: no interval."""
+    """An NVL72 rack is one 72-GPU NVLink domain of 4-GPU trays, of which the shipped profile takes
+    16 (64 GPUs); the domain is at most the world (two trays: 8 GPUs). A DGX B200's domain is its
+    node. DeepEP is software, off unless the site says so. The B200 shares the GB200 entry's
+    efficiencies but has no runs of its own: no interval."""
     p = load_profile(name).profile
-    assert p.gpus_per_node == gpus_per_node and p.nvlink_domain == domain
+    assert p.gpus_per_node == gpus_per_node and p.intra_node.domain_gpus in (None, domain)
+    assert p.nvlink_domain == min(domain, p.world_size) == {"dgx-b200": 8}.get(name, 64)
     assert p.resized(nodes=2).nvlink_domain == min(domain, 2 * gpus_per_node)
-    assert p.resized(nodes=64).nvlink_domain == domain
+    assert p.resized(nodes=18).nvlink_domain == p.resized(nodes=64).nvlink_domain == domain
     assert p.features.deepep is False and p.gpu.peak_tflops.fp8 == 2 * p.gpu.peak_tflops.bf16
     r = resolve_efficiency(p)
     assert r.entry == hardware
