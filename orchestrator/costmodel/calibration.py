@@ -239,5 +239,11 @@ def per_layout(profile: ClusterProfile, runtime: str, zero_stage) -> tuple[dict[
     shape = np.shape(zero_stage)
     engines = np.atleast_1d(engine_of(runtime, zero_stage)).ravel().tolist()
     resolved = {e: resolve_efficiency(profile, e) for e in sorted(set(engines) or {"megatron"})}
-    arrays = {f: np.array([getattr(resolved[e], f) for e in engines], dtype=np.float64).reshape(shape) for f in FIELDS}
+    names = np.array(engines, dtype=object)
+    arrays = {}
+    for f in FIELDS:
+        values = np.empty(len(engines), dtype=np.float64)
+        for e, r in resolved.items():
+            values[names == e] = getattr(r, f)
+        arrays[f] = values.reshape(shape)
     return arrays, resolved

@@ -56,7 +56,7 @@ def _parallelism_flags(plan: Plan) -> _Flags:
         # Ring attention over cp ranks (cp_comm_type p2p, Megatron's default, as the cost model has it).
         yield "--context-parallel-size", L.cp
         yield "--cp-comm-type", "p2p"
-    split = stage_split(plan.spec.model.num_layers, L.pp)
+    split = stage_split(plan.spec.model.num_layers, L.pp, plan.spec.model.mtp_layers)
     if split is not None and split.kind == "edge-light":
         # First and last stages hold the embedding and the output layer and loss, so one layer
         # fewer each: Megatron counts them as a layer of the split, which also works with the
