@@ -59,13 +59,15 @@ ENTRIES = [
     # Five runs: attention stays Megatron's (at its floor there already).
     {"engine": "deepspeed-zero3", "hardware": "h100-sxm5-ndr",
      "free": ("gemm", "hbm", "dp_overlap", "zero3_stall_us"), "borrow": "megatron/h100-sxm5-ndr"},
-    # GB300 NVL72: eight Megatron-Bridge 25.11 runs, three dense Llama (8 GPUs in FP8 twice, 405B on
-    # 256 with tp, pp and cp) and five MoE (DeepSeek-V3 twice, Qwen3 twice, GPT-OSS). The dense rows
-    # pin the kernels, the MoE rows the grouped GEMMs and the links between racks. No run overlaps
-    # the TP collectives beyond the 405B's tp 2 (tp_overlap stays H100's).
+    # GB300 NVL72: eight Megatron-Bridge 25.11 runs, three dense Llama (8B on 8 GPUs in FP8 twice,
+    # 405B on 256 with tp, pp and cp) and five MoE (DeepSeek-V3 twice, Qwen3 twice, GPT-OSS). The
+    # dense rows fit the kernels and NVLink (the 405B's TP and CP traffic), then the MoE rows the
+    # experts' rate alone, as on H100. Left to H100's entry: what no GB300 run exercises enough to
+    # tell apart. InfiniBand: every run's traffic stays in its NVLink domain but the 405B's hidden DP
+    # reduction (no step time rests on it). tp_overlap: one run with tp 2. dp_overlap likewise.
     {"engine": "megatron", "hardware": "gb300-nvl72",
      "stages": [{"rows": "dense", "free": ("gemm", "attention", "hbm", "intra_node_comm")},
-                {"rows": "moe", "free": ("grouped_gemm", "inter_node_comm")}],
+                {"rows": "moe", "free": ("grouped_gemm",)}],
      "borrow": "megatron/h100-sxm5-ndr"},
     # GB200 NVL72: two MoE runs on 256 GPUs (DeepSeek-V3 in MXFP8, Qwen3-235B in BF16). They identify
     # one rate, the experts'; the rest is GB300's: the same Blackwell tensor cores at the same stated
@@ -178,14 +180,15 @@ def fit_entry(spec: dict, rows, fitted: dict, iters: int) -> dict:
         part, free = selected(mine, stage["rows"]), tuple(stage["free"])
         if not part:
             raise SystemExit(f"{eid}: no {stage['rows']} rows to fit {', '.join(free)} on")
+        before = dict(values)
         values = fit(part, values, free, iters=iters, restarts=3).values
         # Leave-one-out: refit without each run and predict it. A handful of runs fits its own rows
         # closely; the held-out errors say how the entry predicts a run it has not seen, and their
-        # largest is the interval every prediction with the entry carries.
+        # largest is the interval every prediction with the entry carries. A stage's only run is
+        # predicted with what the entry had before the stage (what a fit without it knows).
         for i, row in enumerate(part):
             rest = part[:i] + part[i + 1:]
-            loo = fit(rest, values, free, iters=iters, restarts=1) if rest else None
-            v = values if loo is None else loo.values
+            v = fit(rest, values, free, iters=iters, restarts=1).values if rest else before
             held_out[row.id] = row_errors([row], lambda r, v=v: resolved_with(v))[0].rel_error
     summary = error_summary(row_errors(mine, lambda r: resolved_with(values)))
     loo = [abs(held_out[r.id]) for r in mine]
@@ -202,13 +205,17 @@ def entry_doc(spec: dict, fz: dict) -> dict:
     # The layouts the rows cover (every published row pins tp and pp): beyond them a prediction is
     # outside the fitted domain (costmodel.calibration.Resolved.beyond).
     engines = [r.engine or runtime_engine(r.runtime, r.training) for r in mine]
+    stages = stages_of(spec)
+    # FP8 GEMMs are covered when a run among those that fitted the GEMM rate used them (H100's one
+    # FP8 run is an MoE run of the grouped-GEMM stage: it does not vouch for dense FP8 layers).
+    gemm_rows = [r for st in stages if "gemm" in st["free"] for r in selected(mine, st["rows"])] or mine
     covers = {"tp": max(r.pins.tp or 1 for r in mine), "pp": max(r.pins.pp or 1 for r in mine),
               "cp": max(r.pins.cp or 1 for r in mine), "ep": max(r.pins.ep or 1 for r in mine),
-              "fp8": int(any(r.training.fp8 for r in mine)),
-              "tp_overlap": int(any(e.tp_overlap for e in engines)),
+              "fp8": int(any(r.training.fp8 for r in gemm_rows)),
+              # TP overlap runs only with tp > 1 (evaluate: with sequence parallelism).
+              "tp_overlap": int(any(e.tp_overlap and (r.pins.tp or 1) > 1 for e, r in zip(engines, mine))),
               "dp_overlap": int(any(e.dp_overlap for e in engines)),
               "ep_overlap": int(any(r.training.moe_overlap_ep_comm for r in mine if r.model.moe))}
-    stages = stages_of(spec)
     fitted_fields = [f for st in stages for f in st["free"]]
     s = fz["summary"]
     return {
