@@ -296,15 +296,14 @@ def _moe_layers_per_stage(model: ModelSpec, lf, lm, ll):
         return zero, zero, zero
     L = model.num_layers
     cum = np.concatenate([[0], np.cumsum([model.is_moe_layer(i) for i in range(L)])])
-    out_f, out_m, out_l = (np.zeros_like(lf) for _ in range(3))
-    for key in set(zip(lf.tolist(), lm.tolist(), ll.tolist(), strict=True)):
-        f, m, la = (int(v) for v in key)
-        sel = (lf == f) & (lm == m) & (ll == la)
-        out_f[sel] = cum[min(f, L)]
-        out_l[sel] = cum[L] - cum[max(L - la, 0)]
+    splits, inverse = np.unique(np.stack([lf, lm, ll]).astype(np.int64), axis=1, return_inverse=True)
+    per_split = np.zeros((3, splits.shape[1]))
+    for j, (f, m, la) in enumerate(splits.T.tolist()):
         starts = range(f, max(f, L - la - m) + 1, max(m, 1))
-        out_m[sel] = max((cum[min(a + m, L)] - cum[a] for a in starts), default=0) if L - la > f else 0
-    return out_f, out_m, out_l
+        middle = max((cum[min(a + m, L)] - cum[a] for a in starts), default=0) if L - la > f else 0
+        per_split[:, j] = (cum[min(f, L)], middle, cum[L] - cum[max(L - la, 0)])
+    first, middle, last = per_split[:, inverse.ravel()]
+    return first, middle, last
 
 
 def _rates(values) -> SimpleNamespace:
@@ -1310,6 +1309,8 @@ def invariant_violations(c: Candidates, ev: Evaluation) -> list[str]:
         bad.append("tensor-parallel traffic with tp = 1")
     if np.any(time.cp_comm[np.asarray(c.cp) == 1] != 0):
         bad.append("context-parallel traffic with cp = 1")
+    if np.any(time.ep_comm[(np.asarray(c.ep) == 1) & (np.asarray(c.etp) == 1)] != 0):
+        bad.append("expert-parallel traffic with ep = etp = 1")
     if np.any(mem.total < mem.params):
         bad.append("total memory below the local parameter shard")
     parts = [(f"memory {k}", getattr(mem, k)) for k in MEMORY_PARTS] + [

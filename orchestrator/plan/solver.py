@@ -253,7 +253,7 @@ def candidates_of(model: ModelSpec, layouts: list[Layout]) -> Candidates:
     return _candidates([_row(L.as_dict(), stage_split(model.num_layers, L.pp, model.mtp_layers)) for L in layouts])
 
 
-def _confidence(profile: ClusterProfile, runtime: str, training: TrainingSpec, zero_stages):
+def _confidence(profile: ClusterProfile, runtime: str, model: ModelSpec, training: TrainingSpec, zero_stages):
     """(interval, basis) of a layout: its engine's calibration entry, unless the layout goes beyond
     the runs that entry was fitted on."""
     _, resolved = per_layout(profile, runtime, zero_stages)
@@ -269,6 +269,8 @@ def _confidence(profile: ClusterProfile, runtime: str, training: TrainingSpec, z
             tp_overlap=uses_tp_overlap(runtime, training, L),
             dp_overlap=eng.dp_overlap and L.dp * L.cp > 1 and (L.pp == 1 or eng.dp_overlap_with_pp),
             megatron_fsdp=uses_megatron_fsdp(runtime, L.zero_stage),
+            ep=L.ep,
+            moe=model.moe is not None,
         )
         if beyond:
             return None, f"outside the fitted domain of {r.entry}: {beyond}"
@@ -335,7 +337,7 @@ def search(
     keys = (*(getattr(cand, n) for n in reversed(TIEBREAK)), ev.memory.total, ev.time.step)
     order = np.lexsort(keys)  # last key is primary
     feasible_order = order[fits[order]]
-    confidence = _confidence(profile, runtime, training, cand.zero_stage)
+    confidence = _confidence(profile, runtime, model, training, cand.zero_stage)
     ranked = [_scored(cand, ev, int(i), capacity, confidence, fits) for i in feasible_order[:keep]]
     infeasible = np.flatnonzero(~fits)
     closest_idx = infeasible[np.lexsort((ev.time.step[infeasible], ev.memory.total[infeasible]))][:keep]
