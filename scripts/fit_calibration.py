@@ -211,6 +211,7 @@ def entry_doc(spec: dict, fz: dict) -> dict:
     gemm_rows = [r for st in stages if "gemm" in st["free"] for r in selected(mine, st["rows"])] or mine
     covers = {"tp": max(r.pins.tp or 1 for r in mine), "pp": max(r.pins.pp or 1 for r in mine),
               "cp": max(r.pins.cp or 1 for r in mine), "ep": max(r.pins.ep or 1 for r in mine),
+              "moe": int(any(r.model.moe is not None for r in mine)),
               "fp8": int(any(r.training.fp8 for r in gemm_rows)),
               # TP overlap runs only with tp > 1 (evaluate: with sequence parallelism).
               "tp_overlap": int(any(e.tp_overlap and (r.pins.tp or 1) > 1 for e, r in zip(engines, mine))),
