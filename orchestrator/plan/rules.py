@@ -43,13 +43,22 @@ def stage_split(num_layers: int, pp: int, mtp: int = 0) -> StageSplit | None:
     slots = num_layers + mtp
     if pp > slots:
         return None
+
+    def edge_light() -> StageSplit | None:
+        n = (slots + 2) // pp
+        if (slots + 2) % pp == 0 and n >= 2 and n - 1 - mtp >= 1:
+            return StageSplit(n - 1, n, n - 1 - mtp, "edge-light")
+        return None
+
+    # With MTP modules the embedding and the loss count as a slot each, first (Megatron-Bridge's
+    # DeepSeek-V3 layouts, e.g. "Et|(tt|)*30mL" at pp 8 x vpp 4 and the same 64 slots at pp 2 x vpp 4).
+    if mtp and pp >= 2 and (split := edge_light()) is not None:
+        return split
     if slots % pp == 0 and slots // pp > mtp:
         n = slots // pp
         return StageSplit(n, n, n - mtp, "even")
-    if pp > 2 and (slots + 2) % pp == 0:
-        n = (slots + 2) // pp
-        if n >= 2 and n - 1 - mtp >= 1:
-            return StageSplit(n - 1, n, n - 1 - mtp, "edge-light")
+    if pp > 2:
+        return edge_light()
     return None
 
 
