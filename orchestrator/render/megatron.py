@@ -302,6 +302,10 @@ def _moe_flags(plan: Plan) -> _Flags:
     if plan.runtime != "megatron":
         return
     t, L = plan.spec.training, plan.layout
+    # The router's logits, softmax/sigmoid and top-k in fp32, as Megatron-LM's own DeepSeek-V3 and
+    # GPT-OSS scripts run them (TransformerConfig warns without it from 32 experts on); an h x E
+    # GEMM, nothing beside the experts.
+    yield "--moe-router-dtype", "fp32"
     dispatcher = moe_dispatcher(t, plan.profile, L)
     yield "--moe-token-dispatcher-type", dispatcher
     if dispatcher == "flex":

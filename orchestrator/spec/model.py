@@ -182,9 +182,7 @@ class ModelSpec(BaseModel):
         if self.moe is not None:
             k = self.moe.dense_leading_layers
             if k >= self.num_layers:
-                raise ValueError(
-                    f"moe.dense_leading_layers {k} leaves no MoE layer of {self.num_layers}; lower it"
-                )
+                raise ValueError(f"moe.dense_leading_layers {k} leaves no MoE layer of {self.num_layers}; lower it")
         return self
 
     @property

@@ -17,8 +17,11 @@ import sys
 import pytest
 
 from orchestrator.cli.main import main
+from orchestrator.render.megatron import render_megatron_args
 
 from ..conftest import ROOT, spec_paths
+from ..unit.test_megatron_moe import CASES as MOE_PLANS
+from ..unit.test_megatron_moe import case_plan as moe_case_plan
 
 MEGATRON_LM = os.environ.get("MEGATRON_LM")
 MEGATRON_LM_PYTHON = os.environ.get("MEGATRON_LM_PYTHON") or sys.executable
@@ -82,3 +85,26 @@ def test_llama3_405b_uneven_interleaved_layout_passes_megatron_lm(runner, in_tmp
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and proc.stdout.startswith("PASS"), (
         f"{proc.stdout}{proc.stderr[-3000:]}\n{(out / 'megatron_args.txt').read_text()}")
+
+
+MOE_CASES = [(name, rt) for name in sorted(MOE_PLANS) for rt in ("megatron", "deepspeed")]
+
+
+@pytest.mark.parametrize("name, runtime", MOE_CASES, ids=[f"{n}-{rt}" for n, rt in MOE_CASES])
+def test_moe_mla_and_gpt_oss_flags_pass_megatron_lm(tmp_path, name, runtime):
+    """The mixture-of-experts, multi-latent-attention and GPT-OSS flags of hand-set layouts (DeepSeek-V3 with
+    expert parallelism 32 under an interleaved pipeline, Mixtral with EP 8 and the all-to-all overlap, GPT-OSS
+    at EP 64, Qwen3 with TP 2 and sequence parallelism, a Qwen1.5-MoE with shared experts and a capacity):
+    Megatron-LM's parse_args, validate_args and TransformerConfig accept exactly what dsorch renders. The
+    plan directory is the two files the check reads (megatron_args.txt; plan.yaml's runtime, GPU and layout)."""
+    plan = moe_case_plan(name, runtime)
+    L = plan.layout
+    (tmp_path / "megatron_args.txt").write_text(render_megatron_args(plan))
+    (tmp_path / "plan.yaml").write_text(
+        f"runtime: {runtime}\ncluster:\n  gpu: {plan.profile.gpu.name}\n"
+        f"layout:\n  tp: {L.tp}\n  pp: {L.pp}\n  dp: {L.dp}\n  cp: {L.cp}\n")
+    proc = subprocess.run(
+        [MEGATRON_LM_PYTHON, str(CHECK), "--megatron-lm", MEGATRON_LM, "--verbose", str(tmp_path)],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and proc.stdout.startswith("PASS"), (
+        f"{proc.stdout}{proc.stderr[-3000:]}\n{(tmp_path / 'megatron_args.txt').read_text()}")
