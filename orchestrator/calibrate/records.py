@@ -174,7 +174,7 @@ def _record_row(rec: CalibrationRecord, base: Path, profile: ClusterProfile, ind
             f"record {index}: {WORLD_PRODUCT} = {world} GPUs but {nodes} nodes x {gpn} GPUs = {prof.world_size}."
         )
     pins = Pins(**{a.name: getattr(L, a.name) for a in PINNABLE})
-    if stage_split(model.num_layers, L.pp) is None:
+    if stage_split(model.num_layers, L.pp, model.mtp_layers) is None:
         raise SpecError(f"record {index}: pp={L.pp} cannot split {model.num_layers} layers.")
     problems = check_model(model, rec.runtime) + check_training(training, prof, rec.runtime)
     if problems:

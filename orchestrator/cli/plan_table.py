@@ -8,6 +8,7 @@ from rich.table import Table
 
 from orchestrator.costmodel.stacks import MEMORY_LABELS, MEMORY_PARTS
 from orchestrator.plan.layout import AXIS, SHORT_ORDER
+from orchestrator.render.plan_md import params_words
 
 
 def print_plan(
@@ -34,10 +35,8 @@ def _print_inputs(con, the_plan, cluster_note) -> None:
     m = the_plan.spec.model
     p = the_plan.profile
     r = the_plan.result
-    n = m.num_params
-    size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
     con.print(
-        f"[bold]{the_plan.spec.name}[/]: {size} parameters, seq {the_plan.spec.training.seq_length}, "
+        f"[bold]{the_plan.spec.name}[/]: {params_words(m, sep='')}, seq {the_plan.spec.training.seq_length}, "
         f"global batch {the_plan.spec.training.global_batch_size}, {the_plan.spec.training.precision}"
     )
     con.print(

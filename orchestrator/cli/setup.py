@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,6 +19,9 @@ from orchestrator.cli.common import (
     resolve_profiles_dir,
 )
 from orchestrator.errors import DsorchError
+
+if TYPE_CHECKING:
+    from orchestrator.spec.model import ModelSpec
 
 
 @click.command(
@@ -70,10 +74,11 @@ Examples:
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
 def import_hf(config, out, name, seq_length, global_batch_size, force):
-    """Make a model spec from a Hugging Face config.json (Llama, Mistral, Qwen2, Gemma, GPT-NeoX,
-    GPT-2, Falcon), offline. What the spec cannot express (mixture of experts, a sliding window
-    shorter than the sequence, ...) is refused with the key; what changes only the numerics (RoPE
-    scaling, ...) is said and noted in the spec's source."""
+    """Make a model spec from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE,
+    Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Gemma, GPT-NeoX, GPT-2, Falcon), offline, and say its
+    total and active parameters. What the spec cannot express (chunked attention, Mamba layers, an
+    expert setting the family's import does not map, ...) is refused with the key; what changes only
+    the numerics (RoPE scaling, ...) is said and noted in the spec's source."""
     import yaml
     from pydantic import ValidationError
 
@@ -90,7 +95,7 @@ def import_hf(config, out, name, seq_length, global_batch_size, force):
         imp, f"Hugging Face config.json ({imp.family}), imported by dsorch import-hf", seq_length, global_batch_size
     )
     try:
-        SpecFile.model_validate(doc)
+        spec = SpecFile.model_validate(doc)
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()[:5])
         # The message names pydantic's first problems; its traceback would only repeat them.
@@ -105,16 +110,49 @@ def import_hf(config, out, name, seq_length, global_batch_size, force):
     )
     for note in imp.notes:
         click.echo(f"note: not carried: {note}.", err=True)
+    head, *details = _import_summary(imp.family, spec.model)
     if out is None:
         click.echo(text, nl=False)
+        # On stderr, so that the spec on stdout stays a file to redirect.
+        for line in (f"imported: {head}", *details):
+            click.echo(line, err=True)
         return
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, text)
-    click.echo(
-        f"wrote {display_path(out)}: {imp.family}, {doc['model']['num_layers']} layers, hidden "
-        f"{doc['model']['hidden_size']}; next: dsorch plan {display_path(out)}",
-        err=False,
-    )
+    click.echo(f"wrote {display_path(out)}: {head}")
+    for line in details:
+        click.echo(line)
+    click.echo(f"next: dsorch plan {display_path(out)}")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
+
+
+def _import_summary(family: str, m: ModelSpec) -> list[str]:
+    """What import-hf made, in the counts model cards publish: the total, and for a mixture of
+    experts the parameters one token passes through (with and without the input embedding, the two
+    conventions model cards use), the experts, and the multi-token-prediction modules apart."""
+    lines = [f"{family}, {m.num_layers} layers, hidden {m.hidden_size}"]
+    if m.moe is None:
+        lines.append(f"  parameters: {_size(m.num_params)}")
+    else:
+        e = m.moe
+        lines.append(
+            f"  parameters: {_size(m.num_params)} total, {_size(m.active_params)} active per token "
+            f"({_size(m.active_params - m.embedding_params)} without the input embedding)"
+        )
+        shared = f" + {e.shared_experts} shared" if e.shared_experts else ""
+        lines.append(
+            f"  experts: {e.num_experts} routed, top {e.top_k}{shared}, of {e.ffn_hidden_size} each, "
+            f"on {m.num_moe_layers} of {m.num_layers} layers"
+        )
+    if m.mtp_layers:
+        lines.append(
+            f"  multi-token prediction: {m.mtp_layers} module{'s' if m.mtp_layers != 1 else ''}, "
+            f"{_size(m.mtp_params)} beside the main model (embedding and output head shared)"
+        )
+    return lines
 
 
 @click.command()

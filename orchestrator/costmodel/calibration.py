@@ -123,17 +123,20 @@ class Resolved:
         tp_overlap: bool = False,
         dp_overlap: bool = False,
         megatron_fsdp: bool = False,
+        ep: int = 1,
+        moe: bool = False,
     ) -> str | None:
         """What of a layout lies beyond the runs the entry was fitted on, in words; None if nothing."""
         if self.domain != "fitted" or not self.covers:
             return None
         c = dict(self.covers)
         out = [
-            f"{name} {v} (its runs: up to {c[name]})"
-            for name, v in (("tp", tp), ("pp", pp), ("cp", cp))
+            f"{name} {v} (its runs: up to {c.get(name, 1)})"
+            for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep))
             if v > c.get(name, 1)
         ]
         for used, key, what in (
+            (moe, "moe", "a mixture of experts"),
             (fp8, "fp8", "FP8 GEMMs"),
             (tp_overlap, "tp_overlap", "TP communication overlap"),
             (dp_overlap, "dp_overlap", "overlapped DP reduction"),
@@ -236,8 +239,21 @@ def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table:
 def per_layout(profile: ClusterProfile, runtime: str, zero_stage) -> tuple[dict[str, np.ndarray], dict[str, Resolved]]:
     """The efficiencies of each layout (arrays over layouts, for the vectorized model) and the
     Resolved of each engine present: the deepspeed runtime mixes two engines (ZeRO-3 and below)."""
-    shape = np.shape(zero_stage)
-    engines = np.atleast_1d(engine_of(runtime, zero_stage)).ravel().tolist()
-    resolved = {e: resolve_efficiency(profile, e) for e in sorted(set(engines) or {"megatron"})}
-    arrays = {f: np.array([getattr(resolved[e], f) for e in engines], dtype=np.float64).reshape(shape) for f in FIELDS}
+    z = np.asarray(zero_stage)
+    if runtime == "megatron":
+        below, zero3 = np.ones(z.shape, dtype=bool), np.zeros(z.shape, dtype=bool)
+        present = {"megatron"}
+    else:
+        zero3 = z >= 3
+        below = ~zero3
+        present = {e for e, mask in (("deepspeed", below), ("deepspeed-zero3", zero3)) if mask.any()}
+    resolved = {e: resolve_efficiency(profile, e) for e in sorted(present or {engine_of(runtime, 0).item()})}
+    low = "megatron" if runtime == "megatron" else "deepspeed"
+    arrays = {}
+    for f in FIELDS:
+        values = np.zeros(z.shape, dtype=np.float64)
+        for e, mask in ((low, below), ("deepspeed-zero3", zero3)):
+            if e in resolved:
+                values[mask] = getattr(resolved[e], f)
+        arrays[f] = values
     return arrays, resolved

@@ -53,13 +53,14 @@ from types import SimpleNamespace
 import numpy as np
 
 from orchestrator.costmodel.calibration import FIELDS, Resolved, per_layout
-from orchestrator.costmodel.flops import model_flops_per_step
+from orchestrator.costmodel.flops import model_flops_per_step, window_fraction
 from orchestrator.costmodel.memory import (
     GIB,
     activation_bytes_per_layer,
     entrypoint_extra_bytes_per_layer,
     in_flight_micro_batches,
     model_state_bytes,
+    moe_mlp_activation_bytes,
     state_bytes,
 )
 from orchestrator.costmodel.stacks import MEMORY_PARTS, TIME_PARTS, MemoryStack, TimeStack
@@ -262,15 +263,47 @@ class _Inputs:
     s_local: np.ndarray  # tokens of a sequence on one rank: s / cp
     dpc: np.ndarray  # dp x cp: the gradient-reduction and optimizer-sharding group
     layer_params_local: np.ndarray  # parameters of one decoder layer on one GPU
-    first_params: np.ndarray  # parameters each stage holds on one GPU
+    first_params: np.ndarray  # parameters each stage holds on one GPU (the experts' apart)
     middle_params: np.ndarray
     last_params: np.ndarray
-    params_stage: np.ndarray  # of the largest stage
+    params_stage: np.ndarray  # of the largest stage (the experts' apart)
+    # Mixture of experts (all zero for a dense model). The routed experts' parameters each stage
+    # holds on one GPU, reduced and sharded over the expert data-parallel group (edp ranks), not dp x cp.
+    ep: np.ndarray
+    etp: np.ndarray
+    edp: np.ndarray  # tp x cp x dp / (ep x etp)
+    moe_first: np.ndarray  # MoE layers on the first, a middle and the last stage (MTP modules apart)
+    moe_middle: np.ndarray
+    moe_last: np.ndarray
+    expert_first: np.ndarray
+    expert_middle: np.ndarray
+    expert_last: np.ndarray
+    expert_stage: np.ndarray  # of the stage params_stage is of
+    mtp: float  # multi-token-prediction modules, on the last stage
 
     @property
     def stage_layers(self) -> np.ndarray:
         """Decoder layers of the largest stage."""
         return np.maximum(np.maximum(self.lf, self.lm), self.ll)
+
+
+def _moe_layers_per_stage(model: ModelSpec, lf, lm, ll):
+    """MoE layers on the first stage, the middle stage with the most of them, and the last stage, for
+    each layout's stage split (decoder layers in order: the first stage holds layers [0, lf), the
+    last the final ll). Zeros for a dense model."""
+    if model.moe is None:
+        zero = np.zeros_like(lf)
+        return zero, zero, zero
+    L = model.num_layers
+    cum = np.concatenate([[0], np.cumsum([model.is_moe_layer(i) for i in range(L)])])
+    splits, inverse = np.unique(np.stack([lf, lm, ll]).astype(np.int64), axis=1, return_inverse=True)
+    per_split = np.zeros((3, splits.shape[1]))
+    for j, (f, m, la) in enumerate(splits.T.tolist()):
+        starts = range(f, max(f, L - la - m) + 1, max(m, 1))
+        middle = max((cum[min(a + m, L)] - cum[a] for a in starts), default=0) if L - la > f else 0
+        per_split[:, j] = (cum[min(f, L)], middle, cum[L] - cum[max(L - la, 0)])
+    first, middle, last = per_split[:, inverse.ravel()]
+    return first, middle, last
 
 
 def _rates(values) -> SimpleNamespace:
@@ -298,9 +331,16 @@ def _inputs(
     # stay bf16, stage_1_and_2.py _gradient_reduction_buffer_dtype) even where it accumulates in
     # fp32; Megatron-LM reduces its fp32 main grads as they are.
     comm_grad_b = np.minimum(grad_b, weight_b) if runtime == "deepspeed" else grad_b
-    norm = (2 if model.normalization == "layernorm" else 1) * h  # one norm's weight (and bias)
+    norm = float(model.norm_params)  # one norm's weight (and bias)
     norms = 2 * norm
     layer_params_local = (model.params_per_layer - norms) / tp + norms
+    # A MoE layer on one GPU: attention and shared experts split over tp like a dense layer, the
+    # router replicated (Megatron-Core TopKRouter weight; the entrypoint's likewise), and E/ep routed
+    # experts, each split over etp ranks (Megatron-Core's expert mesh, core/transformer/moe/experts.py).
+    moe_dense_local = (model.attention_params + model.shared_expert_params) / tp + model.router_params + norms
+    ep, etp = f64(c.ep), f64(c.etp)
+    n_exp = float(model.moe.num_experts) if model.moe is not None else 0.0
+    moe_expert_local = n_exp / ep * model.expert_params / etp
     # The word embedding and the output projection are split over tp (vocab-parallel); learned
     # position embeddings and the final norm are replicated on every tp rank (Megatron-LM's
     # LanguageModelEmbedding and final layernorm; train/model.py). Measured: train/census.py.
@@ -311,10 +351,30 @@ def _inputs(
     # for the output layer, synchronized by an extra all-reduce (Megatron-LM, Shoeybi 2019).
     tied_copy = np.where((pp > 1) & model.tied_embeddings, model.vocab_size * h / tp, 0.0)
     lf, lm, ll = f64(c.layers_first), f64(c.layers_middle), f64(c.layers_last)
-    first_params = lf * layer_params_local + emb_local + np.where(pp == 1, out_local, 0.0)
-    middle_params = lm * layer_params_local
-    last_params = ll * layer_params_local + out_local + tied_copy
-    params_stage = np.maximum(np.maximum(first_params, middle_params), np.where(pp > 1, last_params, 0.0))
+    mf, mm, ml = _moe_layers_per_stage(model, lf, lm, ll)
+    # MTP modules on the last stage: a layer of the model's kind, the 2h -> h projection (column
+    # parallel) and three norms (DeepSeek-V3 Sec. 2.2; Megatron-Core multi_token_prediction.py).
+    mtp = float(model.mtp_layers)
+    mtp_dense = mtp * ((moe_dense_local if model.moe is not None else layer_params_local) + 2 * h * h / tp + 3 * norm)
+    mtp_expert = mtp * (moe_expert_local if model.moe is not None else 0.0)
+
+    def stage(layers, moe_layers):
+        return (layers - moe_layers) * layer_params_local + moe_layers * moe_dense_local, moe_layers * moe_expert_local
+
+    first, e_first = stage(lf, mf)
+    middle, e_middle = stage(lm, mm)
+    last, e_last = stage(ll, ml)
+    first_params = first + emb_local + np.where(pp == 1, out_local + mtp_dense, 0.0)
+    e_first = e_first + np.where(pp == 1, mtp_expert, 0.0)
+    middle_params = middle
+    last_params = last + out_local + tied_copy + mtp_dense
+    e_last = e_last + mtp_expert
+    totals = np.stack([first_params + e_first, middle_params + e_middle, np.where(pp > 1, last_params + e_last, 0.0)])
+    which = np.argmax(totals, axis=0)
+    params_stage = np.choose(which, [first_params, middle_params, last_params])
+    expert_stage = np.choose(which, [e_first, e_middle, e_last])
+    if model.moe is None:  # the dense model's binding stage exactly as before experts existed
+        params_stage = np.maximum(np.maximum(first_params, middle_params), np.where(pp > 1, last_params, 0.0))
     cp = f64(c.cp)
     return _Inputs(
         model=model,
@@ -348,6 +408,17 @@ def _inputs(
         middle_params=middle_params,
         last_params=last_params,
         params_stage=params_stage,
+        ep=ep,
+        etp=etp,
+        edp=f64(c.dp) * cp * tp / (ep * etp),
+        moe_first=mf,
+        moe_middle=mm,
+        moe_last=ml,
+        expert_first=e_first,
+        expert_middle=e_middle,
+        expert_last=e_last,
+        expert_stage=expert_stage,
+        mtp=mtp,
     )
 
 
@@ -355,10 +426,43 @@ def _inputs(
 class _LayerActivations:
     """Activation bytes of one decoder layer and micro-batch on one GPU."""
 
-    saved: np.ndarray  # what the forward keeps for the backward, at the layout's recompute level
+    saved: np.ndarray  # what a dense layer's forward keeps for the backward, at the layout's recompute level
+    saved_moe: np.ndarray  # ... a MoE layer's (equal to ``saved`` for a dense model)
     working: np.ndarray  # the backward's working set of the layer being back-propagated
     saved_entrypoint: np.ndarray  # of ``saved`` and ``working``, what only dsorch's entrypoint keeps
     working_entrypoint: np.ndarray
+
+
+def attention_widths(model: ModelSpec) -> tuple[tuple[float, float, float, float] | None, float]:
+    """(Q, K, V, output widths as multiples of h, or None for the standard h, kv/a, kv/a, h; the MLA
+    latents' width in h) for ``activation_bytes_per_layer``."""
+    h, a = float(model.hidden_size), float(model.num_attention_heads)
+    if model.mla is not None:
+        m = model.mla
+        dq, dv = float(m.qk_head_dim), float(m.v_head_dim)
+        # Every head has its own K and V after the up-projection (kv = a). The latents: the query's
+        # q_lora_rank (its norm's input and output) and the key/value latent with the shared rotary key.
+        latent = ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim) / h
+        return (a * dq / h, a * dq / h, a * dv / h, a * dv / h), latent
+    d = float(model.head_dim)
+    if a * d == h:
+        return None, 0.0
+    kv = float(model.kv_heads)
+    return (a * d / h, kv * d / h, kv * d / h, a * d / h), 0.0
+
+
+def _routed_copies(x: _Inputs) -> tuple[np.ndarray, np.ndarray]:
+    """(routed token copies one GPU's experts process per MoE layer and micro-batch, counted at full
+    expert width; tokens that enter one GPU's router). Megatron-Core routes each rank's sequence shard
+    (sequence parallelism with tp > 1), the entrypoint every token on every tp rank, its experts split
+    over tp; either way the routed work of a GPU is top_k x tokens / tp, times the imbalance of the
+    busiest rank (training.moe_load_imbalance; 1 = balanced, as the published benchmarks force)."""
+    T = x.s_local * x.micro_batch_size
+    if x.model.moe is None:
+        return np.zeros_like(x.tp), np.zeros_like(x.tp)
+    k = float(x.model.moe.top_k) * x.training.moe_load_imbalance
+    t_in = np.where(x.sequence_parallel, T / x.tp, T)
+    return T * k / x.tp, t_in
 
 
 def _layer_activations(x: _Inputs) -> _LayerActivations:
@@ -372,43 +476,59 @@ def _layer_activations(x: _Inputs) -> _LayerActivations:
     )
     act_bytes = x.act_bytes
     fp8 = training.fp8 is not None
-    act_layer = activation_bytes_per_layer(
-        s,
-        mbs,
-        h,
-        f,
-        a,
-        kv,
-        tp,
-        sp,
-        rc,
-        swiglu=model.gated,
-        flash=training.flash_attention,
-        hidden_dropout=training.hidden_dropout > 0,
-        attention_dropout=training.attention_dropout > 0,
-        act_bytes=act_bytes,
-        fp8=fp8,
-    )
+    qkvo, latent = attention_widths(model)
+
+    def formula(level, ffn):
+        return activation_bytes_per_layer(
+            s,
+            mbs,
+            h,
+            ffn,
+            a,
+            kv,
+            tp,
+            sp,
+            level,
+            swiglu=model.gated,
+            flash=training.flash_attention,
+            hidden_dropout=training.hidden_dropout > 0,
+            attention_dropout=training.attention_dropout > 0,
+            act_bytes=act_bytes,
+            fp8=fp8,
+            qkvo=qkvo,
+            latent=latent,
+        )
+
+    act_layer = formula(rc, f)
     # Backward working set: the layer being back-propagated holds gradient buffers about the size
     # of its full activations (and, under recomputation, its rematerialized activations). Counted
     # once per stage, the same for every recompute level, so recompute never looks worse than none.
-    working_layer = activation_bytes_per_layer(
-        s,
-        mbs,
-        h,
-        f,
-        a,
-        kv,
-        tp,
-        sp,
-        np.zeros_like(rc),
-        swiglu=model.gated,
-        flash=training.flash_attention,
-        hidden_dropout=training.hidden_dropout > 0,
-        attention_dropout=training.attention_dropout > 0,
-        act_bytes=act_bytes,
-        fp8=fp8,
-    )
+    working_layer = formula(np.zeros_like(rc), f)
+    act_moe = act_layer
+    if model.moe is not None:
+        # A MoE layer: the dense formula without its MLP, the shared experts as a dense MLP of their
+        # size, and the routed part (memory.moe_mlp_activation_bytes).
+        r, t_in = _routed_copies(x)
+        moe = model.moe
+
+        def moe_layer(level):
+            routed = moe_mlp_activation_bytes(
+                r,
+                t_in,
+                h,
+                float(moe.ffn_hidden_size),
+                float(moe.num_experts),
+                x.etp,
+                level,
+                gated=model.gated,
+                act_bytes=act_bytes,
+                fp8=fp8,
+            )
+            return formula(level, float(moe.shared_ffn)) + routed
+
+        act_moe = moe_layer(rc)
+        # The dispatcher's send and receive buffers of the layer in flight (permuted tokens, h wide).
+        working_layer = np.maximum(working_layer, moe_layer(np.zeros_like(rc)) + 2 * r * h * act_bytes)
     # The deepspeed runtime is dsorch's own entrypoint, whose layer keeps RoPE's cast tables and the
     # norms' 1/rms beside what the formula counts (memory.entrypoint_extra_bytes_per_layer, measured).
     if x.runtime == "deepspeed":
@@ -431,6 +551,7 @@ def _layer_activations(x: _Inputs) -> _LayerActivations:
         layer_extra = working_extra = np.zeros_like(tp)
     return _LayerActivations(
         saved=act_layer + layer_extra,
+        saved_moe=act_moe + layer_extra,
         working=working_layer + working_extra,
         saved_entrypoint=layer_extra,
         working_entrypoint=working_extra,
@@ -508,22 +629,40 @@ def _memory(x: _Inputs) -> _Memory:
     # micro-batches of a step (Megatron passes is_first_microbatch, so the casts are cached).
     fp8_weights = 2.0 * x.layer_params_local if training.fp8 is not None else 0.0
 
-    def stage_memory(layers, params_local, stage_index, extra_act, outputs=True) -> _StageMemory:
+    def stage_memory(layers, moe_layers, params_local, experts_local, stage_index, extra_act, outputs=True):
+        # The routed experts' states shard over the expert data-parallel group (Megatron's distributed
+        # optimizer keeps an expert-dp buffer of its own: core/distributed/distributed_data_parallel.py
+        # expert_data_parallel_group; DeepSpeed likewise for MoE parameters).
         w, g, o = model_state_bytes(params_local, x.dpc, zero, x.weight_b, x.grad_b, x.opt_b)
+        ew, eg, eo = model_state_bytes(experts_local, x.edp, zero, x.weight_b, x.grad_b, x.opt_b)
         inflight = in_flight_micro_batches(pp, vpp, gas, stage_index)
-        act = layers * layer.saved * inflight + layer.working + extra_act + (out_buf * inflight if outputs else 0.0)
+        kept = (layers - moe_layers) * layer.saved + moe_layers * layer.saved_moe
+        act = kept * inflight + layer.working + extra_act + (out_buf * inflight if outputs else 0.0)
         return _StageMemory(
-            params=w + layers * fp8_weights,
-            grads=g,
-            optimizer=o,
+            params=w + ew + layers * fp8_weights,
+            grads=g + eg,
+            optimizer=o + eo,
             activations=act,
             entrypoint_activations=layers * layer.saved_entrypoint * inflight + layer.working_entrypoint,
         )
 
+    # The MTP modules on the last stage: a layer each, and the logits of their own predictions.
+    mtp_layers = x.mtp
+    mtp_moe = mtp_layers if model.moe is not None else 0.0
+    last_logits = logits * (1.0 + mtp_layers) if mtp_layers else logits
     stages = (
-        stage_memory(x.lf, x.first_params, 0.0, np.where(pp == 1, logits, 0.0)),
-        stage_memory(x.lm, x.middle_params, np.minimum(1.0, pp - 1), 0.0),
-        stage_memory(x.ll, x.last_params, pp - 1, logits, outputs=False),
+        stage_memory(
+            x.lf + np.where(pp == 1, mtp_layers, 0.0),
+            x.moe_first + np.where(pp == 1, mtp_moe, 0.0),
+            x.first_params,
+            x.expert_first,
+            0.0,
+            np.where(pp == 1, last_logits, 0.0),
+        ),
+        stage_memory(x.lm, x.moe_middle, x.middle_params, x.expert_middle, np.minimum(1.0, pp - 1), 0.0),
+        stage_memory(
+            x.ll + mtp_layers, x.moe_last + mtp_moe, x.last_params, x.expert_last, pp - 1, last_logits, outputs=False
+        ),
     )
     buffers = _comm_buffers(x)
     framework = np.full_like(tp, x.profile.memory_overhead_gib * GIB)
@@ -569,14 +708,15 @@ class _Roofline:
     hbm: np.ndarray  # bytes/s
     act_bytes: float  # bytes of a 16-bit (or fp32) activation element
     fp8: bool
+    grouped_rate: np.ndarray  # the experts' grouped GEMMs (FP8 where the layers' linears are)
 
-    def gemm(self, m, n, k, count=1.0, *, linear: bool = False) -> _Work:
+    def gemm(self, m, n, k, count=1.0, *, linear: bool = False, grouped: bool = False) -> _Work:
         """``count`` GEMMs (m x k) @ (k x n): FLOPs at the GEMM rate plus operand and result bytes at
         the HBM rate. Symmetric in m, n, k, so the two backward GEMMs of a linear layer (dgrad,
         wgrad: the same three dimensions permuted) cost what its forward does. ``linear``: a
         layer's linear GEMM, in FP8 (1-byte operands) with training.fp8."""
-        rate = self.layer_rate if linear else self.flop_rate
-        operand_bytes = 1.0 if linear and self.fp8 else self.act_bytes
+        rate = self.grouped_rate if grouped else self.layer_rate if linear else self.flop_rate
+        operand_bytes = 1.0 if (linear or grouped) and self.fp8 else self.act_bytes
         flops = 2.0 * m * n * k * count
         return _Work(seconds=flops / rate + (m * k + k * n + m * n) * operand_bytes * count / self.hbm, flops=flops)
 
@@ -597,6 +737,7 @@ def _roofline(x: _Inputs) -> _Roofline:
         hbm=x.profile.gpu.hbm_bandwidth_gbps * 1e9 * x.eff.hbm,
         act_bytes=float(x.act_bytes),
         fp8=fp8,
+        grouped_rate=(fp8_peak if fp8 else peak) * x.eff.grouped_gemm,
     )
 
 
@@ -621,7 +762,13 @@ def _attention(x: _Inputs, roof: _Roofline) -> _Attention:
         # Backward recomputes S and runs 5 GEMMs to the forward's 2 (Dao 2023, Sec. 3.1.2).
         # With cp, each rank's s/cp queries against the whole sequence, the causal half of it on
         # every rank (the 2 x cp chunk assignment balances it).
-        sc_flops_f = 0.5 * 4.0 * mbs * heads_local * s_local * s * d_head
+        if model.mla is None and model.sliding_window is None:
+            sc_flops_f = 0.5 * 4.0 * mbs * heads_local * s_local * s * d_head
+        else:
+            # QK^T over the query/key head width, PV over the value head width (MLA: 192 and 128 on
+            # DeepSeek-V3); sliding-window layers see at most the window (window_fraction).
+            dq, dv = float(model.head_dim), float(model.v_head_dim)
+            sc_flops_f = 0.5 * 2.0 * mbs * heads_local * s_local * s * (dq + dv) * window_fraction(model, s)
         sc_bytes_f = s_local * mbs * (2 * h + 2 * kv_dim) / x.tp * e
         score_f = sc_flops_f / (roof.peak * x.eff.attention) + sc_bytes_f / roof.hbm
         return _Attention(
@@ -641,13 +788,15 @@ def _attention(x: _Inputs, roof: _Roofline) -> _Attention:
     )
 
 
-def _elementwise_forward(x: _Inputs, roof: _Roofline) -> np.ndarray:
+def _elementwise_forward(x: _Inputs, roof: _Roofline, f: float | np.ndarray | None = None) -> np.ndarray:
     """Seconds of a layer's forward element-wise work per micro-batch, at HBM bandwidth: bytes per
     token of two norms (read + write h), two residual adds (read 2h, write h), rotary on Q and K,
     the activation (GeLU reads and writes f, SwiGLU reads 2f and writes f), dropout masks. Norms and
-    residuals are sharded by SP only."""
+    residuals are sharded by SP only. ``f``: the activation's width per token (a MoE layer's is
+    top_k x the expert's plus the shared experts'), the model's ffn_hidden_size by default."""
     model, training, tp, e = x.model, x.training, x.tp, roof.act_bytes
-    h, f = float(model.hidden_size), float(model.ffn_hidden_size)
+    h = float(model.hidden_size)
+    f = float(model.ffn_hidden_size) if f is None else f
     kv_dim = float(model.kv_heads) * float(model.head_dim)
     swiglu = model.gated
     replicated = (2 * 2 * h + 2 * 3 * h) * e + (2 * h if training.hidden_dropout > 0 else 0.0)
@@ -662,63 +811,167 @@ def _elementwise_forward(x: _Inputs, roof: _Roofline) -> np.ndarray:
     return T * (np.where(x.sequence_parallel, replicated / tp, replicated) + sharded + fp8_cast / 2) / roof.hbm
 
 
+def _attention_gemms(x: _Inputs, roof: _Roofline, T) -> _Work:
+    """One layer's attention projections per micro-batch (column-parallel in, row-parallel out)."""
+    model, tp = x.model, x.tp
+    h = float(model.hidden_size)
+    a = float(model.num_attention_heads)
+    if model.mla is not None:
+        # DeepSeek-V2 Sec. 2.1: down-projections to the latents (replicated over tp in Megatron-Core's
+        # MLASelfAttention), up-projections to the heads (column parallel), output (row parallel).
+        m = model.mla
+        dq, dv = float(m.qk_head_dim), float(m.v_head_dim)
+        work = roof.gemm(T, m.kv_lora_rank + m.qk_rope_head_dim, h, linear=True)
+        work = work + roof.gemm(T, a * (m.qk_nope_head_dim + dv) / tp, m.kv_lora_rank, linear=True)
+        if m.q_lora_rank is None:
+            work = work + roof.gemm(T, a * dq / tp, h, linear=True)
+        else:
+            work = work + roof.gemm(T, m.q_lora_rank, h, linear=True)
+            work = work + roof.gemm(T, a * dq / tp, m.q_lora_rank, linear=True)
+        return work + roof.gemm(T, h, a * dv / tp, linear=True)
+    kv_dim = float(model.kv_heads) * float(model.head_dim)
+    q_dim = a * float(model.head_dim)
+    if q_dim == h:
+        return roof.gemm(T, (h + 2 * kv_dim) / tp, h, linear=True) + roof.gemm(T, h, h / tp, linear=True)
+    return roof.gemm(T, (q_dim + 2 * kv_dim) / tp, h, linear=True) + roof.gemm(T, h, q_dim / tp, linear=True)
+
+
+def _mlp_gemms(x: _Inputs, roof: _Roofline, T, f: float) -> tuple[_Work, _Work]:
+    """A (gated) MLP of intermediate size f split over tp: up (+gate) column parallel, down row parallel."""
+    h = float(x.model.hidden_size)
+    return roof.gemm(T, (2 * f if x.model.gated else f) / x.tp, h, linear=True), roof.gemm(T, h, f / x.tp, linear=True)
+
+
+# cuBLAS launch and tail per GEMM when a rank's experts run one after another (Megatron-Core's
+# SequentialMLP, without --moe-grouped-gemm): 3 GEMMs per expert forward, 6 backward.
+SEQUENTIAL_GEMM_OVERHEAD_S = 5e-6
+
+
+def _moe_work(x: _Inputs, roof: _Roofline, T) -> tuple[_Work, np.ndarray]:
+    """One MoE layer's feed-forward per micro-batch on one GPU (forward GEMMs; element-wise seconds):
+    the router (h x E, on the tokens that enter this GPU), the shared experts as a dense MLP, and the
+    E/ep local experts on their routed tokens as one grouped GEMM (Megatron-Core --moe-grouped-gemm;
+    Shazeer et al. 2017's experts, tokens permuted so each expert's are contiguous) at the grouped
+    rate. Expert FLOPs follow the active parameters: top_k experts per token."""
+    model, training = x.model, x.training
+    moe = model.moe
+    assert moe is not None
+    h, e = float(model.hidden_size), roof.act_bytes
+    r, t_in = _routed_copies(x)
+    local = float(moe.num_experts) / x.ep
+    per_expert = r * x.etp / local  # tokens each local expert processes (etp ranks gather theirs)
+    f_e = float(moe.ffn_hidden_size) / x.etp
+    experts = roof.gemm(per_expert, 2 * f_e if model.gated else f_e, h, local, grouped=True)
+    experts = experts + roof.gemm(per_expert, h, f_e, local, grouped=True)
+    if not training.moe_grouped_gemm:
+        experts = _Work(seconds=experts.seconds + 3 * local * SEQUENTIAL_GEMM_OVERHEAD_S, flops=experts.flops)
+    work = roof.gemm(t_in, float(moe.num_experts), h) + experts
+    if moe.shared_experts:
+        up, down = _mlp_gemms(x, roof, T, float(moe.shared_ffn))
+        work = work + up + down
+    # Permute into expert order and back, and the weighted combine: read and write h per copy, twice.
+    permute = 4.0 * r * x.etp * h * e / roof.hbm
+    f_act = float(moe.top_k) * training.moe_load_imbalance * float(moe.ffn_hidden_size) + float(moe.shared_ffn)
+    return work, _elementwise_forward(x, roof, f_act) + permute
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _Compute:
     per_micro_batch: np.ndarray  # seconds of the slowest stage
     per_step: np.ndarray
     flops_step: np.ndarray  # FLOPs of that stage per step, for the at-peak bound
     attention_layer_mb: np.ndarray  # seconds of one layer's attention per micro-batch, forward and backward
+    moe_layer_mb: np.ndarray  # seconds of one MoE layer per micro-batch, forward and backward (0: dense)
+    moe_layers_stage: np.ndarray  # MoE layers of the slowest stage (MTP modules included)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _LayerTime:
+    seconds: np.ndarray  # forward, backward and recomputation of one layer and micro-batch
+    flops: np.ndarray
+
+
+def _layer_time(x: _Inputs, roof: _Roofline, att: _Attention, gemms: _Work, elem_f, op: _Work | None) -> _LayerTime:
+    """A layer's forward, backward (twice the forward's GEMMs and element-wise traffic) and what its
+    recompute level runs again."""
+    rc = x.recompute
+    layer_f = gemms.seconds + att.forward.seconds + elem_f
+    layer_b = 2 * gemms.seconds + att.backward.seconds + 2 * elem_f
+    full_rc, sel_rc, op_rc = rc == 2, rc == 1, rc == RC_TORCHTITAN_OP
+    op_s = op.seconds + elem_f if op is not None else layer_f
+    op_flops = op.flops if op is not None else gemms.flops + att.forward.flops
+    layer_rc = np.where(
+        full_rc,
+        layer_f,
+        np.where(sel_rc, att.forward.seconds + att.elementwise, np.where(op_rc, op_s, 0.0)),
+    )
+    sc_flops_f = att.forward.flops
+    flops = (
+        3 * gemms.flops
+        + sc_flops_f
+        + att.backward.flops
+        + np.where(full_rc, gemms.flops + sc_flops_f, np.where(sel_rc, sc_flops_f, np.where(op_rc, op_flops, 0.0)))
+    )
+    return _LayerTime(seconds=layer_f + layer_b + layer_rc, flops=flops)
 
 
 def _compute(x: _Inputs) -> _Compute:
     """GEMMs, attention and element-wise work of the slowest stage."""
-    model, tp, rc, gas = x.model, x.tp, x.recompute, x.grad_accum_steps
+    model, tp, gas = x.model, x.tp, x.grad_accum_steps
     h, f, V = float(model.hidden_size), float(model.ffn_hidden_size), float(model.vocab_size)
     kv_dim = float(model.kv_heads) * float(model.head_dim)
     roof = _roofline(x)
     T = x.s_local * x.micro_batch_size  # tokens per micro-batch on this rank
-    qkv, proj = roof.gemm(T, (h + 2 * kv_dim) / tp, h, linear=True), roof.gemm(T, h, h / tp, linear=True)
-    dense = (
-        qkv
-        + proj  # QKV (column parallel), attention output projection (row parallel)
-        + roof.gemm(T, (2 * f if model.gated else f) / tp, h, linear=True)  # MLP up (+gate)
-        + roof.gemm(T, h, f / tp, linear=True)
-    )  # MLP down
+    attn = _attention_gemms(x, roof, T)
     att = _attention(x, roof)
     elem_f = _elementwise_forward(x, roof) + att.elementwise
-    # Backward: about twice the forward's traffic (gradient in and out, saved input read).
-    layer_f = dense.seconds + att.forward.seconds + elem_f
-    layer_b = 2 * dense.seconds + att.backward.seconds + 2 * elem_f
-    full_rc, sel_rc, op_rc = rc == 2, rc == 1, rc == RC_TORCHTITAN_OP
     # torchtitan's op SAC counts the mms of each layer and recomputes every second one (wk, wo and
     # the MLP's w3 in Llama's order wq, wk, wv, wo, w1, w3, w2) and every non-mm op; attention
     # (SDPA) is saved.
-    op = roof.gemm(T, kv_dim / tp, h) + proj + roof.gemm(T, f / tp, h)
-    layer_rc = np.where(
-        full_rc,
-        layer_f,
-        np.where(sel_rc, att.forward.seconds + att.elementwise, np.where(op_rc, op.seconds + elem_f, 0.0)),
-    )
-    layer_time_mb = layer_f + layer_b + layer_rc
-    sc_flops_f = att.forward.flops
-    layer_flops_mb = (
-        3 * dense.flops
-        + sc_flops_f
-        + att.backward.flops
-        + np.where(full_rc, dense.flops + sc_flops_f, np.where(sel_rc, sc_flops_f, np.where(op_rc, op.flops, 0.0)))
-    )
+    op = roof.gemm(T, kv_dim / tp, h) + roof.gemm(T, h, h / tp, linear=True) + roof.gemm(T, f / tp, h)
+    up, down = _mlp_gemms(x, roof, T, f)
+    dense = _layer_time(x, roof, att, attn + up + down, elem_f, op)
+    if model.moe is not None:
+        moe_gemms, moe_elem = _moe_work(x, roof, T)
+        moe = _layer_time(x, roof, att, attn + moe_gemms, moe_elem + att.elementwise, None)
+    else:
+        moe = _LayerTime(seconds=np.zeros_like(tp), flops=np.zeros_like(tp))
     # Logits on the last stage (vocab-parallel): one GEMM three times, and the fused cross-entropy
     # reading the 16-bit logits and writing fp32 softmax and its gradient.
     logit = roof.gemm(T, V / tp, h)
     logit_time_mb = 3 * logit.seconds + T * V / tp * (roof.act_bytes + 3 * 4) / roof.hbm
-    lf, lm, ll = x.lf, x.lm, x.ll
-    compute_mb = np.maximum(lm * layer_time_mb, np.maximum(lf * layer_time_mb, ll * layer_time_mb + logit_time_mb))
-    flops_step = gas * np.maximum(np.maximum(lm, lf) * layer_flops_mb, ll * layer_flops_mb + 3 * logit.flops)
+    # The MTP modules (last stage): a layer of the model's kind, the 2h -> h projection, and logits.
+    kind = moe if model.moe is not None else dense
+    proj = roof.gemm(T, h / tp, 2 * h, linear=True)
+    mtp_s = x.mtp * (kind.seconds + 3 * proj.seconds + logit_time_mb)
+    mtp_flops = x.mtp * (kind.flops + 3 * proj.flops + 3 * logit.flops)
+
+    def stage(layers, moe_layers):
+        return (layers - moe_layers) * dense.seconds + moe_layers * moe.seconds, (
+            layers - moe_layers
+        ) * dense.flops + moe_layers * moe.flops
+
+    (f_s, f_fl), (m_s, m_fl), (l_s, l_fl) = (
+        stage(x.lf, x.moe_first),
+        stage(x.lm, x.moe_middle),
+        stage(x.ll, x.moe_last),
+    )
+    pp1 = x.pp == 1
+    if model.mtp_layers:
+        f_s, f_fl = f_s + np.where(pp1, mtp_s, 0.0), f_fl + np.where(pp1, mtp_flops, 0.0)
+        l_s, l_fl = l_s + mtp_s, l_fl + mtp_flops
+    compute_mb = np.maximum(m_s, np.maximum(f_s, l_s + logit_time_mb))
+    flops_step = gas * np.maximum(np.maximum(m_fl, f_fl), l_fl + 3 * logit.flops)
+    slowest = np.argmax(np.stack([f_s, m_s, l_s + logit_time_mb]), axis=0)
+    mtp_moe = x.mtp if model.moe is not None else 0.0
+    moe_stage = np.choose(slowest, [x.moe_first + np.where(pp1, mtp_moe, 0.0), x.moe_middle, x.moe_last + mtp_moe])
     return _Compute(
         per_micro_batch=compute_mb,
         per_step=gas * compute_mb,
         flops_step=flops_step,
         attention_layer_mb=att.forward.seconds + att.backward.seconds,
+        moe_layer_mb=moe.seconds,
+        moe_layers_stage=moe_stage,
     )
 
 
@@ -749,14 +1002,23 @@ class _Overlapped:
     total: np.ndarray  # before the engine overlaps any of it with compute
 
 
-def _tp_comm_mb(x: _Inputs, links: _Links) -> _Overlapped:
-    """Tensor-parallel collectives of the largest stage, per micro-batch."""
+def _tp_comm_mb(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
+    """Tensor-parallel collectives of the largest stage, per micro-batch. A MoE layer keeps the
+    attention's two (forward and backward) and the shared experts' two; its routed experts need none
+    on Megatron-Core (the all-to-all moves their tokens: ``_ep_comm``), while dsorch's entrypoint,
+    whose experts are split over tp like its dense MLP, all-reduces their output, top_k copies per token."""
     T = x.s_local * x.micro_batch_size
     n_coll = 4 + 2 * (x.recompute == 2)
-    tp_layer_mb = n_coll * _ring_time(
-        T * float(x.model.hidden_size) * float(x.act_bytes), x.tp, links.nvlink, links.nvlink_latency, 2.0
-    )
+    one = _ring_time(T * float(x.model.hidden_size) * float(x.act_bytes), x.tp, links.nvlink, links.nvlink_latency, 2.0)
+    tp_layer_mb = n_coll * one
     tp_total_mb = x.stage_layers * tp_layer_mb
+    moe = x.model.moe
+    if moe is not None:
+        per_pass = 1.0 + (1.0 if moe.shared_experts else 0.0)
+        if x.runtime == "deepspeed":
+            per_pass = per_pass + float(moe.top_k) * x.training.moe_load_imbalance
+        moe_layer_mb = 2 * per_pass * (1.0 + (x.recompute == 2) / 2.0) * one
+        tp_total_mb = (x.stage_layers - comp.moe_layers_stage) * tp_layer_mb + comp.moe_layers_stage * moe_layer_mb
     # --tp-comm-overlap needs sequence parallelism (validate_args), so it hides TP traffic only there.
     hidden = np.where(x.sequence_parallel & x.eng.tp_overlap, x.eff.tp_overlap, 0.0)
     return _Overlapped(exposed=tp_total_mb * (1.0 - hidden), total=tp_total_mb)
@@ -767,7 +1029,8 @@ def _pp_comm(x: _Inputs, links: _Links) -> np.ndarray:
     tp-cp-dp-pp, parallel_state.py), so they sit on different nodes once that reaches a node."""
     profile, eng, tp, pp, vpp = x.profile, x.eng, x.tp, x.pp, x.vpp
     T, h, e = x.s_local * x.micro_batch_size, float(x.model.hidden_size), float(x.act_bytes)
-    cross = (tp * x.dpc >= profile.gpus_per_node) & (profile.nodes > 1)
+    domain = profile.nvlink_domain
+    cross = (tp * x.dpc >= domain) & (profile.world_size > domain)
     p2p_bw = np.where(cross, links.ib, links.nvlink)
     p2p_lat = np.where(cross, links.ib_latency, links.nvlink_latency)
     p2p_bytes = np.where(x.sequence_parallel | eng.p2p_scatter_gather, T * h / tp, T * h) * e
@@ -783,10 +1046,11 @@ def _dp_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     strided by tp."""
     profile, eff, eng, training = x.profile, x.eff, x.eng, x.training
     tp, pp, gas, zero, dpc = x.tp, x.pp, x.grad_accum_steps, x.zero_stage, x.dpc
-    g = profile.gpus_per_node
+    # "Node" here is the NVLink domain: a node, or an NVL72 rack.
+    g = profile.nvlink_domain
     per_node = np.maximum(1.0, np.floor(g / tp))
     in_node = np.minimum(dpc, per_node)
-    one_node = (profile.nodes == 1) | (tp * dpc <= g)
+    one_node = (profile.world_size == g) | (tp * dpc <= g)
     k = np.where(one_node, dpc, in_node)
 
     def coll(nbytes, factor, buckets):
@@ -842,7 +1106,27 @@ def _dp_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     # term gives (launch, stream waits, FSDP's rate limiter) is a fitted stall per collective
     # (calibration.yaml, engine deepspeed-zero3, fitted to the published FSDP runs).
     stall = np.where(zero == 3, gas * x.stage_layers * 3.0 * eff.zero3_stall_us * 1e-6, 0.0)
+    if x.model.moe is not None:
+        dp_total = dp_total + _expert_dp_comm(x, links)
     return _Overlapped(exposed=np.maximum(0.0, dp_total - hide) + stall, total=dp_total + stall)
+
+
+def _expert_dp_comm(x: _Inputs, links: _Links) -> np.ndarray:
+    """The routed experts' gradients reduce over their expert data-parallel group, edp ranks etp x ep
+    apart (Megatron-Core's expert rank order etp-ep-edp-pp; the entrypoint's expert groups likewise),
+    with the stage's other gradients and in the same way (ZeRO-1: reduce-scatter and all-gather; 0:
+    all-reduce). ZeRO-2/3 do not run with experts here (plan.rules)."""
+    g = x.profile.nvlink_domain
+    edp, stride = x.edp, x.ep * x.etp
+    one_node = (x.profile.world_size == g) | (stride * edp <= g)
+    k = np.where(one_node, edp, np.minimum(edp, np.maximum(1.0, np.floor(g / stride))))
+
+    def coll(nbytes, factor):
+        t = _hierarchical_time(nbytes, edp, k, links.nvlink, links.nvlink_latency, links.ib, links.ib_latency, factor)
+        return np.where(nbytes > 0, t, 0.0)
+
+    grad, weight = x.expert_stage * x.comm_grad_b, x.expert_stage * x.weight_b
+    return np.where(x.zero_stage >= 1, coll(grad, 1.0) + coll(weight, 1.0), coll(grad, 2.0))
 
 
 def _cp_comm(x: _Inputs, links: _Links, comp: _Compute) -> np.ndarray:
@@ -853,12 +1137,71 @@ def _cp_comm(x: _Inputs, links: _Links, comp: _Compute) -> np.ndarray:
     profile, tp, cp = x.profile, x.tp, x.cp
     T, e = x.s_local * x.micro_batch_size, float(x.act_bytes)
     kv_bytes = 2 * T * float(x.model.kv_heads * x.model.head_dim) / tp * e
-    cp_inside = tp * cp <= profile.gpus_per_node
-    cp_bw = np.where(cp_inside | (profile.nodes == 1), links.nvlink, links.ib)
-    cp_lat = np.where(cp_inside | (profile.nodes == 1), links.nvlink_latency, links.ib_latency)
+    domain = profile.nvlink_domain
+    cp_inside = (tp * cp <= domain) | (profile.world_size == domain)
+    cp_bw = np.where(cp_inside, links.nvlink, links.ib)
+    cp_lat = np.where(cp_inside, links.nvlink_latency, links.ib_latency)
     ring = 3 * (cp - 1) * (kv_bytes / cp_bw + cp_lat)
     cp_layer = np.where(cp > 1, np.maximum(0.0, ring - comp.attention_layer_mb), 0.0)
     return x.grad_accum_steps * x.stage_layers * cp_layer
+
+
+def _ep_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
+    """Expert parallelism, seconds per step of the slowest stage: per MoE layer and micro-batch the
+    token dispatcher sends every routed copy to the rank of its expert and back (dispatch and combine
+    all-to-all forward, and both again backward: Megatron-Core MoEAlltoAllTokenDispatcher; Megatron-
+    Core's MoE paper, Sec. 3), each copy h wide, the (ep - 1)/ep of them whose expert is elsewhere.
+    The ep group spans ep x etp consecutive ranks: peers inside the NVLink domain are reached over
+    NVLink, the rest over the GPU's share of the node's NICs, both at once (the slower one binds).
+    DeepEP (the flex dispatcher) sends a token once per remote domain, not once per expert there
+    (DeepSeek-V3 Sec. 3.2.2's node-limited routing: at most group_top_k groups). The allgather
+    dispatcher gathers every token of the group instead. With etp > 1 the copies are also gathered
+    and reduce-scattered over the etp ranks (NVLink). Full recomputation runs the forward pair again.
+    Overlapped with another micro-batch's compute (--overlap-moe-expert-parallel-comm), ``ep_overlap``
+    of it hides behind the layer's compute."""
+    moe, training = x.model.moe, x.training
+    if moe is None:
+        zero = np.zeros_like(x.tp)
+        return _Overlapped(exposed=zero, total=zero)
+    h, e = float(x.model.hidden_size), float(x.act_bytes)
+    r, t_in = _routed_copies(x)
+    ep, etp = x.ep, x.etp
+    domain = float(x.profile.nvlink_domain)
+    k_in = np.minimum(ep, np.maximum(1.0, np.floor(domain / etp)))
+    copy_bytes = r * x.tp * h * e / np.where(x.sequence_parallel, x.tp, 1.0)  # this GPU's routed copies
+    local = copy_bytes * (k_in - 1) / ep
+    remote = copy_bytes * (ep - k_in) / ep
+    dispatcher = training.moe_dispatcher or ("flex" if x.profile.features.deepep else "alltoall")
+    if dispatcher == "flex":
+        domains = np.maximum(1.0, ep / k_in)
+        copies_per_remote = float(moe.top_k) * (domains - 1) / domains
+        reach = float(moe.group_top_k) if moe.group_top_k else float(moe.top_k)
+        distinct = (domains - 1) * (1 - (1 - 1 / domains) ** min(reach, float(moe.top_k)))
+        remote = remote * np.where(copies_per_remote > 0, distinct / np.maximum(copies_per_remote, 1e-9), 1.0)
+    one = np.maximum(local / links.nvlink, remote / links.ib) + np.where(
+        remote > 0, links.ib_latency, links.nvlink_latency
+    )
+    if dispatcher == "allgather":
+        gather = t_in * h * e
+        one = _hierarchical_time(
+            gather,
+            ep * etp,
+            np.minimum(ep * etp, domain),
+            links.nvlink,
+            links.nvlink_latency,
+            links.ib,
+            links.ib_latency,
+            1.0,
+        )
+    one = np.where(ep > 1, one, 0.0)
+    etp_coll = _ring_time(copy_bytes * etp, etp, links.nvlink, links.nvlink_latency, 1.0)
+    passes = 4.0 + 2.0 * (x.recompute == 2)
+    per_layer = passes * (one + etp_coll)
+    hidden = 0.0
+    if training.moe_overlap_ep_comm:
+        hidden = x.eff.ep_overlap * np.minimum(per_layer, comp.moe_layer_mb)
+    layers = comp.moe_layers_stage
+    return _Overlapped(exposed=layers * (per_layer - hidden), total=layers * per_layer)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -869,13 +1212,14 @@ class _Communication:
     dp_comm: np.ndarray  # exposed
     dp_comm_total: np.ndarray  # before overlap
     cp_comm: np.ndarray  # exposed
+    ep_comm_mb: np.ndarray  # exposed, per micro-batch
 
 
 def _communication(x: _Inputs, comp: _Compute) -> _Communication:
     """Seconds per step of tensor-parallel, pipeline, data-parallel and context-parallel
     communication."""
     links = _links(x)
-    tp = _tp_comm_mb(x, links)
+    tp = _tp_comm_mb(x, links, comp)
     dp = _dp_comm(x, links, comp)
     return _Communication(
         tp_comm_mb=tp.exposed,
@@ -884,6 +1228,7 @@ def _communication(x: _Inputs, comp: _Compute) -> _Communication:
         dp_comm=dp.exposed,
         dp_comm_total=dp.total,
         cp_comm=_cp_comm(x, links, comp),
+        ep_comm_mb=_ep_comm(x, links, comp).exposed,
     )
 
 
@@ -910,12 +1255,19 @@ def evaluate(
     comp = _compute(x)
     comm = _communication(x, comp)
     tp_comm = x.grad_accum_steps * comm.tp_comm_mb
+    ep_comm = x.grad_accum_steps * comm.ep_comm_mb
     bubble = (x.pp - 1) / x.vpp * (comp.per_micro_batch + comm.tp_comm_mb + comm.cp_comm / x.grad_accum_steps)
+    if model.moe is not None:
+        bubble = bubble + (x.pp - 1) / x.vpp * comm.ep_comm_mb
     hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * eff.hbm
     opt_params = x.params_stage / np.where(x.zero_stage >= 1, x.dpc, 1.0)
+    if model.moe is not None:
+        opt_params = opt_params + x.expert_stage / np.where(x.zero_stage >= 1, x.edp, 1.0)
     optimizer_step = opt_params * OPTIMIZER_BYTES_PER_PARAM / hbm
 
     step = comp.per_step + tp_comm + bubble + comm.pp_comm + comm.dp_comm + comm.cp_comm + optimizer_step
+    if model.moe is not None:
+        step = step + ep_comm
     tokens = training.global_batch_size * float(training.seq_length)
     mflops = model_flops_per_step(model, training.seq_length, training.global_batch_size)
     peak = _peak_flops(profile, training.precision)
@@ -929,6 +1281,7 @@ def evaluate(
         pp_comm=comm.pp_comm,
         dp_comm=comm.dp_comm,
         cp_comm=comm.cp_comm,
+        ep_comm=ep_comm,
         optimizer=optimizer_step,
         step=step,
     )
@@ -956,6 +1309,8 @@ def invariant_violations(c: Candidates, ev: Evaluation) -> list[str]:
         bad.append("tensor-parallel traffic with tp = 1")
     if np.any(time.cp_comm[np.asarray(c.cp) == 1] != 0):
         bad.append("context-parallel traffic with cp = 1")
+    if np.any(time.ep_comm[(np.asarray(c.ep) == 1) & (np.asarray(c.etp) == 1)] != 0):
+        bad.append("expert-parallel traffic with ep = etp = 1")
     if np.any(mem.total < mem.params):
         bad.append("total memory below the local parameter shard")
     parts = [(f"memory {k}", getattr(mem, k)) for k in MEMORY_PARTS] + [

@@ -103,6 +103,8 @@ def activation_bytes_per_layer(
     attention_dropout=False,
     act_bytes=2,
     fp8=False,
+    qkvo=None,
+    latent=0.0,
 ):
     """Activation bytes one transformer layer keeps for one micro-batch, Korthikanti et al. 2022.
 
@@ -120,6 +122,11 @@ def activation_bytes_per_layer(
     * Attention scores: 2as^2b softmax output, plus as^2b mask and 2as^2b dropout output with
       attention dropout. FlashAttention stores none of them, only the softmax log-sum-exp in fp32
       (4asb); selective recompute recomputes them.
+    * Attention widths: ``qkvo`` gives the widths of Q, K, V and the attention output as multiples of
+      h (default 1, kv/a, kv/a, 1; Qwen3's 32 x 128 heads on h = 2048 make Q and O 2h wide). Multi-
+      latent attention (DeepSeek-V2 Sec. 2.1) saves its per-head Q, K, V and output the same way,
+      and besides them the low-rank latents each RMSNorm and up-projection keeps, ``latent`` x h
+      elements per token, replicated over tp (the down-projections are not split).
     * FP8 (Transformer Engine): each Linear saves its input cast to FP8, 1 byte: the QKV and MLP
       inputs (the layer-norm outputs) and the down-projection input take 1 byte instead of 2; the
       output projection's FP8 input is saved beside the attention output the fused attention
@@ -135,7 +142,13 @@ def activation_bytes_per_layer(
     mask = 1.0 if hidden_dropout else 0.0
     lin_in = 1.0 if fp8 else 2.0 * scale  # a Linear's saved input, bytes per element
     replicated = (4 * scale + 2 * lin_in) * sbh + 2 * mask * sbh  # dropout masks are 1 byte each
-    q_k_v_o = (2 + 2 * kv / a + 2 * kv / a + 2) * sbh * scale + (1.0 if fp8 else 0.0) * sbh
+    if qkvo is None:
+        q_k_v_o = (2 + 2 * kv / a + 2 * kv / a + 2) * sbh * scale + (1.0 if fp8 else 0.0) * sbh
+    else:
+        q, k, v, o = qkvo
+        q_k_v_o = (2 * q + 2 * k + 2 * v + 2 * o) * sbh * scale + (1.0 if fp8 else 0.0) * sbh
+    if latent:
+        replicated = replicated + 2 * 2 * latent * sbh * scale
     mlp = ((4.0 if swiglu else 2.0) * scale + lin_in) * s * b * f
     sharded = q_k_v_o + mlp
     if flash:
@@ -201,3 +214,35 @@ def in_flight_micro_batches(pp, vpp, m, stage):
     one_f_one_b = np.minimum(pp - stage, m)
     interleaved = np.minimum(pp + (pp - 2 * stage - 1) / vpp, m)
     return np.maximum(np.where(vpp > 1, interleaved, one_f_one_b), 1.0)
+
+
+def moe_mlp_activation_bytes(r, t_in, h, f_e, num_experts, etp, recompute, *, gated=True, act_bytes=2, fp8=False):
+    """Activation bytes the routed part of one MoE layer keeps for one micro-batch on one GPU, as
+    Megatron-Core's MoELayer saves them (core/transformer/moe/: router.py, token_dispatcher.py
+    MoEAlltoAllTokenDispatcher, experts.py GroupedMLP/TEGroupedMLP), for ``r`` routed token copies
+    on this GPU (its share of top_k x tokens, times the load imbalance) out of ``t_in`` tokens that
+    entered its router:
+
+    * router: the fp32 logits and the fp32 scores after softmax/sigmoid it back-propagates through,
+      4 + 4 bytes per token and expert (TopKRouter.routing keeps both under autograd);
+    * experts: the permuted tokens (fc1's input, h), fc1's output (the gate and up halves, 2 f_e, or
+      f_e ungated) and the activation's output (fc2's input, f_e), per routed copy; FP8 saves fc1's
+      and fc2's inputs as 1-byte copies;
+    * combine: the experts' output, h per copy, which the weighted unpermute multiplies by the
+      routing probabilities and keeps for their gradient.
+
+    The MoE layer's input norm and residual are the dense formula's (activation_bytes_per_layer with
+    f = 0); the shared experts are a dense MLP of their size. ``recompute`` 2 (full) keeps none of
+    it: the layer input only, counted by the dense formula.
+    """
+    r = np.asarray(r, dtype=np.float64)
+    scale = act_bytes / 2.0
+    lin_in = 1.0 if fp8 else 2.0 * scale
+    router = 8.0 * np.asarray(t_in, dtype=np.float64) * num_experts
+    fc1_out = (4.0 if gated else 2.0) * scale * f_e
+    # Expert tensor parallelism gathers the copies of its etp ranks and splits f_e over them: the
+    # h-wide tensors are held etp times, the f_e-wide ones once in total.
+    etp = np.asarray(etp, dtype=np.float64)
+    per_copy = (lin_in * h + 2.0 * scale * h) * etp + fc1_out + lin_in * f_e
+    kept = router + r * per_copy
+    return np.where(np.asarray(recompute) == 2, 0.0, kept)

@@ -36,6 +36,7 @@ class TimeStack:
     pp_comm: np.ndarray
     dp_comm: np.ndarray
     cp_comm: np.ndarray
+    ep_comm: np.ndarray  # expert parallelism's dispatch and combine all-to-all
     optimizer: np.ndarray  # the optimizer step
     step: np.ndarray
 
@@ -69,6 +70,7 @@ TIME_LABELS: dict[str, Label] = {
     "pp_comm": Label(column="PP sends", words="pipeline sends"),
     "dp_comm": Label(column="DP comm", words="exposed DP communication"),
     "cp_comm": Label(column="CP comm", words="exposed CP communication"),
+    "ep_comm": Label(column="EP a2a", words="exposed expert-parallel all-to-all"),
     "optimizer": Label(column="optimizer", words="optimizer step"),
     "step": Label(column="step", words="step time"),
 }

@@ -25,25 +25,31 @@ class StageSplit:
     kind: str  # "even" or "edge-light"
 
 
-def stage_split(num_layers: int, pp: int) -> StageSplit | None:
+def stage_split(num_layers: int, pp: int, mtp: int = 0) -> StageSplit | None:
     """How ``num_layers`` split over ``pp`` stages, or None when they cannot.
 
     Even splits are the rule. Otherwise, when ``num_layers + 2`` divides by ``pp`` the first and
     last stages take one layer fewer, because they also hold the embedding and the output layer
     and loss: Llama 3 405B (126 layers) trains with pp=16 this way (Llama 3 paper, Sec. 3.3.2),
     and Megatron-LM expresses it with --decoder-first/last-pipeline-num-layers.
+
+    ``mtp`` multi-token-prediction modules (DeepSeek-V3) sit on the last stage after its decoder
+    layers (Megatron-Core builds them with the output layer), each counted as a layer there:
+    DeepSeek-V3's 61 layers + 1 MTP + embedding + loss are 64 slots, 8 per stage at pp=8 (7 layers
+    on the first stage, 6 and the MTP module on the last).
     """
     if pp == 1:
         return StageSplit(num_layers, num_layers, num_layers, "even")
-    if pp > num_layers:
+    slots = num_layers + mtp
+    if pp > slots:
         return None
-    if num_layers % pp == 0:
-        n = num_layers // pp
-        return StageSplit(n, n, n, "even")
-    if pp > 2 and (num_layers + 2) % pp == 0:
-        n = (num_layers + 2) // pp
-        if n >= 2:
-            return StageSplit(n - 1, n, n - 1, "edge-light")
+    if slots % pp == 0 and slots // pp > mtp:
+        n = slots // pp
+        return StageSplit(n, n, n - mtp, "even")
+    if pp > 2 and (slots + 2) % pp == 0:
+        n = (slots + 2) // pp
+        if n >= 2 and n - 1 - mtp >= 1:
+            return StageSplit(n - 1, n, n - 1 - mtp, "edge-light")
     return None
 
 
@@ -80,7 +86,7 @@ def zero_stages(runtime: str, pp: int, precision: str, grad_accum_steps: int, pi
     return stages
 
 
-def vpp_degrees(runtime: str, num_layers: int, pp: int, p2p_overlap: bool = True) -> list[int]:
+def vpp_degrees(runtime: str, num_layers: int, pp: int, p2p_overlap: bool = True, mtp: int = 0) -> list[int]:
     """Virtual stages per rank the interleaved schedule can use: only Megatron-LM has it, only with
     pp > 1, and vpp must divide each rank's share of the split. An edge-light split (one layer fewer
     on the first and last stage) is Megatron's --account-for-embedding/loss-in-pipeline-split:
@@ -89,7 +95,7 @@ def vpp_degrees(runtime: str, num_layers: int, pp: int, p2p_overlap: bool = True
     the last rank are one layer short, as Llama 3 405B trained: Llama 3 paper, Sec. 3.3.2)."""
     from orchestrator.plan.layout import divisors
 
-    split = stage_split(num_layers, pp)
+    split = stage_split(num_layers, pp, mtp)
     # Without p2p overlap validate_args asks for pp > 2 ("pipeline-model-parallel size should be
     # greater than 2 with interleaved schedule").
     if runtime != "megatron" or pp == 1 or split is None or (not p2p_overlap and pp <= 2):
@@ -141,10 +147,56 @@ def interleaving_fits(vpp: int, pp: int, grad_accum_steps: int) -> bool:
     return vpp == 1 or grad_accum_steps % pp == 0
 
 
-def tp_degrees(model: ModelSpec, gpus_per_node: int) -> list[int]:
+def tp_placeable(tp: int, profile: ClusterProfile) -> bool:
+    """Tensor parallelism stays inside one NVLink domain (Narayanan et al. 2021, Sec. 3.3): a divisor
+    of a node's GPUs, or whole nodes of an NVLink domain larger than a node (GB200 NVL72)."""
+    g, d = profile.gpus_per_node, profile.nvlink_domain
+    return d % tp == 0 and (g % tp == 0 if tp <= g else tp % g == 0)
+
+
+def tp_degrees(model: ModelSpec, profile: ClusterProfile) -> list[int]:
     from orchestrator.plan.layout import divisors
 
-    return [t for t in divisors(gpus_per_node) if model.num_attention_heads % t == 0 and model.kv_heads % t == 0]
+    return [
+        t
+        for t in divisors(profile.nvlink_domain)
+        if tp_placeable(t, profile) and model.num_attention_heads % t == 0 and model.kv_heads % t == 0
+    ]
+
+
+def ep_degrees(model: ModelSpec, runtime: str, tp: int, cp: int, dp: int) -> list[int]:
+    """Expert-parallel degrees: 1 for a dense model; else divisors of the routed experts that fit the
+    expert mesh. Megatron-Core carves it from the tp x cp x dp ranks of the attention
+    (core/parallel_state.py initialize_model_parallel: expert_tensor_model_pipeline_parallel groups
+    over the same world); dsorch's entrypoint carves it from the data-parallel ranks only, its
+    experts split over the tp group (orchestrator/train/)."""
+    from orchestrator.plan.layout import divisors
+
+    if model.moe is None:
+        return [1]
+    mesh = dp if runtime == "deepspeed" else tp * cp * dp
+    return [e for e in divisors(mesh) if model.moe.num_experts % e == 0]
+
+
+def etp_degrees(
+    model: ModelSpec, runtime: str, tp: int, cp: int, dp: int, ep: int, pinned: int | None = None
+) -> list[int]:
+    """Expert tensor-parallel degrees searched: 1 for a dense model; tp on dsorch's entrypoint
+    (experts split like its dense MLP); on Megatron-Core 1 (whole experts, the usual choice for
+    fine-grained experts) or tp (Megatron-LM's default, --expert-tensor-parallel-size unset), where
+    etp x ep divides tp x cp x dp; any such value when ``pinned``."""
+    if model.moe is None:
+        return [1]
+    if runtime == "deepspeed":
+        return [tp]
+    searched = {1, tp} if pinned is None else {pinned}
+    return [t for t in sorted(searched) if (tp * cp * dp) % (ep * t) == 0]
+
+
+def ep_needs_sp(model: ModelSpec, runtime: str, tp: int, ep: int) -> bool:
+    """Megatron-LM's validate_args: "When using expert parallelism and tensor parallelism, sequence
+    parallelism must be used" (the MoE layer's token dispatcher works on the sequence shard)."""
+    return runtime == "megatron" and model.moe is not None and tp > 1 and ep > 1
 
 
 def check_layout(
@@ -156,6 +208,7 @@ def check_layout(
         *_world_rules(layout, profile),
         *_cp_rules(layout, training, runtime),
         *_tp_rules(layout, model, profile),
+        *_ep_rules(layout, model, runtime),
         *_pipeline_rules(layout, model, training, runtime),
         *_batch_rules(layout, training),
         *_zero_rules(layout, training, runtime),
@@ -200,10 +253,16 @@ def _cp_rules(L: Layout, training: TrainingSpec, runtime: str) -> list[str]:
 def _tp_rules(L: Layout, model: ModelSpec, profile: ClusterProfile) -> list[str]:
     """Tensor parallelism: inside one node, and a divisor of the query and key/value heads."""
     r: list[str] = []
-    if L.tp > profile.gpus_per_node or profile.gpus_per_node % L.tp:
+    if not tp_placeable(L.tp, profile):
+        domain = profile.nvlink_domain
+        where = (
+            f"divide gpus_per_node={profile.gpus_per_node}"
+            if domain == profile.gpus_per_node
+            else f"divide gpus_per_node={profile.gpus_per_node} or be whole nodes of the {domain}-GPU NVLink domain"
+        )
         r.append(
-            f"tp={L.tp} must divide gpus_per_node={profile.gpus_per_node}: tensor parallelism stays inside "
-            f"one node's NVLink domain (Narayanan et al. 2021, Sec. 3.3)"
+            f"tp={L.tp} must {where}: tensor parallelism stays inside one NVLink domain "
+            f"(Narayanan et al. 2021, Sec. 3.3)"
         )
     if model.num_attention_heads % L.tp:
         r.append(
@@ -218,11 +277,54 @@ def _tp_rules(L: Layout, model: ModelSpec, profile: ClusterProfile) -> list[str]
     return r
 
 
+def _ep_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
+    """Expert parallelism: MoE models only; ep divides the experts; the expert mesh (etp x ep) fits in
+    the ranks it is carved from; what each runtime builds."""
+    if model.moe is None:
+        if L.ep > 1 or L.etp > 1:
+            return [
+                f"ep={L.ep} etp={L.etp}: expert parallelism splits the experts of a mixture-of-experts model, "
+                f"and this model is dense (model.moe is not set); use ep=1 etp=1"
+            ]
+        return []
+    E = model.moe.num_experts
+    r: list[str] = []
+    if E % L.ep:
+        r.append(f"ep={L.ep} does not divide the {E} routed experts (model.moe.num_experts); choose an ep dividing {E}")
+    if runtime == "deepspeed":
+        if L.etp != L.tp:
+            r.append(
+                f"etp={L.etp}: dsorch's DeepSpeed entrypoint splits each expert over the tensor-parallel group "
+                f"like its dense MLP, so etp equals tp={L.tp}; use --etp {L.tp} or --runtime megatron"
+            )
+        if L.dp % L.ep:
+            r.append(
+                f"ep={L.ep} must divide dp={L.dp}: the entrypoint's expert groups are data-parallel ranks; "
+                f"choose an ep dividing {L.dp}"
+            )
+        return r
+    mesh = L.tp * L.cp * L.dp
+    if mesh % (L.ep * L.etp):
+        # Megatron-LM says "decoder world_size (...) is not divisible by
+        # expert_tensor_model_pipeline_parallel size (...)" (core/parallel_state.py).
+        r.append(
+            f"etp*ep = {L.etp}*{L.ep} = {L.etp * L.ep} does not divide tp*cp*dp = {L.tp}*{L.cp}*{L.dp} = {mesh}: "
+            f"Megatron-Core carves the expert mesh from the GPUs of one pipeline stage, so choose etp and ep "
+            f"whose product divides {mesh}"
+        )
+    if ep_needs_sp(model, runtime, L.tp, L.ep) and not L.sequence_parallel:
+        r.append(
+            f"ep={L.ep} with tp={L.tp} needs sequence parallelism on Megatron-LM (its token dispatcher works "
+            f"on the sequence shard; validate_args): use --sp, tp=1 or ep=1"
+        )
+    return r
+
+
 def _pipeline_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime: str) -> list[str]:
     """Pipeline parallelism: the layers split into stages, then the interleaved schedule (vpp) on
     that split."""
     r: list[str] = []
-    split = stage_split(model.num_layers, L.pp)
+    split = stage_split(model.num_layers, L.pp, model.mtp_layers)
     if split is None:
         r.append(
             f"pp={L.pp} cannot split num_layers={model.num_layers} into stages: use a pp that divides "

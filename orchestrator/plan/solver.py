@@ -33,6 +33,9 @@ from orchestrator.plan.layout import (
 from orchestrator.plan.rules import (
     check_layout,
     cp_degrees,
+    ep_degrees,
+    ep_needs_sp,
+    etp_degrees,
     interleaving_fits,
     sp_options,
     stage_split,
@@ -132,6 +135,7 @@ RULE_PP = "pp does not split the layers"
 RULE_DP = "global batch not divisible by dp"
 RULE_VPP = "interleaving needs micro-batches a multiple of pp"
 RULE_ZERO_PP = "ZeRO-2/3 with pipeline parallelism (DeepSpeed)"
+RULE_ZERO_MOE = "ZeRO-3 with experts (dsorch's DeepSpeed entrypoint)"
 RULE_ZERO_BF16 = "bf16 ZeRO-0 with gradient accumulation (DeepSpeed accumulates in fp32 from ZeRO-1)"
 
 
@@ -148,13 +152,13 @@ def enumerate_layouts(
         if n:
             rejected[reason] = rejected.get(reason, 0) + n
 
-    rows: list[dict] = []
-    legal_tp = tp_degrees(model, profile.gpus_per_node)
-    reject(RULE_TP, len([t for t in _options(pins, "tp", divisors(profile.gpus_per_node)) if t not in legal_tp]))
+    rows: list[np.ndarray] = []
+    legal_tp = tp_degrees(model, profile)
+    reject(RULE_TP, len([t for t in _options(pins, "tp", divisors(profile.nvlink_domain)) if t not in legal_tp]))
     for tp in _options(pins, "tp", legal_tp):
         for cp in _options(pins, "cp", cp_degrees(runtime, training, world // tp)):
             for pp in _options(pins, "pp", divisors(world // (tp * cp))):
-                split = stage_split(model.num_layers, pp)
+                split = stage_split(model.num_layers, pp, model.mtp_layers)
                 if split is None:
                     reject(RULE_PP)
                     continue
@@ -164,72 +168,79 @@ def enumerate_layouts(
                 if gbs % dp:
                     reject(RULE_DP)
                     continue
-                rows += _layouts_at(tp, cp, pp, dp, split, model, training, runtime, pins, reject)
+                for ep in _options(pins, "ep", ep_degrees(model, runtime, tp, cp, dp)):
+                    for etp in _options(pins, "etp", etp_degrees(model, runtime, tp, cp, dp, ep, pins.etp)):
+                        degrees = dict(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp)
+                        rows += _layouts_at(degrees, split, model, training, runtime, pins, reject)
     return _candidates(rows), rejected
 
 
-def _layouts_at(tp, cp, pp, dp, split, model, training, runtime, pins, reject) -> list[dict]:
-    """Every (vpp, micro-batch, ZeRO stage, recompute, SP) at one (tp, cp, pp, dp), as rows."""
+def _layouts_at(degrees, split, model, training, runtime, pins, reject) -> list[np.ndarray]:
+    """Every (vpp, micro-batch, ZeRO stage, recompute, SP) at one (tp, cp, pp, dp, ep, etp), as
+    blocks of rows (``_row``'s columns; built with numpy: a DeepSeek-V3 search has ~10^5 of them)."""
+    tp, cp, pp, dp = degrees["tp"], degrees["cp"], degrees["pp"], degrees["dp"]
     gbs = training.global_batch_size
-    rows = []
+    blocks = []
     all_zero = zero_stages(runtime, 1, "fp32", 1, pins.zero_stage)
-    vpps = vpp_degrees(runtime, model.num_layers, pp, training.overlap_p2p_comm)
+    vpps = vpp_degrees(runtime, model.num_layers, pp, training.overlap_p2p_comm, model.mtp_layers)
     sps = sp_options(tp, cp, training.seq_length)
-    inner = len(_options(pins, "recompute", RECOMPUTE_LEVELS)) * len(_options(pins, "sequence_parallel", sps))
+    if ep_needs_sp(model, runtime, tp, degrees["ep"]):
+        sps = [sp for sp in sps if sp]
+    rcs = _options(pins, "recompute", RECOMPUTE_LEVELS)
+    sps = _options(pins, "sequence_parallel", sps)
+    inner = len(rcs) * len(sps)
+    rc_codes = [AXIS["recompute"].code(rc) for rc in rcs]
     for mbs in _options(pins, "micro_batch_size", divisors(gbs // dp)):
         gas = gbs // (dp * mbs)
         zeros = zero_stages(runtime, pp, training.precision, gas, pins.zero_stage)
         wanted = _options(pins, "zero_stage", all_zero)
+        ok_vpps = []
         for vpp in _options(pins, "vpp", vpps):
-            if not interleaving_fits(vpp, pp, gas):
+            if interleaving_fits(vpp, pp, gas):
+                ok_vpps.append(vpp)
+            else:
                 reject(RULE_VPP, len(wanted) * inner)
-                continue
-            for z in wanted:
-                if z not in zeros:
-                    reject(RULE_ZERO_PP if z > 1 and pp > 1 else RULE_ZERO_BF16, inner)
-            for z, rc, sp in itertools.product(
-                [z for z in wanted if z in zeros],
-                _options(pins, "recompute", RECOMPUTE_LEVELS),
-                _options(pins, "sequence_parallel", sps),
-            ):
-                rows.append(
-                    _row(
-                        dict(
-                            tp=tp,
-                            pp=pp,
-                            dp=dp,
-                            vpp=vpp,
-                            zero_stage=z,
-                            micro_batch_size=mbs,
-                            grad_accum_steps=gas,
-                            recompute=rc,
-                            sequence_parallel=sp,
-                            cp=cp,
-                            ep=1,
-                            etp=1,
-                        ),
-                        split,
-                    )
-                )
-    return rows
+        for z in wanted:
+            if z not in zeros:
+                reject((RULE_ZERO_PP if z > 1 and pp > 1 else RULE_ZERO_BF16), inner * len(ok_vpps))
+            elif z == 3 and model.moe is not None and runtime == "deepspeed":
+                reject(RULE_ZERO_MOE, inner * len(ok_vpps))
+        zs = [z for z in wanted if z in zeros and not (z == 3 and model.moe is not None and runtime == "deepspeed")]
+        combos = np.array(list(itertools.product(ok_vpps, zs, rc_codes, sps)), dtype=np.int64).reshape(-1, 4)
+        if not len(combos):
+            continue
+        fixed = dict(degrees, micro_batch_size=mbs, grad_accum_steps=gas)
+        block = np.empty((len(combos), len(AXES) + len(_SPLIT_COLUMNS)), dtype=np.int64)
+        for i, a in enumerate(AXES):
+            block[:, i] = fixed[a.name] if a.name in fixed else 0
+        for j, name in enumerate(("vpp", "zero_stage", "recompute", "sequence_parallel")):
+            block[:, _COLUMN[name]] = combos[:, j]
+        block[:, len(AXES) :] = (split.first, split.middle, split.last)
+        blocks.append(block)
+    return blocks
 
 
 # The columns of Candidates beyond the axes: decoder layers on the first, a middle and the last stage.
 _SPLIT_COLUMNS = ("layers_first", "layers_middle", "layers_last")
 
 
-def _row(layout: dict, split) -> dict:
-    """One layout (its axes by name) as a row of Candidates: every axis coded, the stage split."""
-    return {
-        **{a.name: a.code(layout[a.name]) for a in AXES},
-        **dict(zip(_SPLIT_COLUMNS, (split.first, split.middle, split.last), strict=True)),
-    }
+def _row(layout: dict, split) -> tuple[int, ...]:
+    """One layout (its axes by name) as a row of Candidates: every axis coded, in ``AXES`` order,
+    then the stage split."""
+    return (*(a.code(layout[a.name]) for a in AXES), split.first, split.middle, split.last)
 
 
-def _candidates(rows: list[dict]) -> Candidates:
-    """Rows (``_row``) as one array per column."""
+_COLUMN = {a.name: i for i, a in enumerate(AXES)}
+
+
+def _candidates(rows: list[tuple[int, ...]] | list[np.ndarray]) -> Candidates:
+    """Rows (``_row``), or blocks of them, as one array per column."""
     names = (*AXIS, *_SPLIT_COLUMNS)
-    cols = np.array([[r[n] for n in names] for r in rows], dtype=np.int64).reshape(-1, len(names)).T
+    if rows and isinstance(rows[0], np.ndarray):
+        table = np.concatenate(rows)
+    else:
+        table = np.array(rows, dtype=np.int64).reshape(-1, len(names))
+    cols = table.T
     arrays = dict(zip(names, cols, strict=True))
     for a in AXES:
         if a.kind is bool:
@@ -239,10 +250,10 @@ def _candidates(rows: list[dict]) -> Candidates:
 
 def candidates_of(model: ModelSpec, layouts: list[Layout]) -> Candidates:
     """Exactly these (legal) layouts as Candidates, for one vectorized evaluation."""
-    return _candidates([_row(L.as_dict(), stage_split(model.num_layers, L.pp)) for L in layouts])
+    return _candidates([_row(L.as_dict(), stage_split(model.num_layers, L.pp, model.mtp_layers)) for L in layouts])
 
 
-def _confidence(profile: ClusterProfile, runtime: str, training: TrainingSpec, zero_stages):
+def _confidence(profile: ClusterProfile, runtime: str, model: ModelSpec, training: TrainingSpec, zero_stages):
     """(interval, basis) of a layout: its engine's calibration entry, unless the layout goes beyond
     the runs that entry was fitted on."""
     _, resolved = per_layout(profile, runtime, zero_stages)
@@ -258,6 +269,8 @@ def _confidence(profile: ClusterProfile, runtime: str, training: TrainingSpec, z
             tp_overlap=uses_tp_overlap(runtime, training, L),
             dp_overlap=eng.dp_overlap and L.dp * L.cp > 1 and (L.pp == 1 or eng.dp_overlap_with_pp),
             megatron_fsdp=uses_megatron_fsdp(runtime, L.zero_stage),
+            ep=L.ep,
+            moe=model.moe is not None,
         )
         if beyond:
             return None, f"outside the fitted domain of {r.entry}: {beyond}"
@@ -324,7 +337,7 @@ def search(
     keys = (*(getattr(cand, n) for n in reversed(TIEBREAK)), ev.memory.total, ev.time.step)
     order = np.lexsort(keys)  # last key is primary
     feasible_order = order[fits[order]]
-    confidence = _confidence(profile, runtime, training, cand.zero_stage)
+    confidence = _confidence(profile, runtime, model, training, cand.zero_stage)
     ranked = [_scored(cand, ev, int(i), capacity, confidence, fits) for i in feasible_order[:keep]]
     infeasible = np.flatnonzero(~fits)
     closest_idx = infeasible[np.lexsort((ev.time.step[infeasible], ev.memory.total[infeasible]))][:keep]

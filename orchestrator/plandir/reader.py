@@ -65,6 +65,8 @@ class PlanModel(BaseModel):
     name: str
     params: int = Field(gt=0)
     params_billion: float
+    active_params: int | None = Field(default=None, gt=0)  # a mixture of experts: per token
+    mtp_params: int | None = Field(default=None, gt=0)  # the MTP modules beside the main model
     seq_length: int = Field(gt=0)
     global_batch_size: int = Field(gt=0)
     precision: Literal["bf16", "fp16", "fp32"]

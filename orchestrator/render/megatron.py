@@ -113,7 +113,7 @@ def _parallelism_flags(plan: Plan) -> _Flags:
         # both are stated.
         yield "--expert-model-parallel-size", L.ep
         yield "--expert-tensor-parallel-size", L.etp
-    split = stage_split(plan.spec.model.num_layers, L.pp)
+    split = stage_split(plan.spec.model.num_layers, L.pp, plan.spec.model.mtp_layers)
     if split is not None and split.kind == "edge-light":
         # First and last stages hold the embedding and the output layer and loss, so one layer
         # fewer each: Megatron counts them as a layer of the split, which also works with the

@@ -21,6 +21,7 @@ from orchestrator.costmodel.stacks import (
 from orchestrator.plan.make import Plan
 from orchestrator.plan.solver import Scored
 from orchestrator.render.explain import explain_doc, ranked_layouts, stacks
+from orchestrator.spec.model import ModelSpec
 
 # What each family is, for a reader who knows the words but not this model.
 FAMILY_WORDS = {
@@ -32,8 +33,25 @@ FAMILY_WORDS = {
 }
 
 
-def _params(n: int) -> str:
-    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n:,}"
+def _params(n: int, sep: str = " ") -> str:
+    return f"{n / 1e9:.2f}{sep}B" if n >= 1e9 else f"{n / 1e6:.2f}{sep}M" if n >= 1e6 else f"{n:,}"
+
+
+def params_words(m: ModelSpec, sep: str = " ") -> str:
+    """The parameter counts as the plan output states them: the total; for a mixture of experts the
+    active count per token too, with and without the input embedding (DeepSeek-V3's 37B and Qwen3's
+    3.3B count it, GPT-OSS's 5.1B does not), and the MTP modules apart (DeepSeek-V3's 14B module
+    holds copies of the embedding and the output head besides them)."""
+    text = f"{_params(m.num_params, sep)} parameters"
+    if m.moe is not None:
+        text += (
+            f" ({_params(m.active_params, sep)} active per token, "
+            f"{_params(m.active_params - m.embedding_params, sep)} without the input embedding"
+        )
+        text += f"; MTP modules {_params(m.mtp_params, sep)} more)" if m.mtp_layers else ")"
+    elif m.mtp_layers:
+        text += f" (MTP modules {_params(m.mtp_params, sep)} more)"
+    return text
 
 
 def _gib(x: float) -> str:
@@ -101,7 +119,7 @@ def _summary(plan: Plan, doc: dict) -> list[str]:
         ),
         "",
         (
-            f"- **Model:** {plan.spec.name}, {_params(m.num_params)} parameters, sequence {t.seq_length:,}, "
+            f"- **Model:** {plan.spec.name}, {params_words(m)}, sequence {t.seq_length:,}, "
             f"global batch {t.global_batch_size:,} sequences, {t.precision}"
             + (f" with FP8 GEMMs ({t.fp8})" if t.fp8 else "")
             + "."

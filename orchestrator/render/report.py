@@ -75,6 +75,10 @@ def plan_doc(plan: Plan, file_hashes: dict[str, str] | None = None) -> dict:
             "name": plan.spec.name,
             "params": m.num_params,
             "params_billion": _r(m.num_params / 1e9, 3),
+            # A mixture of experts: what one token passes through (embedding included), and the MTP
+            # modules beside the main model.
+            **({"active_params": m.active_params} if m.moe is not None else {}),
+            **({"mtp_params": m.mtp_params} if m.mtp_layers else {}),
             "seq_length": t.seq_length,
             "global_batch_size": t.global_batch_size,
             "precision": t.precision,

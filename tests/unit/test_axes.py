@@ -24,11 +24,22 @@ from orchestrator.spec.model import load_spec
 
 from ..conftest import EXAMPLES
 
-# A layout with every axis away from its neutral value, legal for Llama 3 70B with Megatron-LM on
-# 16 DGX H100 nodes (128 GPUs = tp8 x cp2 x pp4 x dp2).
-EVERY_AXIS = Layout(tp=8, sequence_parallel=True, cp=2, pp=4, vpp=2, dp=2, zero_stage=1, micro_batch_size=1,
-                    grad_accum_steps=256, recompute="selective")
-SPEC = EXAMPLES / "llama3-70b.yaml"
+# A layout with every axis away from its neutral value, legal with Megatron-LM on 16 DGX H100 nodes
+# (128 GPUs = tp8 x cp2 x pp4 x dp2; the expert mesh etp2 x ep4 out of tp8 x cp2 x dp2) for Llama 3
+# 70B made a mixture of eight experts (top 2, each an eighth of the MLP), so that ep and etp apply.
+EVERY_AXIS = Layout(tp=8, sequence_parallel=True, cp=2, ep=4, etp=2, pp=4, vpp=2, dp=2, zero_stage=1,
+                    micro_batch_size=1, grad_accum_steps=256, recompute="selective")
+DENSE = EXAMPLES / "llama3-70b.yaml"
+
+
+@pytest.fixture
+def SPEC(tmp_path):
+    doc = yaml.safe_load(DENSE.read_text())
+    doc["name"] = "llama3-70b-moe8"
+    doc["model"]["moe"] = {"num_experts": 8, "top_k": 2, "ffn_hidden_size": doc["model"]["ffn_hidden_size"] // 8}
+    path = tmp_path / "llama3-70b-moe8.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
 
 
 def _cli_words(layout: Layout) -> list[str]:
@@ -44,7 +55,7 @@ def _cli_words(layout: Layout) -> list[str]:
     return words
 
 
-def test_every_axis_is_away_from_neutral_and_every_field_has_a_row():
+def test_every_axis_is_away_from_neutral_and_every_field_has_a_row(SPEC):
     assert [a.name for a in AXES] == [f.name for f in dataclasses.fields(Layout)]
     assert all(getattr(EVERY_AXIS, a.name) != a.neutral for a in AXES)
     assert EVERY_AXIS.global_batch_size == load_spec(SPEC)[0].training.global_batch_size
@@ -58,7 +69,7 @@ def test_schemas_and_columns_are_the_table():
     assert set(names) <= {f.name for f in dataclasses.fields(Candidates)}
 
 
-def test_a_layout_round_trips_through_pins_plan_regenerate_line_records_and_trial_pins(in_tmp, runner):
+def test_a_layout_round_trips_through_pins_plan_regenerate_line_records_and_trial_pins(in_tmp, runner, SPEC):
     first = in_tmp / "first"
     r = runner.invoke(main, ["plan", str(SPEC), "--cluster", "dgx16", "--runtime", "megatron", "--out", str(first),
                              *_cli_words(EVERY_AXIS)])
@@ -99,7 +110,7 @@ def test_a_layout_round_trips_through_pins_plan_regenerate_line_records_and_tria
     assert best is not None and best.layout == EVERY_AXIS
 
 
-def test_the_regenerate_line_names_every_pin(in_tmp, runner):
+def test_the_regenerate_line_names_every_pin(in_tmp, runner, SPEC):
     """The bug this table fixed: a plan made with --cp 2 recorded a regenerate line without --cp,
     and running that line picked another cp."""
     out = in_tmp / "cp2"
@@ -111,8 +122,8 @@ def test_the_regenerate_line_names_every_pin(in_tmp, runner):
 
 
 def test_short_form_and_pins_of_a_layout():
-    assert EVERY_AXIS.short() == "tp8+sp cp2 pp4 vpp2 dp2 zero1 mbs1 gas256 rc=selective"
-    plain = dataclasses.replace(EVERY_AXIS, sequence_parallel=False, cp=1, vpp=1)
+    assert EVERY_AXIS.short() == "tp8+sp cp2 ep4 etp2 pp4 vpp2 dp2 zero1 mbs1 gas256 rc=selective"
+    plain = dataclasses.replace(EVERY_AXIS, sequence_parallel=False, cp=1, vpp=1, ep=1, etp=1)
     assert plain.short() == "tp8 pp4 dp2 zero1 mbs1 gas256 rc=selective"
     assert Pins.of(EVERY_AXIS).all_pinned() and not Pins(tp=8).all_pinned()
     assert Pins(tp=8, cp=2).words() == ["--tp", "8", "--cp", "2"]
@@ -120,8 +131,9 @@ def test_short_form_and_pins_of_a_layout():
 
 
 def test_old_plan_directories_without_a_later_axis_still_load():
-    """cp came after 0.1: a plan.yaml without it means cp 1; the axes of 0.1 stay required."""
-    layout = {k: v for k, v in dataclasses.replace(EVERY_AXIS, cp=1).as_dict().items() if k != "cp"}
-    assert PlanLayout(**layout).cp == 1
+    """cp, ep and etp came after 0.1: a plan.yaml without them means 1; the axes of 0.1 stay required."""
+    later = ("cp", "ep", "etp")
+    layout = {k: v for k, v in dataclasses.replace(EVERY_AXIS, cp=1, ep=1, etp=1).as_dict().items() if k not in later}
+    assert (PlanLayout(**layout).cp, PlanLayout(**layout).ep, PlanLayout(**layout).etp) == (1, 1, 1)
     with pytest.raises(pydantic.ValidationError):
         PlanLayout(**{k: v for k, v in layout.items() if k != "tp"})
