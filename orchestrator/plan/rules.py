@@ -194,9 +194,11 @@ def etp_degrees(
 
 
 def ep_needs_sp(model: ModelSpec, runtime: str, tp: int, ep: int) -> bool:
-    """Megatron-LM's validate_args: "When using expert parallelism and tensor parallelism, sequence
-    parallelism must be used" (the MoE layer's token dispatcher works on the sequence shard)."""
-    return runtime == "megatron" and model.moe is not None and tp > 1 and ep > 1
+    """Megatron-Core's MoE layer refuses to train with tensor parallelism without sequence
+    parallelism, whatever ep (core/transformer/moe/moe_layer.py MoELayer.forward raises; with ep > 1
+    ModelParallelConfig.__post_init__ also warns "When using expert parallelism and tensor
+    parallelism for training, sequence parallelism must be used")."""
+    return runtime == "megatron" and model.moe is not None and tp > 1
 
 
 def check_layout(
@@ -314,8 +316,8 @@ def _ep_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
         )
     if ep_needs_sp(model, runtime, L.tp, L.ep) and not L.sequence_parallel:
         r.append(
-            f"ep={L.ep} with tp={L.tp} needs sequence parallelism on Megatron-LM (its token dispatcher works "
-            f"on the sequence shard; validate_args): use --sp, tp=1 or ep=1"
+            f"a mixture-of-experts model with tp={L.tp} needs sequence parallelism on Megatron-LM (its MoE layer "
+            f"refuses to train with tensor parallelism without it): use --sp or tp=1"
         )
     return r
 

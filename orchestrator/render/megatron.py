@@ -8,6 +8,7 @@ is in plan.yaml.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from orchestrator.plan.layout import Layout
@@ -80,6 +81,37 @@ def uses_ep_overlap(plan: Plan) -> bool:
     )
 
 
+def pipeline_layout(num_layers: int, mtp: int, pp: int, vpp: int, kind: str) -> str:
+    """--pipeline-model-parallel-layout for the split ``stage_split`` gives with ``mtp`` MTP modules:
+    the embedding (E), the decoder layers (t), the MTP modules (m) and the loss (L) in order, cut
+    into pp x vpp equal virtual stages in Megatron's order (the first chunk of every rank, then the
+    second, ...: core/transformer/pipeline_parallel_layer_layout.py). An edge-light split counts E
+    and L as a slot each; an even one puts them beside the layers. DeepSeek-V3 at pp 8 x vpp 4 is
+    Et|(tt|)*30mL, Megatron-Bridge's own layout for it. Repeats are written as Megatron's parser
+    unrolls them ((tt|)*30, t*8): one word without spaces."""
+    body = ["t"] * num_layers + ["m"] * mtp
+    slots = ["E", *body, "L"] if kind == "edge-light" else body
+    n = len(slots) // (pp * vpp)
+    chunks = ["".join(slots[i * n : (i + 1) * n]) for i in range(pp * vpp)]
+    if kind != "edge-light":
+        chunks[0], chunks[-1] = "E" + chunks[0], chunks[-1] + "L"
+    runs: list[list] = []
+    for c in chunks:
+        if runs and runs[-1][0] == c:
+            runs[-1][1] += 1
+        else:
+            runs.append([c, 1])
+    parts = []
+    for i, (c, k) in enumerate(runs):
+        short = re.sub(r"(t{3,})", lambda r: f"t*{len(r.group(1))}", c)
+        last = i == len(runs) - 1
+        if k == 1:
+            parts.append(short + ("" if last else "|"))
+        else:
+            parts.append(f"({short}|)*{k - 1 if last else k}" + (short if last else ""))
+    return "".join(parts)
+
+
 def moe_layer_freq(model: ModelSpec) -> int | str:
     """--moe-layer-freq for the spec's MoE layers (ModelSpec.is_moe_layer): the plain frequency, or,
     after dense leading layers, the list expression Megatron-LM evaluates (arguments.py
@@ -113,7 +145,15 @@ def _parallelism_flags(plan: Plan) -> _Flags:
         # both are stated.
         yield "--expert-model-parallel-size", L.ep
         yield "--expert-tensor-parallel-size", L.etp
-    split = stage_split(plan.spec.model.num_layers, L.pp, plan.spec.model.mtp_layers)
+    m = plan.spec.model
+    split = stage_split(m.num_layers, L.pp, m.mtp_layers)
+    if split is not None and m.mtp_layers and L.pp > 1:
+        # Megatron's layer split counts neither MTP modules nor (without the account-for flags)
+        # the embedding and loss, so a split with MTP on the last stage is given layer by layer.
+        yield "--pipeline-model-parallel-layout", pipeline_layout(m.num_layers, m.mtp_layers, L.pp, L.vpp, split.kind)
+        if L.vpp > 1 and not t.overlap_p2p_comm:
+            yield "--no-overlap-p2p-communication", None
+        split = None
     if split is not None and split.kind == "edge-light":
         # First and last stages hold the embedding and the output layer and loss, so one layer
         # fewer each: Megatron counts them as a layer of the split, which also works with the

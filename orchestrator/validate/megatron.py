@@ -409,7 +409,7 @@ def _pipeline_checks(a: _Args, pp: int) -> list[str]:
             "keep only one way of specifying virtual pipeline stages"
         ]
     if a.get("pipeline_model_parallel_layout") is not None:
-        return []  # free-form layout string; Megatron parses and validates it
+        return _layout_checks(a, num_layers, pp)
     vpp, errors = _virtual_pipeline_degree(a, num_layers, pp)
     first = a.get("decoder_first_pipeline_num_layers")
     last = a.get("decoder_last_pipeline_num_layers")
@@ -417,6 +417,64 @@ def _pipeline_checks(a: _Args, pp: int) -> list[str]:
         errors += _uneven_pp_checks(a, num_layers, pp, first, last, vpp)
     if vpp is not None:
         errors += _interleaving_checks(a, pp)
+    return errors
+
+
+def _layout_stages(text: str) -> list[str] | None:
+    """core/transformer/pipeline_parallel_layer_layout.py parse_str_to_list: commas dropped, (x)*n and
+    c*n unrolled, stages split on '|'; None where a character is not E, t, m or L."""
+
+    def unroll(r: re.Match) -> str:
+        if len(r.group(1)) * int(r.group(2)) > _MAX_PATTERN:
+            raise ValueError("layout too long")
+        return r.group(1) * int(r.group(2))
+
+    text = text.replace(",", "")
+    try:
+        for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+            text = re.sub(pattern, unroll, text)
+            if len(text) > _MAX_PATTERN:
+                return None
+    except ValueError:
+        return None
+    stages = text.split("|")
+    return stages if all(set(st) <= set("EtmL") for st in stages) else None
+
+
+def _layout_checks(a: _Args, num_layers: int, pp: int) -> list[str]:
+    """--pipeline-model-parallel-layout against validate_args and PipelineParallelLayerLayout
+    (validate_layer_layout): whole virtual stages per rank, the embedding first, the loss last, every
+    decoder layer and MTP module once, MTP after the decoder layers; no other split flags beside it."""
+    F, text = a.flag, a.get("pipeline_model_parallel_layout")
+    flag = F("pipeline_model_parallel_layout")
+    errors = [
+        f"{flag} cannot be combined with {F(d)}: the layout places every layer itself"
+        for d in (
+            "account_for_embedding_in_pipeline_split",
+            "account_for_loss_in_pipeline_split",
+            "decoder_first_pipeline_num_layers",
+            "decoder_last_pipeline_num_layers",
+        )
+        if a.get(d)
+    ]
+    stages = _layout_stages(text)
+    if stages is None:
+        return errors + [
+            f"{flag} {text!r} is not a layout: it may hold only E (embedding), t (layer), m (MTP), L (loss), |, "
+            "(...)*n and c*n, for at most a million slots"
+        ]
+    if len(stages) % pp:
+        errors.append(f"{flag} has {len(stages)} stages, not a multiple of {F('pipeline_model_parallel_size')} {pp}")
+    flat = "".join(stages)
+    mtp = a.get("mtp_num_layers") or 0
+    if not flat.startswith("E") or not flat.endswith("L") or flat.count("E") != 1 or flat.count("L") != 1:
+        errors.append(f"{flag} must start with the embedding (E) and end with the loss (L), once each")
+    if flat.count("t") != num_layers:
+        errors.append(f"{flag} places {flat.count('t')} layers (t) but {F('num_layers')} is {num_layers}")
+    if flat.count("m") != mtp:
+        errors.append(f"{flag} places {flat.count('m')} MTP modules (m) but {F('mtp_num_layers')} is {mtp}")
+    elif mtp and "t" in flat[flat.index("m") :]:
+        errors.append(f"{flag} puts an MTP module (m) before a decoder layer (t): MTP comes after the layers")
     return errors
 
 
@@ -909,7 +967,10 @@ def _ep_overlap_checks(a: _Args, ep: int, pp: int) -> list[str]:
 
 def _interleaved(a: _Args, pp: int) -> bool:
     """Whether the flags ask for more than one virtual stage per rank (validate_args)."""
-    if a.get("pipeline_model_parallel_layout") is not None or (a.get("num_virtual_stages_per_pipeline_rank") or 1) > 1:
+    layout = a.get("pipeline_model_parallel_layout")
+    if layout is not None:
+        return len(_layout_stages(layout) or []) > pp
+    if (a.get("num_virtual_stages_per_pipeline_rank") or 1) > 1:
         return True
     num_layers = a.get("num_layers")
     return num_layers is not None and _virtual_pipeline_degree(a, num_layers, pp)[0] is not None

@@ -13,11 +13,17 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.plan.layout import Layout
-from orchestrator.plan.rules import check_model
-from orchestrator.render.megatron import megatron_flags, moe_dispatcher, moe_layer_freq, render_megatron_args
+from orchestrator.plan.rules import check_layout, check_model, stage_split
+from orchestrator.render.megatron import (
+    megatron_flags,
+    moe_dispatcher,
+    moe_layer_freq,
+    pipeline_layout,
+    render_megatron_args,
+)
 from orchestrator.spec.cluster import Features, load_profile
 from orchestrator.spec.model import ModelSpec, SpecFile
-from orchestrator.validate.megatron import check_megatron_args, check_pretrain_needs, parse_args_lines
+from orchestrator.validate.megatron import _layout_stages, check_megatron_args, check_pretrain_needs, parse_args_lines
 
 TRAINING = {"seq_length": 4096, "global_batch_size": 1024, "steps": 1000, "optimizer": {"warmup_steps": 100}}
 
@@ -76,10 +82,10 @@ def _layout(*, tp=1, pp=1, dp, vpp=1, ep=1, etp=1, gas=None, sp=False, recompute
                   recompute=recompute, sequence_parallel=sp, cp=1, ep=ep, etp=etp)
 
 
-# name: (model, training changes, layout). The layouts are the ones the task names where dsorch's pipeline split
-# allows them (DeepSeek-V3's 61 layers split over 7 stages with the embedding and the loss counted, not 8).
+# name: (model, training changes, layout), as a pinned plan would have them.
 CASES = {
-    "deepseek-v3-tp1-pp7-vpp3-ep32": (DEEPSEEK_V3, {"global_batch_size": 4032},
+    "deepseek-v3-tp1-pp8-vpp4-ep32": (DEEPSEEK_V3, {}, _layout(pp=8, vpp=4, dp=32, ep=32)),
+    "deepseek-v3-tp1-pp7-vpp3-ep32": (DEEPSEEK_V3 | {"mtp_layers": 0}, {"global_batch_size": 4032},
                                       _layout(pp=7, vpp=3, dp=64, ep=32, gas=63)),
     "mixtral-8x7b-tp1-pp4-vpp8-ep8": (MIXTRAL, {}, _layout(pp=4, vpp=8, dp=64, ep=8)),
     "mixtral-8x7b-tp2-sp-ep4-overlap": (MIXTRAL, {"moe_overlap_ep_comm": True},
@@ -127,7 +133,7 @@ def test_moe_plans_pass_the_megatron_table_check(name, runtime):
 
 
 def test_deepseek_v3_flags():
-    f = _flags(case_plan("deepseek-v3-tp1-pp7-vpp3-ep32"))
+    f = _flags(case_plan("deepseek-v3-tp1-pp8-vpp4-ep32"))
     assert f["--expert-model-parallel-size"] == "32" and f["--expert-tensor-parallel-size"] == "1"
     assert f["--num-experts"] == "256" and f["--moe-router-topk"] == "8"
     assert f["--moe-layer-freq"] == "[0]*3+[1]*58"
@@ -147,7 +153,30 @@ def test_deepseek_v3_flags():
     assert f["--moe-router-dtype"] == "fp32"
     assert f["--transformer-impl"] == "transformer_engine"
     assert "--overlap-moe-expert-parallel-comm" not in f  # not asked for
-    assert f["--num-layers-per-virtual-pipeline-stage"] == "3"
+    # 61 layers, the MTP module, the embedding and the loss over 8 x 4 virtual stages: Megatron-Bridge's own layout.
+    assert f["--pipeline-model-parallel-layout"] == "Et|(tt|)*30mL"
+    assert not {"--num-layers-per-virtual-pipeline-stage", "--account-for-loss-in-pipeline-split"} & set(f)
+    # Without MTP the same model splits by Megatron's own counting.
+    g = _flags(case_plan("deepseek-v3-tp1-pp7-vpp3-ep32"))
+    assert g["--num-layers-per-virtual-pipeline-stage"] == "3" and "--account-for-loss-in-pipeline-split" in g
+    assert "--pipeline-model-parallel-layout" not in g and "--mtp-num-layers" not in g
+
+
+@pytest.mark.parametrize("layers, mtp, pp, vpp", [(61, 1, 8, 4), (61, 1, 8, 1), (61, 1, 8, 2), (61, 1, 4, 1),
+                                                  (63, 1, 8, 2), (61, 1, 2, 1), (30, 2, 4, 2), (14, 2, 2, 2)])
+def test_pipeline_layout_places_the_split_dsorch_planned(layers, mtp, pp, vpp):
+    split = stage_split(layers, pp, mtp)
+    text = pipeline_layout(layers, mtp, pp, vpp, split.kind)
+    assert " " not in text
+    stages = _layout_stages(text)  # Megatron's parse_str_to_list, as validate/megatron.py reproduces it
+    assert len(stages) == pp * vpp
+    per_rank = [[stages[v * pp + r] for v in range(vpp)] for r in range(pp)]
+    layers_of = [sum(chunk.count("t") for chunk in rank) for rank in per_rank]
+    assert layers_of == [split.first] + [split.middle] * (pp - 2) + [split.last]
+    assert per_rank[-1][-1].endswith("m" * mtp + "L") and per_rank[0][0].startswith("E")
+    flags = [("--num-layers", str(layers)), ("--pipeline-model-parallel-size", str(pp)),
+             ("--mtp-num-layers", str(mtp)), ("--pipeline-model-parallel-layout", text)]
+    assert not [e for e in check_megatron_args(flags, pp * 8) if "layout" in e]
 
 
 def test_mixtral_flags_and_the_deepspeed_runtime_keeps_only_the_model():
@@ -353,6 +382,7 @@ def test_moe_rules(changes, world, needles):
     ({"window_size": "127,0", "window_attn_skip_freq": "[0,1]*8"},
      ["--window-attn-skip-freq lists 16 layers but --num-layers is 32"]),
     ({"quick_geglu": None}, ["--swiglu and --quick-geglu are two activations"]),
+
     ({"swiglu": False, "quick_geglu": None, "moe_layer_freq": "2"},
      ["--quick-geglu in a dense MLP (or shared experts) needs --no-bias-gelu-fusion"]),
     ({"activation_func_clamp_value": "-1"}, ["--activation-func-clamp-value -1.0 must be finite and positive"]),
@@ -363,6 +393,26 @@ def test_moe_rules(changes, world, needles):
 def test_attention_and_activation_rules(changes, needles):
     errors = _errors(**changes)
     assert [e for e in errors if all(n in e for n in needles)], errors
+
+
+@pytest.mark.parametrize("layout, needle", [
+    ("Et*8|(t*8|)*2t*8L", None),  # Mixtral's 32 layers over 4 stages, no interleaving
+    ("Et*8|(t*8|)*2t*7L", "--pipeline-model-parallel-layout places 31 layers (t) but --num-layers is 32"),
+    ("Et*8|(t*8|)*2t*8mL", "places 1 MTP modules (m) but --mtp-num-layers is 0"),
+    ("t*8|(t*8|)*2Et*8L", "must start with the embedding (E) and end with the loss (L), once each"),
+    ("Et*8|(t*8|)*1t*16L", "has 3 stages, not a multiple of --pipeline-model-parallel-size 4"),
+    ("Et*8|(t*8|)*2x*8L", "may hold only E (embedding), t (layer), m (MTP), L (loss)"),
+    ("E(t|)*99999999L", "may hold only E (embedding)"),
+])
+def test_layout_rules(layout, needle):
+    flags = _edit(_base(), num_layers_per_virtual_pipeline_stage=False, pipeline_model_parallel_layout=layout)
+    errors = check_megatron_args(flags, 256)
+    if needle is None:
+        assert errors == []
+    else:
+        assert [e for e in errors if needle in e], errors
+    both = _edit(flags, account_for_loss_in_pipeline_split=None)
+    assert [e for e in check_megatron_args(both, 256) if "cannot be combined with --account-for-loss" in e]
 
 
 def test_swiglu_clamp_needs_experts():
@@ -401,3 +451,16 @@ def test_check_model_refuses_what_megatron_cannot_build(model, needle):
     problems = check_model(m, "megatron")
     assert [p for p in problems if needle in p], problems
     assert check_model(m, "deepspeed") == []
+
+
+def test_megatron_moe_with_tensor_parallelism_needs_sequence_parallelism_whatever_ep():
+    """MoELayer.forward refuses tp > 1 without sequence parallelism even at ep 1: the layout rule says so
+    before anything is rendered, and the rendered flags would say it too (check_pretrain_needs)."""
+    spec = case_spec(QWEN3_30B_A3B)
+    profile = load_profile("dgx16").profile
+    layout = Layout(tp=2, pp=1, dp=64, vpp=1, zero_stage=1, micro_batch_size=1, grad_accum_steps=8,
+                    recompute="none", sequence_parallel=False, ep=1, etp=1)
+    problems = check_layout(layout, spec.model, spec.training, profile, "megatron")
+    assert [p for p in problems if "a mixture-of-experts model with tp=2 needs sequence parallelism" in p], problems
+    assert not [p for p in check_layout(layout, spec.model, spec.training, profile, "deepspeed")
+                if "sequence parallelism" in p]
