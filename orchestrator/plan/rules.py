@@ -203,9 +203,11 @@ def etp_degrees(
 
 
 def ep_needs_sp(model: ModelSpec, runtime: str, tp: int, ep: int) -> bool:
-    """Megatron-LM's validate_args: "When using expert parallelism and tensor parallelism, sequence
-    parallelism must be used" (the MoE layer's token dispatcher works on the sequence shard)."""
-    return runtime == "megatron" and model.moe is not None and tp > 1 and ep > 1
+    """Megatron-Core's MoE layer refuses to train with tensor parallelism without sequence
+    parallelism, whatever ep (core/transformer/moe/moe_layer.py MoELayer.forward raises; with ep > 1
+    ModelParallelConfig.__post_init__ also warns "When using expert parallelism and tensor
+    parallelism for training, sequence parallelism must be used")."""
+    return runtime == "megatron" and model.moe is not None and tp > 1
 
 
 def check_layout(
@@ -323,8 +325,8 @@ def _ep_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
         )
     if ep_needs_sp(model, runtime, L.tp, L.ep) and not L.sequence_parallel:
         r.append(
-            f"ep={L.ep} with tp={L.tp} needs sequence parallelism on Megatron-LM (its token dispatcher works "
-            f"on the sequence shard; validate_args): use --sp, tp=1 or ep=1"
+            f"a mixture-of-experts model with tp={L.tp} needs sequence parallelism on Megatron-LM (its MoE layer "
+            f"refuses to train with tensor parallelism without it): use --sp or tp=1"
         )
     return r
 
@@ -438,6 +440,68 @@ def check_model(model: ModelSpec, runtime: str) -> list[str]:
             )
         if model.parallel_residual:
             problems.append("model.parallel_residual: Megatron-LM's GPT layer is sequential; use the deepspeed runtime")
+        problems += _megatron_activation_limits(model)
+        problems += _megatron_moe_limits(model)
+        if model.mla is not None and model.qk_norm:
+            # gpt_layer_specs.py: with MLA, --qk-layernorm normalizes the query and key-value latents
+            # (always emitted for MLA); a per-head QK-norm on top has no switch.
+            problems.append(
+                "model.qk_norm with model.mla: Megatron-LM's --qk-layernorm is MLA's latent norms, and a "
+                "per-head QK-norm on MLA has no flag; drop qk_norm or use the deepspeed runtime"
+            )
+    return problems
+
+
+def _megatron_activation_limits(model: ModelSpec) -> list[str]:
+    """Megatron-Core clamps and offsets the halves of a GLU (mlp.py, moe/experts.py); its
+    TransformerConfig.__post_init__ allows the clamp on SwiGLU only in MoE models and without an
+    offset, and the offset with the fused bias-activation kernel only for quick-GeGLU."""
+    problems = []
+    if model.activation == "gelu" and (model.activation_clamp is not None or model.glu_linear_offset):
+        problems.append(
+            "model.activation_clamp/glu_linear_offset act on the two halves of a gated MLP and model.activation "
+            "gelu has no gate; drop them or use a gated activation"
+        )
+    elif model.activation == "swiglu" and model.glu_linear_offset:
+        problems.append(
+            "model.glu_linear_offset with activation swiglu: Megatron-LM's fused SwiGLU has no offset "
+            "(--glu-linear-offset goes with --quick-geglu); use activation quick_geglu or the deepspeed runtime"
+        )
+    elif model.activation == "swiglu" and model.activation_clamp is not None and model.moe is None:
+        problems.append(
+            "model.activation_clamp with swiglu: Megatron-LM clamps SwiGLU only in mixture-of-experts models "
+            "(TransformerConfig); drop activation_clamp or use the deepspeed runtime"
+        )
+    return problems
+
+
+def _megatron_moe_limits(model: ModelSpec) -> list[str]:
+    """Routers and experts Megatron-Core does not build (core/transformer/moe/moe_utils.py
+    topk_routing_with_score_function, TransformerConfig.__post_init__, shared_experts.py)."""
+    moe = model.moe
+    if moe is None:
+        return []
+    problems = []
+    if moe.router == "sigmoid" and not moe.norm_top_k and moe.top_k > 1:
+        problems.append(
+            "model.moe.norm_top_k false with router sigmoid: Megatron-LM always renormalizes sigmoid scores over "
+            "the chosen top_k; set norm_top_k true or use the deepspeed runtime"
+        )
+    if moe.router == "softmax" and moe.top_k == 1 and moe.norm_top_k:
+        problems.append(
+            "model.moe.norm_top_k true with top_k 1: a softmax over the one chosen expert is always 1 and gives "
+            "the router no gradient, which Megatron-LM refuses; set norm_top_k false (Switch's router)"
+        )
+    if moe.expert_bias and moe.router != "sigmoid":
+        problems.append(
+            "model.moe.expert_bias (auxiliary-loss-free balancing) needs router sigmoid in Megatron-LM; set "
+            "model.moe.router sigmoid or drop expert_bias"
+        )
+    if model.bias and moe.shared_experts:
+        problems.append(
+            "model.bias with model.moe.shared_experts: Megatron-Core's shared experts take no biases; set "
+            "bias false or use the deepspeed runtime"
+        )
     return problems
 
 
