@@ -41,6 +41,9 @@ OUT = ROOT / "orchestrator" / "costmodel" / "calibration.yaml"
 # "moe": with experts), the earlier stages' values fixed; an entry without stages fits `free` on all
 # its rows. Leave-one-out refits only the stage that holds the row left out.
 DENSE_H100 = ("gemm", "attention", "hbm", "intra_node_comm", "inter_node_comm", "dp_overlap", "tp_overlap")
+# What only the MoE runs exercise: the experts' grouped-GEMM rate, and the host work each MoE layer
+# adds per micro-batch (the dispatcher's device-to-host sync; none where CUDA graphs capture it).
+MOE_FREE = ("grouped_gemm", "moe_layer_us")
 ENTRIES = [
     # H100 Megatron: the dense fit of the Megatron-Core weak-scaling runs stays what it was (the MoE
     # rows do not move it); the three H100 MoE runs (Mixtral 8x7B at MCore v0.8 and v0.9, Qwen3-30B-A3B
@@ -49,7 +52,7 @@ ENTRIES = [
     # not tie to its 64-GPU mapping, the two Mixtral rows are one layout at two software versions
     # (438 and 468 TFLOP/s, 7 % apart), and the Qwen3 row is the file's 26.04 EXTENSION.
     {"engine": "megatron", "hardware": "h100-sxm5-ndr",
-     "stages": [{"rows": "dense", "free": DENSE_H100}, {"rows": "moe", "free": ("grouped_gemm",)}]},
+     "stages": [{"rows": "dense", "free": DENSE_H100}, {"rows": "moe", "free": MOE_FREE}]},
     # SC21 ran without FlashAttention: its efficiency is not identifiable there. FlashAttention-2
     # reaches 50-73% of A100 peak (Dao 2023, abstract).
     {"engine": "megatron", "hardware": "a100-sxm4-hdr", "free": ("gemm", "hbm", "intra_node_comm", "inter_node_comm"),
@@ -67,7 +70,7 @@ ENTRIES = [
     # reduction (no step time rests on it). tp_overlap: one run with tp 2. dp_overlap likewise.
     {"engine": "megatron", "hardware": "gb300-nvl72",
      "stages": [{"rows": "dense", "free": ("gemm", "attention", "hbm", "intra_node_comm")},
-                {"rows": "moe", "free": ("grouped_gemm",)}],
+                {"rows": "moe", "free": MOE_FREE}],
      "borrow": "megatron/h100-sxm5-ndr"},
     # GB200 NVL72: two MoE runs on 256 GPUs (DeepSeek-V3 in MXFP8, Qwen3-235B in BF16). They identify
     # one rate, the experts'; the rest is GB300's: the same Blackwell tensor cores at the same stated
@@ -80,7 +83,8 @@ ENTRIES = [
 # (Megatron-Bridge 25.11 presets: moe_a2a_overlap False on GB200/GB300; Mixtral's MCore v0.8/0.9
 # had no such option). It keeps START's value, and `covers.ep_overlap` is 0 in every entry.
 START = {"gemm": 0.8, "attention": 0.5, "hbm": 0.8, "intra_node_comm": 0.8, "inter_node_comm": 0.8, "dp_overlap": 0.8,
-         "tp_overlap": 0.5, "zero3_stall_us": 500.0, "grouped_gemm": 0.5, "ep_overlap": 0.5}
+         "tp_overlap": 0.5, "zero3_stall_us": 500.0, "grouped_gemm": 0.5, "ep_overlap": 0.5,
+         "moe_layer_us": 500.0}
 
 HEADER = """\
 # Fitted efficiencies of dsorch's time model, per engine and hardware. Written by
@@ -292,7 +296,7 @@ def main() -> None:
         fitted[entry_id(spec)] = fit_entry(spec, rows, fitted, args.iters)
     entries = [entry_doc(spec, fitted[entry_id(spec)]) for spec in ENTRIES]
     # Unknown hardware: the less favourable of the fitted values, and the larger of the errors.
-    worse = {f: (max if f == "zero3_stall_us" else min) for f in FIELDS}
+    worse = {f: (max if f in ("zero3_stall_us", "moe_layer_us") else min) for f in FIELDS}
     default = {f: worse[f](e["efficiency"][f] for e in entries) for f in FIELDS}
     doc = {"version": 2,
            "memory_error": memory_doc(rows),

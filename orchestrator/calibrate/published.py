@@ -471,6 +471,11 @@ def moe_row(run: dict, profile_loader=load_profile) -> Row:
     if training.moe_dispatcher == "flex":  # HybridEP / DeepEP installed where the run was made
         profile = profile.model_copy(update={"features": Features(deepep=True)})
     engine = runtime_engine("megatron", training)
+    scope = ((run.get("recipe_crossref") or {}).get("preset_fields") or {}).get("cuda_graph_scope") or []
+    if {"moe_router", "moe_preprocess"} <= set(scope):
+        # The preset captures the router and the dispatcher's preprocessing in CUDA graphs
+        # (cuda_graph_impl transformer_engine): no host work per MoE layer.
+        engine = replace(engine, moe_cuda_graphs=True)
     if run["model"]["key"] == "deepseek_v3" and recipe == "mxfp8":
         # deepseek_llm_pretrain.py (5776a6d): with fp8_mx "keeping this enabled causes NaN grad norm",
         # so overlap_param_gather is off for DeepSeek-V3 in MXFP8.

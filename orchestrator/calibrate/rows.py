@@ -35,6 +35,7 @@ BOUNDS = {
     # A rank's local experts as one grouped GEMM: small per-expert shapes (Qwen3-30B-A3B's are
     # 2048 x 768) sit well below a large dense GEMM, hence the lower floor.
     "grouped_gemm": (0.1, 0.95),
+    "moe_layer_us": (0.0, 20_000.0),
     "ep_overlap": (0.0, 1.0),
 }
 # CPU ranks (gloo profiles such as `local`) sit far below datacenter-GPU figures against their

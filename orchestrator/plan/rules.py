@@ -22,7 +22,7 @@ class StageSplit:
     first: int
     middle: int
     last: int
-    kind: str  # "even" or "edge-light"
+    kind: str  # "even", "edge-light" or "loss-chunk"
 
 
 def stage_split(num_layers: int, pp: int, mtp: int = 0) -> StageSplit | None:
@@ -31,12 +31,16 @@ def stage_split(num_layers: int, pp: int, mtp: int = 0) -> StageSplit | None:
     Even splits are the rule. Otherwise, when ``num_layers + 2`` divides by ``pp`` the first and
     last stages take one layer fewer, because they also hold the embedding and the output layer
     and loss: Llama 3 405B (126 layers) trains with pp=16 this way (Llama 3 paper, Sec. 3.3.2),
-    and Megatron-LM expresses it with --decoder-first/last-pipeline-num-layers.
+    and Megatron-LM expresses it with --decoder-first/last-pipeline-num-layers. Failing both, when
+    ``num_layers + 3`` divides the last stage takes two fewer, the loss a chunk of its own
+    ("loss-chunk"): Megatron-Bridge's layout for 61-layer DeepSeek-V3 and Kimi-K2 without MTP at
+    pp 8 x vpp 4, Et|(tt|)*30L (7 layers on the first stage, 8 on the middle ones, 6 on the last).
 
     ``mtp`` multi-token-prediction modules (DeepSeek-V3) sit on the last stage after its decoder
-    layers (Megatron-Core builds them with the output layer), each counted as a layer there:
-    DeepSeek-V3's 61 layers + 1 MTP + embedding + loss are 64 slots, 8 per stage at pp=8 (7 layers
-    on the first stage, 6 and the MTP module on the last).
+    layers (Megatron-Core builds them with the output layer), each counted as a layer there; the
+    embedding and the loss then count as a slot each first: DeepSeek-V3's 61 layers + 1 MTP +
+    embedding + loss are 64 slots, 8 per stage at pp=8 (7 layers on the first stage, 6 and the MTP
+    module on the last), Megatron-Bridge's Et|(tt|)*30mL at vpp 4, and 32 per stage at pp 2.
     """
     if pp == 1:
         return StageSplit(num_layers, num_layers, num_layers, "even")
@@ -44,22 +48,20 @@ def stage_split(num_layers: int, pp: int, mtp: int = 0) -> StageSplit | None:
     if pp > slots:
         return None
 
-    def edge_light() -> StageSplit | None:
-        n = (slots + 2) // pp
-        if (slots + 2) % pp == 0 and n >= 2 and n - 1 - mtp >= 1:
-            return StageSplit(n - 1, n, n - 1 - mtp, "edge-light")
+    def lighter(first: int, last: int, kind: str) -> StageSplit | None:
+        n, rest = divmod(slots + first + last, pp)
+        if rest == 0 and n - first >= 1 and n - last - mtp >= 1:
+            return StageSplit(n - first, n, n - last - mtp, kind)
         return None
 
-    # With MTP modules the embedding and the loss count as a slot each, first (Megatron-Bridge's
-    # DeepSeek-V3 layouts, e.g. "Et|(tt|)*30mL" at pp 8 x vpp 4 and the same 64 slots at pp 2 x vpp 4).
-    if mtp and pp >= 2 and (split := edge_light()) is not None:
+    if mtp and (split := lighter(1, 1, "edge-light")) is not None:
         return split
     if slots % pp == 0 and slots // pp > mtp:
         n = slots // pp
         return StageSplit(n, n, n - mtp, "even")
-    if pp > 2:
-        return edge_light()
-    return None
+    if pp > 2 and (split := lighter(1, 1, "edge-light")) is not None:
+        return split
+    return lighter(1, 2, "loss-chunk")
 
 
 # Megatron-LM's ZeRO-2: Megatron-FSDP with --data-parallel-sharding-strategy optim_grads, which
@@ -193,13 +195,14 @@ def etp_degrees(
     """Expert tensor-parallel degrees searched: 1 for a dense model; tp on dsorch's entrypoint
     (experts split like its dense MLP); on Megatron-Core 1 (whole experts, the usual choice for
     fine-grained experts) or tp (Megatron-LM's default, --expert-tensor-parallel-size unset), where
-    etp x ep divides tp x cp x dp; any such value when ``pinned``."""
+    etp x ep divides tp x cp x dp; any such value when ``pinned``. Experts with biases (GPT-OSS) only at
+    etp 1 (TransformerConfig: "Bias in Moe is only supported when ETP==1")."""
     if model.moe is None:
         return [1]
     if runtime == "deepspeed":
-        return [tp]
+        return [tp] if tp == 1 or not model.bias else []
     searched = {1, tp} if pinned is None else {pinned}
-    return [t for t in sorted(searched) if (tp * cp * dp) % (ep * t) == 0]
+    return [t for t in sorted(searched) if (tp * cp * dp) % (ep * t) == 0 and (t == 1 or not model.bias)]
 
 
 def ep_needs_sp(model: ModelSpec, runtime: str, tp: int, ep: int) -> bool:
@@ -300,6 +303,10 @@ def _ep_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
         return []
     E = model.moe.num_experts
     r: list[str] = []
+    if model.bias and L.etp > 1:
+        # TransformerConfig.__post_init__: "Bias in Moe is only supported when ETP==1".
+        fix = "use tp=1 (the entrypoint splits experts over tp)" if runtime == "deepspeed" else "use --etp 1"
+        r.append(f"etp={L.etp}: experts with biases (model.bias, GPT-OSS) split over no more than one rank; {fix}")
     if E % L.ep:
         r.append(f"ep={L.ep} does not divide the {E} routed experts (model.moe.num_experts); choose an ep dividing {E}")
     if runtime == "deepspeed":

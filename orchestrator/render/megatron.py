@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from orchestrator.costmodel.evaluate import RECOMPUTE_CODES, ep_overlap_applies, token_dispatcher
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.make import Plan
 from orchestrator.plan.rules import stage_split, uses_megatron_fsdp, uses_tp_overlap
@@ -52,32 +53,15 @@ _Flags = Iterator[tuple[str, object]]
 
 
 def moe_dispatcher(training: TrainingSpec, profile: ClusterProfile, layout: Layout) -> str:
-    """Megatron-Core's token dispatcher (--moe-token-dispatcher-type) for a MoE layout: the spec's
-    training.moe_dispatcher, else flex (DeepEP) where the profile says the cluster has DeepEP, else
-    alltoall. Flex needs expert-TP x EP > 1 (MoEFlexTokenDispatcher asserts "DeepEP dispatcher
-    requires TPxEP > 1", core/transformer/moe/token_dispatcher.py), so a layout that keeps every
-    expert on every rank has no dispatch to hand to DeepEP and takes alltoall."""
-    if training.moe_dispatcher is not None:
-        return training.moe_dispatcher
-    return "flex" if profile.features.deepep and layout.ep * layout.etp > 1 else "alltoall"
+    """Megatron-Core's token dispatcher for a MoE layout (costmodel.evaluate.token_dispatcher)."""
+    return str(token_dispatcher(training, profile, layout.ep, layout.etp))
 
 
 def uses_ep_overlap(plan: Plan) -> bool:
-    """Whether --overlap-moe-expert-parallel-comm applies: asked for by the spec, on the megatron
-    runtime, where TransformerConfig.__post_init__ accepts it (expert parallelism, the alltoall or
-    flex dispatcher, no full recomputation, bf16/fp16, at most one MTP layer, and the interleaved
-    schedule whenever there is a pipeline), as --tp-comm-overlap applies only where it can."""
+    """Whether --overlap-moe-expert-parallel-comm applies (costmodel.evaluate.ep_overlap_applies)."""
     m, t, L = plan.spec.model, plan.spec.training, plan.layout
-    return (
-        plan.runtime == "megatron"
-        and m.moe is not None
-        and t.moe_overlap_ep_comm
-        and L.ep > 1
-        and moe_dispatcher(t, plan.profile, L) in ("alltoall", "flex")
-        and L.recompute != "full"
-        and t.precision in ("bf16", "fp16")
-        and m.mtp_layers <= 1
-        and (L.pp == 1 or L.vpp > 1)
+    return plan.runtime == "megatron" and bool(
+        ep_overlap_applies(m, t, plan.profile, L.ep, L.etp, RECOMPUTE_CODES[L.recompute], L.pp, L.vpp)
     )
 
 
@@ -90,10 +74,11 @@ def pipeline_layout(num_layers: int, mtp: int, pp: int, vpp: int, kind: str) -> 
     Et|(tt|)*30mL, Megatron-Bridge's own layout for it. Repeats are written as Megatron's parser
     unrolls them ((tt|)*30, t*8): one word without spaces."""
     body = ["t"] * num_layers + ["m"] * mtp
-    slots = ["E", *body, "L"] if kind == "edge-light" else body
+    # A loss-chunk split gives the loss two slots (an otherwise empty last chunk at pp 8 x vpp 4).
+    slots = ["E", *body, "L"] if kind == "edge-light" else ["E", *body, "L", ""] if kind == "loss-chunk" else body
     n = len(slots) // (pp * vpp)
     chunks = ["".join(slots[i * n : (i + 1) * n]) for i in range(pp * vpp)]
-    if kind != "edge-light":
+    if kind == "even":
         chunks[0], chunks[-1] = "E" + chunks[0], chunks[-1] + "L"
     runs: list[list] = []
     for c in chunks:
@@ -147,9 +132,10 @@ def _parallelism_flags(plan: Plan) -> _Flags:
         yield "--expert-tensor-parallel-size", L.etp
     m = plan.spec.model
     split = stage_split(m.num_layers, L.pp, m.mtp_layers)
-    if split is not None and m.mtp_layers and L.pp > 1:
+    if split is not None and (m.mtp_layers or split.kind == "loss-chunk") and L.pp > 1:
         # Megatron's layer split counts neither MTP modules nor (without the account-for flags)
-        # the embedding and loss, so a split with MTP on the last stage is given layer by layer.
+        # the embedding and loss, nor a last stage two layers short, so such a split is given layer
+        # by layer.
         yield "--pipeline-model-parallel-layout", pipeline_layout(m.num_layers, m.mtp_layers, L.pp, L.vpp, split.kind)
         if L.vpp > 1 and not t.overlap_p2p_comm:
             yield "--no-overlap-p2p-communication", None

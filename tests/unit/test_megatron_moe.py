@@ -163,7 +163,8 @@ def test_deepseek_v3_flags():
 
 
 @pytest.mark.parametrize("layers, mtp, pp, vpp", [(61, 1, 8, 4), (61, 1, 8, 1), (61, 1, 8, 2), (61, 1, 4, 1),
-                                                  (63, 1, 8, 2), (61, 1, 2, 1), (30, 2, 4, 2), (14, 2, 2, 2)])
+                                                  (63, 1, 8, 2), (61, 1, 2, 1), (30, 2, 4, 2), (16, 2, 2, 2),
+                                                  (61, 0, 8, 4), (61, 0, 2, 4)])
 def test_pipeline_layout_places_the_split_dsorch_planned(layers, mtp, pp, vpp):
     split = stage_split(layers, pp, mtp)
     text = pipeline_layout(layers, mtp, pp, vpp, split.kind)
@@ -174,6 +175,7 @@ def test_pipeline_layout_places_the_split_dsorch_planned(layers, mtp, pp, vpp):
     layers_of = [sum(chunk.count("t") for chunk in rank) for rank in per_rank]
     assert layers_of == [split.first] + [split.middle] * (pp - 2) + [split.last]
     assert per_rank[-1][-1].endswith("m" * mtp + "L") and per_rank[0][0].startswith("E")
+    assert sum(layers_of) == layers
     flags = [("--num-layers", str(layers)), ("--pipeline-model-parallel-size", str(pp)),
              ("--mtp-num-layers", str(mtp)), ("--pipeline-model-parallel-layout", text)]
     assert not [e for e in check_megatron_args(flags, pp * 8) if "layout" in e]
