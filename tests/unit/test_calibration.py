@@ -74,11 +74,11 @@ def test_fitted_values_are_physical():
     for entry in [table["default"], *table["entries"]]:
         for f in FIELDS:
             v = entry["efficiency"][f]
-            if f == "zero3_stall_us":  # a time, not a fraction
+            if f in ("zero3_stall_us", "moe_layer_us"):  # times, not fractions
                 assert 0 <= v <= BOUNDS[f][1], (entry.get("id"), f, v)
                 continue
             assert 0 <= v <= 1, (entry.get("id"), f, v)
-            if f not in ("dp_overlap", "tp_overlap"):
+            if f not in ("dp_overlap", "tp_overlap", "ep_overlap"):
                 assert v > 0
     for name in ("dgx16", "dgx-a100-80gb-hdr", "hgx-h200-ndr", "local", "gb200-nvl72", "gb300-nvl72", "dgx-b200"):
         p = load_profile(name).profile
@@ -291,7 +291,7 @@ def test_calibrate_from_a_run_directory(tmp_path, runner, monkeypatch):
     assert rec["measured_step_s"] == 0.5  # warm-up step dropped, median of the rest
     assert abs(rec["predicted_after_s"] / 0.5 - 1) < abs(rec["predicted_before_s"] / 0.5 - 1) + 1e-9
     assert isinstance(calibrated, ClusterProfile)
-    assert all(0 <= getattr(calibrated.efficiency, f) <= 1 for f in FIELDS if f != "zero3_stall_us")
+    assert all(0 <= getattr(calibrated.efficiency, f) <= 1 for f in FIELDS if f not in ("zero3_stall_us", "moe_layer_us"))
     assert calibrated.efficiency.zero3_stall_us >= 0
 
 
