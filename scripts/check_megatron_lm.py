@@ -222,6 +222,11 @@ def child(plan_dir: Path, megatron_lm: Path, result_path: Path, device_arch: int
         # validate_args -> utils.get_device_arch_version() asserts torch.cuda; its answer picks the
         # CUDA_DEVICE_MAX_CONNECTIONS and FSDP/GTP stream-priority branches (Blackwell = 10).
         arguments.get_device_arch_version = lambda: device_arch
+        # validate_args asserts the GPU's compute capability for --moe-grouped-gemm ("Unsupported compute
+        # capability for GroupedGEMM kernels"): answer for the plan's GPU.
+        import torch
+        if not torch.cuda.is_available():
+            torch.cuda.get_device_capability = lambda *_a, **_k: (device_arch, 0)
         try:
             have_te = get_te_version() is not None and str(get_te_version()) not in ("0", "0.0.0")
         except Exception:  # noqa: BLE001 - get_te_version raises or returns 0.0.0 without TE

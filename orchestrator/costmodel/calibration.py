@@ -46,6 +46,7 @@ FIELDS = (
     "zero3_stall_us",
     "grouped_gemm",
     "ep_overlap",
+    "moe_layer_us",
 )
 TABLE_FILE = "calibration.yaml"
 ENGINE_NAMES = ("megatron", "deepspeed-zero3", "deepspeed")
@@ -81,6 +82,7 @@ class Resolved:
     zero3_stall_us: float
     grouped_gemm: float
     ep_overlap: float
+    moe_layer_us: float
     sources: tuple[tuple[str, str], ...]  # (field, "profile" | "calibration:<entry id>" | "default")
     entry: str | None  # the calibration entry used for the GPU, if any
     # Step-time error of the model on the entry's calibration set (fractions), for "within error".

@@ -101,6 +101,10 @@ class Engine:
     # The interleaved schedule's sends overlap compute (Megatron-Core's default overlap_p2p_comm,
     # which it turns off without interleaving): only the fill and drain sends stay exposed.
     p2p_overlap: bool = False
+    # CUDA graphs capture the MoE router and the dispatcher's preprocessing (Megatron-Core
+    # --cuda-graph-impl transformer_engine --cuda-graph-scope moe_router moe_preprocess): no host
+    # work per MoE layer (``moe_layer_us``). Calibration rows set it where the published run did.
+    moe_cuda_graphs: bool = False
 
 
 ENGINES = {
@@ -934,6 +938,8 @@ def _compute(x: _Inputs) -> _Compute:
     if model.moe is not None:
         moe_gemms, moe_elem = _moe_work(x, roof, T)
         moe = _layer_time(x, roof, att, attn + moe_gemms, moe_elem + att.elementwise, None)
+        host = 0.0 if x.eng.moe_cuda_graphs else x.eff.moe_layer_us * 1e-6
+        moe = _LayerTime(seconds=moe.seconds + host, flops=moe.flops)
     else:
         moe = _LayerTime(seconds=np.zeros_like(tp), flops=np.zeros_like(tp))
     # Logits on the last stage (vocab-parallel): one GEMM three times, and the fused cross-entropy
@@ -1146,6 +1152,35 @@ def _cp_comm(x: _Inputs, links: _Links, comp: _Compute) -> np.ndarray:
     return x.grad_accum_steps * x.stage_layers * cp_layer
 
 
+def token_dispatcher(training: TrainingSpec, profile: ClusterProfile, ep, etp):
+    """Megatron-Core's token dispatcher (--moe-token-dispatcher-type) for MoE layouts (arrays or
+    scalars): the spec's training.moe_dispatcher, else flex (DeepEP) where the profile says the
+    cluster has DeepEP, else alltoall. Flex needs expert-TP x EP > 1 (MoEFlexTokenDispatcher asserts
+    "DeepEP dispatcher requires TPxEP > 1", core/transformer/moe/token_dispatcher.py), so a layout
+    that keeps every expert on every rank has no dispatch to hand to DeepEP and takes alltoall."""
+    if training.moe_dispatcher is not None:
+        return np.full(np.shape(ep), training.moe_dispatcher, dtype=object)[()]
+    flex = profile.features.deepep & (np.asarray(ep) * np.asarray(etp) > 1)
+    return np.where(flex, "flex", "alltoall").astype(object)[()]
+
+
+def ep_overlap_applies(model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, ep, etp, recompute, pp, vpp):
+    """Where --overlap-moe-expert-parallel-comm applies (arrays or scalars): asked for by the spec and
+    accepted by TransformerConfig.__post_init__: expert parallelism, the alltoall or flex dispatcher,
+    no full recomputation, bf16/fp16, at most one MTP layer, and the interleaved schedule whenever
+    there is a pipeline."""
+    if model.moe is None or not training.moe_overlap_ep_comm or training.precision == "fp32" or model.mtp_layers > 1:
+        return np.zeros(np.shape(ep), dtype=bool)[()]
+    dispatcher = token_dispatcher(training, profile, ep, etp)
+    pp, vpp = np.asarray(pp), np.asarray(vpp)
+    return (
+        (np.asarray(ep) > 1)
+        & (dispatcher != "allgather")
+        & (np.asarray(recompute) != RECOMPUTE_CODES["full"])
+        & ((pp == 1) | (vpp > 1))
+    )
+
+
 def _ep_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     """Expert parallelism, seconds per step of the slowest stage: per MoE layer and micro-batch the
     token dispatcher sends every routed copy to the rank of its expert and back (dispatch and combine
@@ -1171,17 +1206,19 @@ def _ep_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     copy_bytes = r * x.tp * h * e / np.where(x.sequence_parallel, x.tp, 1.0)  # this GPU's routed copies
     local = copy_bytes * (k_in - 1) / ep
     remote = copy_bytes * (ep - k_in) / ep
-    dispatcher = training.moe_dispatcher or ("flex" if x.profile.features.deepep else "alltoall")
-    if dispatcher == "flex":
+    dispatcher = token_dispatcher(training, x.profile, ep, etp)
+    flex = dispatcher == "flex"
+    if np.any(flex):
         domains = np.maximum(1.0, ep / k_in)
         copies_per_remote = float(moe.top_k) * (domains - 1) / domains
         reach = float(moe.group_top_k) if moe.group_top_k else float(moe.top_k)
         distinct = (domains - 1) * (1 - (1 - 1 / domains) ** min(reach, float(moe.top_k)))
-        remote = remote * np.where(copies_per_remote > 0, distinct / np.maximum(copies_per_remote, 1e-9), 1.0)
+        dedup = np.where(copies_per_remote > 0, distinct / np.maximum(copies_per_remote, 1e-9), 1.0)
+        remote = remote * np.where(flex, dedup, 1.0)
     one = np.maximum(local / links.nvlink, remote / links.ib) + np.where(
         remote > 0, links.ib_latency, links.nvlink_latency
     )
-    if dispatcher == "allgather":
+    if training.moe_dispatcher == "allgather":
         gather = t_in * h * e
         one = _hierarchical_time(
             gather,
@@ -1197,9 +1234,8 @@ def _ep_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     etp_coll = _ring_time(copy_bytes * etp, etp, links.nvlink, links.nvlink_latency, 1.0)
     passes = 4.0 + 2.0 * (x.recompute == 2)
     per_layer = passes * (one + etp_coll)
-    hidden = 0.0
-    if training.moe_overlap_ep_comm:
-        hidden = x.eff.ep_overlap * np.minimum(per_layer, comp.moe_layer_mb)
+    overlap = ep_overlap_applies(x.model, training, x.profile, ep, etp, x.recompute, x.pp, x.vpp)
+    hidden = np.where(overlap, x.eff.ep_overlap * np.minimum(per_layer, comp.moe_layer_mb), 0.0)
     layers = comp.moe_layers_stage
     return _Overlapped(exposed=layers * (per_layer - hidden), total=layers * per_layer)
 

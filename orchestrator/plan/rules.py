@@ -22,7 +22,7 @@ class StageSplit:
     first: int
     middle: int
     last: int
-    kind: str  # "even" or "edge-light"
+    kind: str  # "even", "edge-light" or "loss-chunk"
 
 
 def stage_split(num_layers: int, pp: int, mtp: int = 0) -> StageSplit | None:
@@ -31,12 +31,16 @@ def stage_split(num_layers: int, pp: int, mtp: int = 0) -> StageSplit | None:
     Even splits are the rule. Otherwise, when ``num_layers + 2`` divides by ``pp`` the first and
     last stages take one layer fewer, because they also hold the embedding and the output layer
     and loss: Llama 3 405B (126 layers) trains with pp=16 this way (Llama 3 paper, Sec. 3.3.2),
-    and Megatron-LM expresses it with --decoder-first/last-pipeline-num-layers.
+    and Megatron-LM expresses it with --decoder-first/last-pipeline-num-layers. Failing both, when
+    ``num_layers + 3`` divides the last stage takes two fewer, the loss a chunk of its own
+    ("loss-chunk"): Megatron-Bridge's layout for 61-layer DeepSeek-V3 and Kimi-K2 without MTP at
+    pp 8 x vpp 4, Et|(tt|)*30L (7 layers on the first stage, 8 on the middle ones, 6 on the last).
 
     ``mtp`` multi-token-prediction modules (DeepSeek-V3) sit on the last stage after its decoder
-    layers (Megatron-Core builds them with the output layer), each counted as a layer there:
-    DeepSeek-V3's 61 layers + 1 MTP + embedding + loss are 64 slots, 8 per stage at pp=8 (7 layers
-    on the first stage, 6 and the MTP module on the last).
+    layers (Megatron-Core builds them with the output layer), each counted as a layer there; the
+    embedding and the loss then count as a slot each first: DeepSeek-V3's 61 layers + 1 MTP +
+    embedding + loss are 64 slots, 8 per stage at pp=8 (7 layers on the first stage, 6 and the MTP
+    module on the last), Megatron-Bridge's Et|(tt|)*30mL at vpp 4, and 32 per stage at pp 2.
     """
     if pp == 1:
         return StageSplit(num_layers, num_layers, num_layers, "even")
@@ -44,22 +48,20 @@ def stage_split(num_layers: int, pp: int, mtp: int = 0) -> StageSplit | None:
     if pp > slots:
         return None
 
-    def edge_light() -> StageSplit | None:
-        n = (slots + 2) // pp
-        if (slots + 2) % pp == 0 and n >= 2 and n - 1 - mtp >= 1:
-            return StageSplit(n - 1, n, n - 1 - mtp, "edge-light")
+    def lighter(first: int, last: int, kind: str) -> StageSplit | None:
+        n, rest = divmod(slots + first + last, pp)
+        if rest == 0 and n - first >= 1 and n - last - mtp >= 1:
+            return StageSplit(n - first, n, n - last - mtp, kind)
         return None
 
-    # With MTP modules the embedding and the loss count as a slot each, first (Megatron-Bridge's
-    # DeepSeek-V3 layouts, e.g. "Et|(tt|)*30mL" at pp 8 x vpp 4 and the same 64 slots at pp 2 x vpp 4).
-    if mtp and pp >= 2 and (split := edge_light()) is not None:
+    if mtp and (split := lighter(1, 1, "edge-light")) is not None:
         return split
     if slots % pp == 0 and slots // pp > mtp:
         n = slots // pp
         return StageSplit(n, n, n - mtp, "even")
-    if pp > 2:
-        return edge_light()
-    return None
+    if pp > 2 and (split := lighter(1, 1, "edge-light")) is not None:
+        return split
+    return lighter(1, 2, "loss-chunk")
 
 
 # Megatron-LM's ZeRO-2: Megatron-FSDP with --data-parallel-sharding-strategy optim_grads, which
@@ -193,19 +195,22 @@ def etp_degrees(
     """Expert tensor-parallel degrees searched: 1 for a dense model; tp on dsorch's entrypoint
     (experts split like its dense MLP); on Megatron-Core 1 (whole experts, the usual choice for
     fine-grained experts) or tp (Megatron-LM's default, --expert-tensor-parallel-size unset), where
-    etp x ep divides tp x cp x dp; any such value when ``pinned``."""
+    etp x ep divides tp x cp x dp; any such value when ``pinned``. Experts with biases (GPT-OSS) only at
+    etp 1 (TransformerConfig: "Bias in Moe is only supported when ETP==1")."""
     if model.moe is None:
         return [1]
     if runtime == "deepspeed":
-        return [tp]
+        return [tp] if tp == 1 or not model.bias else []
     searched = {1, tp} if pinned is None else {pinned}
-    return [t for t in sorted(searched) if (tp * cp * dp) % (ep * t) == 0]
+    return [t for t in sorted(searched) if (tp * cp * dp) % (ep * t) == 0 and (t == 1 or not model.bias)]
 
 
 def ep_needs_sp(model: ModelSpec, runtime: str, tp: int, ep: int) -> bool:
-    """Megatron-LM's validate_args: "When using expert parallelism and tensor parallelism, sequence
-    parallelism must be used" (the MoE layer's token dispatcher works on the sequence shard)."""
-    return runtime == "megatron" and model.moe is not None and tp > 1 and ep > 1
+    """Megatron-Core's MoE layer refuses to train with tensor parallelism without sequence
+    parallelism, whatever ep (core/transformer/moe/moe_layer.py MoELayer.forward raises; with ep > 1
+    ModelParallelConfig.__post_init__ also warns "When using expert parallelism and tensor
+    parallelism for training, sequence parallelism must be used")."""
+    return runtime == "megatron" and model.moe is not None and tp > 1
 
 
 def check_layout(
@@ -298,6 +303,10 @@ def _ep_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
         return []
     E = model.moe.num_experts
     r: list[str] = []
+    if model.bias and L.etp > 1:
+        # TransformerConfig.__post_init__: "Bias in Moe is only supported when ETP==1".
+        fix = "use tp=1 (the entrypoint splits experts over tp)" if runtime == "deepspeed" else "use --etp 1"
+        r.append(f"etp={L.etp}: experts with biases (model.bias, GPT-OSS) split over no more than one rank; {fix}")
     if E % L.ep:
         r.append(f"ep={L.ep} does not divide the {E} routed experts (model.moe.num_experts); choose an ep dividing {E}")
     if runtime == "deepspeed":
@@ -323,8 +332,8 @@ def _ep_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
         )
     if ep_needs_sp(model, runtime, L.tp, L.ep) and not L.sequence_parallel:
         r.append(
-            f"ep={L.ep} with tp={L.tp} needs sequence parallelism on Megatron-LM (its token dispatcher works "
-            f"on the sequence shard; validate_args): use --sp, tp=1 or ep=1"
+            f"a mixture-of-experts model with tp={L.tp} needs sequence parallelism on Megatron-LM (its MoE layer "
+            f"refuses to train with tensor parallelism without it): use --sp or tp=1"
         )
     return r
 
@@ -438,6 +447,68 @@ def check_model(model: ModelSpec, runtime: str) -> list[str]:
             )
         if model.parallel_residual:
             problems.append("model.parallel_residual: Megatron-LM's GPT layer is sequential; use the deepspeed runtime")
+        problems += _megatron_activation_limits(model)
+        problems += _megatron_moe_limits(model)
+        if model.mla is not None and model.qk_norm:
+            # gpt_layer_specs.py: with MLA, --qk-layernorm normalizes the query and key-value latents
+            # (always emitted for MLA); a per-head QK-norm on top has no switch.
+            problems.append(
+                "model.qk_norm with model.mla: Megatron-LM's --qk-layernorm is MLA's latent norms, and a "
+                "per-head QK-norm on MLA has no flag; drop qk_norm or use the deepspeed runtime"
+            )
+    return problems
+
+
+def _megatron_activation_limits(model: ModelSpec) -> list[str]:
+    """Megatron-Core clamps and offsets the halves of a GLU (mlp.py, moe/experts.py); its
+    TransformerConfig.__post_init__ allows the clamp on SwiGLU only in MoE models and without an
+    offset, and the offset with the fused bias-activation kernel only for quick-GeGLU."""
+    problems = []
+    if model.activation == "gelu" and (model.activation_clamp is not None or model.glu_linear_offset):
+        problems.append(
+            "model.activation_clamp/glu_linear_offset act on the two halves of a gated MLP and model.activation "
+            "gelu has no gate; drop them or use a gated activation"
+        )
+    elif model.activation == "swiglu" and model.glu_linear_offset:
+        problems.append(
+            "model.glu_linear_offset with activation swiglu: Megatron-LM's fused SwiGLU has no offset "
+            "(--glu-linear-offset goes with --quick-geglu); use activation quick_geglu or the deepspeed runtime"
+        )
+    elif model.activation == "swiglu" and model.activation_clamp is not None and model.moe is None:
+        problems.append(
+            "model.activation_clamp with swiglu: Megatron-LM clamps SwiGLU only in mixture-of-experts models "
+            "(TransformerConfig); drop activation_clamp or use the deepspeed runtime"
+        )
+    return problems
+
+
+def _megatron_moe_limits(model: ModelSpec) -> list[str]:
+    """Routers and experts Megatron-Core does not build (core/transformer/moe/moe_utils.py
+    topk_routing_with_score_function, TransformerConfig.__post_init__, shared_experts.py)."""
+    moe = model.moe
+    if moe is None:
+        return []
+    problems = []
+    if moe.router == "sigmoid" and not moe.norm_top_k and moe.top_k > 1:
+        problems.append(
+            "model.moe.norm_top_k false with router sigmoid: Megatron-LM always renormalizes sigmoid scores over "
+            "the chosen top_k; set norm_top_k true or use the deepspeed runtime"
+        )
+    if moe.router == "softmax" and moe.top_k == 1 and moe.norm_top_k:
+        problems.append(
+            "model.moe.norm_top_k true with top_k 1: a softmax over the one chosen expert is always 1 and gives "
+            "the router no gradient, which Megatron-LM refuses; set norm_top_k false (Switch's router)"
+        )
+    if moe.expert_bias and moe.router != "sigmoid":
+        problems.append(
+            "model.moe.expert_bias (auxiliary-loss-free balancing) needs router sigmoid in Megatron-LM; set "
+            "model.moe.router sigmoid or drop expert_bias"
+        )
+    if model.bias and moe.shared_experts:
+        problems.append(
+            "model.bias with model.moe.shared_experts: Megatron-Core's shared experts take no biases; set "
+            "bias false or use the deepspeed runtime"
+        )
     return problems
 
 

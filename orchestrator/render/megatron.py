@@ -8,10 +8,15 @@ is in plan.yaml.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
+from orchestrator.costmodel.evaluate import RECOMPUTE_CODES, ep_overlap_applies, token_dispatcher
+from orchestrator.plan.layout import Layout
 from orchestrator.plan.make import Plan
 from orchestrator.plan.rules import stage_split, uses_megatron_fsdp, uses_tp_overlap
+from orchestrator.spec.cluster import ClusterProfile
+from orchestrator.spec.model import ModelSpec, TrainingSpec
 
 
 def _fmt(v) -> str:
@@ -47,6 +52,69 @@ def checkpoint_dir(plan: Plan) -> str:
 _Flags = Iterator[tuple[str, object]]
 
 
+def moe_dispatcher(training: TrainingSpec, profile: ClusterProfile, layout: Layout) -> str:
+    """Megatron-Core's token dispatcher for a MoE layout (costmodel.evaluate.token_dispatcher)."""
+    return str(token_dispatcher(training, profile, layout.ep, layout.etp))
+
+
+def uses_ep_overlap(plan: Plan) -> bool:
+    """Whether --overlap-moe-expert-parallel-comm applies (costmodel.evaluate.ep_overlap_applies)."""
+    m, t, L = plan.spec.model, plan.spec.training, plan.layout
+    return plan.runtime == "megatron" and bool(
+        ep_overlap_applies(m, t, plan.profile, L.ep, L.etp, RECOMPUTE_CODES[L.recompute], L.pp, L.vpp)
+    )
+
+
+def pipeline_layout(num_layers: int, mtp: int, pp: int, vpp: int, kind: str) -> str:
+    """--pipeline-model-parallel-layout for the split ``stage_split`` gives with ``mtp`` MTP modules:
+    the embedding (E), the decoder layers (t), the MTP modules (m) and the loss (L) in order, cut
+    into pp x vpp equal virtual stages in Megatron's order (the first chunk of every rank, then the
+    second, ...: core/transformer/pipeline_parallel_layer_layout.py). An edge-light split counts E
+    and L as a slot each; an even one puts them beside the layers. DeepSeek-V3 at pp 8 x vpp 4 is
+    Et|(tt|)*30mL, Megatron-Bridge's own layout for it. Repeats are written as Megatron's parser
+    unrolls them ((tt|)*30, t*8): one word without spaces."""
+    body = ["t"] * num_layers + ["m"] * mtp
+    # A loss-chunk split gives the loss two slots (an otherwise empty last chunk at pp 8 x vpp 4).
+    slots = ["E", *body, "L"] if kind == "edge-light" else ["E", *body, "L", ""] if kind == "loss-chunk" else body
+    n = len(slots) // (pp * vpp)
+    chunks = ["".join(slots[i * n : (i + 1) * n]) for i in range(pp * vpp)]
+    if kind == "even":
+        chunks[0], chunks[-1] = "E" + chunks[0], chunks[-1] + "L"
+    runs: list[list] = []
+    for c in chunks:
+        if runs and runs[-1][0] == c:
+            runs[-1][1] += 1
+        else:
+            runs.append([c, 1])
+    parts = []
+    for i, (c, k) in enumerate(runs):
+        short = re.sub(r"(t{3,})", lambda r: f"t*{len(r.group(1))}", c)
+        last = i == len(runs) - 1
+        if k == 1:
+            parts.append(short + ("" if last else "|"))
+        else:
+            parts.append(f"({short}|)*{k - 1 if last else k}" + (short if last else ""))
+    return "".join(parts)
+
+
+def moe_layer_freq(model: ModelSpec) -> int | str:
+    """--moe-layer-freq for the spec's MoE layers (ModelSpec.is_moe_layer): the plain frequency, or,
+    after dense leading layers, the list expression Megatron-LM evaluates (arguments.py
+    moe_freq_type: digits, brackets, parentheses, + and *; one entry per layer, 1 = MoE), e.g.
+    DeepSeek-V3's [0]*3+[1]*58. One word without spaces, as megatron_args.txt needs."""
+    moe = model.moe
+    assert moe is not None  # callers render MoE models only
+    k, n = moe.dense_leading_layers, moe.layer_freq
+    if k == 0:
+        return n
+    q, r = divmod(model.num_layers - k, n)
+    period = "[1]" if n == 1 else f"([1]+[0]*{n - 1})"
+    parts = [f"[0]*{k}", f"{period}*{q}" if q else ""]
+    if r:
+        parts.append("[1]" + (f"+[0]*{r - 1}" if r > 1 else ""))
+    return "+".join(p for p in parts if p)
+
+
 def _parallelism_flags(plan: Plan) -> _Flags:
     """The parallel degrees, the pipeline's layer split, and what tensor/context parallelism need."""
     L, t = plan.layout, plan.spec.training
@@ -56,7 +124,22 @@ def _parallelism_flags(plan: Plan) -> _Flags:
         # Ring attention over cp ranks (cp_comm_type p2p, Megatron's default, as the cost model has it).
         yield "--context-parallel-size", L.cp
         yield "--cp-comm-type", "p2p"
-    split = stage_split(plan.spec.model.num_layers, L.pp, plan.spec.model.mtp_layers)
+    if plan.spec.model.moe is not None:
+        # Megatron-Core carves the expert mesh (etp x ep x expert-dp) out of the attention's
+        # tp x cp x dp ranks (core/parallel_state.py); its etp defaults to tp, dsorch's to 1, so
+        # both are stated.
+        yield "--expert-model-parallel-size", L.ep
+        yield "--expert-tensor-parallel-size", L.etp
+    m = plan.spec.model
+    split = stage_split(m.num_layers, L.pp, m.mtp_layers)
+    if split is not None and (m.mtp_layers or split.kind == "loss-chunk") and L.pp > 1:
+        # Megatron's layer split counts neither MTP modules nor (without the account-for flags)
+        # the embedding and loss, nor a last stage two layers short, so such a split is given layer
+        # by layer.
+        yield "--pipeline-model-parallel-layout", pipeline_layout(m.num_layers, m.mtp_layers, L.pp, L.vpp, split.kind)
+        if L.vpp > 1 and not t.overlap_p2p_comm:
+            yield "--no-overlap-p2p-communication", None
+        split = None
     if split is not None and split.kind == "edge-light":
         # First and last stages hold the embedding and the output layer and loss, so one layer
         # fewer each: Megatron counts them as a layer of the split, which also works with the
@@ -71,9 +154,11 @@ def _parallelism_flags(plan: Plan) -> _Flags:
     if L.sequence_parallel:
         yield "--sequence-parallel", None
     tp_overlap = uses_tp_overlap(plan.runtime, t, L)
-    if plan.runtime == "megatron" and (L.cp > 1 or t.fp8 is not None or tp_overlap):
-        # Context parallelism, FP8 and TP overlap live in Transformer Engine's modules (Megatron's
-        # default implementation; stated so that a reviewer sees what the plan needs installed).
+    grouped_gemm = plan.spec.model.moe is not None and t.moe_grouped_gemm
+    if plan.runtime == "megatron" and (L.cp > 1 or t.fp8 is not None or tp_overlap or grouped_gemm):
+        # Context parallelism, FP8, TP overlap and the experts' grouped GEMM (TEGroupedMLP) live in
+        # Transformer Engine's modules (Megatron's default implementation; stated so that a
+        # reviewer sees what the plan needs installed).
         yield "--transformer-impl", "transformer_engine"
     if tp_overlap:
         yield "--tp-comm-overlap", None
@@ -117,34 +202,171 @@ def _model_flags(plan: Plan) -> _Flags:
     yield "--hidden-size", m.hidden_size
     yield "--ffn-hidden-size", m.ffn_hidden_size
     yield "--num-attention-heads", m.num_attention_heads
-    if m.gqa:
-        yield "--group-query-attention", None
-        yield "--num-query-groups", m.kv_heads
+    yield from _attention_shape_flags(m)
     yield "--seq-length", t.seq_length
     yield "--max-position-embeddings", m.max_position_embeddings or t.seq_length
     yield "--vocab-size", m.vocab_size
     yield "--make-vocab-size-divisible-by", vocab_divisor(m.vocab_size, plan.layout.tp)
     if m.position_embedding == "rope":
+        # With multi-latent attention MLA applies the rotary embedding itself, to the
+        # qk-pos-emb part of each head (GPTModel skips its own for MLA). MLATransformerConfig's
+        # rope_type defaults to yarn, which at --rotary-scaling-factor 1 (Megatron's default) is
+        # plain RoPE: YarnRotaryEmbedding's interpolated and extrapolated frequencies coincide and
+        # _yarn_get_mscale(1) is 1 (core/models/common/embeddings/yarn_rotary_pos_embedding.py);
+        # --rope-type rope instead would need --no-rope-fusion (MLATransformerConfig.__post_init__).
         yield "--position-embedding-type", "rope"
         yield "--rotary-base", int(m.rope_theta) if m.rope_theta == int(m.rope_theta) else m.rope_theta
     else:
         yield "--position-embedding-type", "learned_absolute"
+    yield from _window_flags(m)
     yield "--normalization", "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm"
-    if m.activation == "swiglu":
-        yield "--swiglu", None
+    yield from _activation_flags(m)
     if not m.tied_embeddings:
         yield "--untie-embeddings-and-output-weights", None
     if not m.bias:
         yield "--disable-bias-linear", None
     if m.qkv_bias:
         yield "--add-qkv-bias", None
+    if m.mtp_layers:
+        # DeepSeek-V3's multi-token prediction modules (Sec. 2.2); their loss weight stays at
+        # Megatron's --mtp-loss-scaling-factor 0.1, DeepSeek-V3's value after its first 10T tokens
+        # (Sec. 4.2).
+        yield "--mtp-num-layers", m.mtp_layers
     yield "--init-method-std", m.init_method_std
     yield "--attention-dropout", t.attention_dropout
     yield "--hidden-dropout", t.hidden_dropout
+    if m.attention_sinks:
+        # GPT-OSS's attention sinks: a learned logit per head in the softmax's denominator
+        # (TransformerConfig.softmax_type; DotProductAttention's softmax_offset parameter).
+        yield "--softmax-type", "learnable"
     # Megatron-LM chooses the attention kernel with --attention-backend (--use-flash-attn is read by
     # nothing in current Megatron-LM). "unfused" materialises the s x s scores, as the cost model
     # assumes for flash_attention: false.
     yield "--attention-backend", "flash" if t.flash_attention else "unfused"
+
+
+def _attention_shape_flags(m: ModelSpec) -> _Flags:
+    """Query groups, the head width, multi-latent attention and QK-norm."""
+    if m.gqa:
+        yield "--group-query-attention", None
+        yield "--num-query-groups", m.kv_heads
+    if m.kv_channels is not None:
+        yield "--kv-channels", m.kv_channels
+    if m.mla is not None:
+        a = m.mla
+        yield "--multi-latent-attention", None
+        if a.q_lora_rank is not None:
+            yield "--q-lora-rank", a.q_lora_rank
+        yield "--kv-lora-rank", a.kv_lora_rank
+        # Megatron's qk-head-dim is the part without position embedding (q_head_dim = qk_head_dim
+        # + qk_pos_emb_head_dim: MLATransformerConfig).
+        yield "--qk-head-dim", a.qk_nope_head_dim
+        yield "--qk-pos-emb-head-dim", a.qk_rope_head_dim
+        yield "--v-head-dim", a.v_head_dim
+        if m.hidden_size % m.num_attention_heads:
+            # validate_args derives kv_channels as hidden / heads and asserts it divides; MLA's
+            # attention takes its widths from the flags above and never reads it.
+            yield "--kv-channels", a.qk_head_dim
+    if m.qk_norm or m.mla is not None:
+        # With MLA the same switch builds the RMSNorms on the query and key-value latents that
+        # DeepSeek-V2/V3 have (gpt_layer_specs.py: linear_q/kv_up_proj become LayerNormLinear).
+        yield "--qk-layernorm", None
+
+
+def _window_flags(m: ModelSpec) -> _Flags:
+    """Sliding-window attention: a query sees itself and the sliding_window - 1 tokens before it,
+    Megatron's (left, right) window (127,0 for GPT-OSS's 128, examples/gptoss/02_train.sh); every
+    global_attention_every-th layer sees the whole sequence (core/transformer/utils.py
+    is_layer_window_attention: layer_number % freq == 0 is full)."""
+    if m.sliding_window is None:
+        return
+    yield "--window-size", f"{m.sliding_window - 1},0"
+    if m.global_attention_every is not None:
+        yield "--window-attn-skip-freq", m.global_attention_every
+
+
+def _has_dense_mlp(m: ModelSpec) -> bool:
+    return m.moe is None or m.num_dense_layers > 0 or m.moe.shared_experts > 0
+
+
+def _activation_flags(m: ModelSpec) -> _Flags:
+    """The MLP's activation; GPT-OSS's clamped GLU with its +1 on the linear half."""
+    if m.activation == "swiglu":
+        yield "--swiglu", None
+    elif m.activation == "quick_geglu":
+        yield "--quick-geglu", None
+        if _has_dense_mlp(m):
+            # The fused bias-activation path of a dense MLP (and of the shared experts) knows
+            # gelu and swiglu only (MLP.forward: "Only support fusion of gelu and swiglu");
+            # the experts' grouped MLP fuses quick-GeGLU.
+            yield "--no-bias-gelu-fusion", None
+    if m.activation_clamp is not None:
+        yield "--activation-func-clamp-value", m.activation_clamp
+    if m.glu_linear_offset:
+        yield "--glu-linear-offset", m.glu_linear_offset
+
+
+def _moe_flags(plan: Plan) -> _Flags:
+    """The experts and their router (the model, for both runtimes), then how Megatron-Core runs
+    them: token dispatcher, grouped GEMM, all-to-all overlap (megatron runtime)."""
+    m = plan.spec.model
+    moe = m.moe
+    if moe is None:
+        return
+    yield "--num-experts", moe.num_experts
+    yield "--moe-layer-freq", moe_layer_freq(m)
+    yield "--moe-ffn-hidden-size", moe.ffn_hidden_size
+    if moe.shared_experts:
+        yield "--moe-shared-expert-intermediate-size", moe.shared_ffn
+        if moe.shared_expert_gate:
+            yield "--moe-shared-expert-gate", None
+    yield from _router_flags(m)
+    if moe.capacity_factor is not None:
+        # Tokens beyond an expert's capacity are dropped (lowest probability first, Megatron's
+        # --moe-token-drop-policy probs), not padded: the experts compute what they receive.
+        yield "--moe-expert-capacity-factor", moe.capacity_factor
+    if plan.runtime != "megatron":
+        return
+    t, L = plan.spec.training, plan.layout
+    # The router's logits, softmax/sigmoid and top-k in fp32, as Megatron-LM's own DeepSeek-V3 and
+    # GPT-OSS scripts run them (TransformerConfig warns without it from 32 experts on); an h x E
+    # GEMM, nothing beside the experts.
+    yield "--moe-router-dtype", "fp32"
+    dispatcher = moe_dispatcher(t, plan.profile, L)
+    yield "--moe-token-dispatcher-type", dispatcher
+    if dispatcher == "flex":
+        # DeepEP: --moe-enable-deepep is deprecated for this (TransformerConfig.__post_init__).
+        yield "--moe-flex-dispatcher-backend", "deepep"
+    if t.moe_grouped_gemm:
+        yield "--moe-grouped-gemm", None
+    if uses_ep_overlap(plan):
+        yield "--overlap-moe-expert-parallel-comm", None
+
+
+def _router_flags(m: ModelSpec) -> _Flags:
+    """Top-k routing and load balancing (core/transformer/moe/moe_utils.py
+    topk_routing_with_score_function, router.py)."""
+    moe = m.moe
+    assert moe is not None  # _moe_flags renders MoE models only
+    yield "--moe-router-topk", moe.top_k
+    yield "--moe-router-score-function", moe.router
+    if moe.router == "softmax" and not moe.norm_top_k:
+        # Softmax over all experts, then the top k as they are; without the switch Megatron takes
+        # the top k logits and softmaxes those, which is the renormalized top-k (norm_topk_prob).
+        # Sigmoid scores are always renormalized over the top k (check_model refuses the rest).
+        yield "--moe-router-pre-softmax", None
+    if moe.groups is not None:
+        yield "--moe-router-num-groups", moe.groups
+        yield "--moe-router-group-topk", moe.group_top_k
+    if moe.scale != 1.0:
+        yield "--moe-router-topk-scaling-factor", moe.scale
+    yield "--moe-router-load-balancing-type", moe.load_balancing
+    if moe.load_balancing != "none":
+        yield "--moe-aux-loss-coeff", moe.aux_loss_coeff
+    if moe.expert_bias:
+        # Auxiliary-loss-free balancing (Wang et al. 2024); the bias moves by Megatron's default
+        # --moe-router-bias-update-rate 1e-3, DeepSeek-V3's gamma (Sec. 4.2).
+        yield "--moe-router-enable-expert-bias", None
 
 
 def _precision_flags(plan: Plan) -> _Flags:
@@ -219,6 +441,7 @@ _SECTIONS = (
     _data_parallel_flags,
     _batch_and_recompute_flags,
     _model_flags,
+    _moe_flags,
     _precision_flags,
     _optimizer_flags,
     _tokenizer_flags,

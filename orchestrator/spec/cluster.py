@@ -156,6 +156,12 @@ class Efficiency(BaseModel):
     # Fraction of the expert-parallel all-to-all hidden behind another micro-batch's compute where
     # the engine overlaps them (Megatron-Core --overlap-moe-expert-parallel-comm); 0 elsewhere.
     ep_overlap: float | None = Field(default=None, ge=0, le=1)
+    # Not a fraction: microseconds of host-side work each MoE layer adds per micro-batch (forward and
+    # backward) beyond its kernels: the router and the dispatcher's preprocessing, which reads the
+    # tokens per expert back to the host (Megatron-Core token_dispatcher.py, cuda_sync_point), so the
+    # launches after it cannot run ahead of the GPU. CUDA graphs of the router and the preprocessing
+    # (--cuda-graph-scope moe_router moe_preprocess) remove it. Fitted per engine.
+    moe_layer_us: float | None = Field(default=None, ge=0, le=1_000_000)
 
 
 class Features(BaseModel):

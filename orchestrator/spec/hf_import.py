@@ -6,11 +6,12 @@ configuration class in transformers (``configuration_<family>.py``; DeepSeek-V3'
 ``configuration_deepseek.py`` for the keys transformers' class lacks), since a published config.json
 leaves out what equals the default.
 
-What the spec cannot express is refused with the key that says it, when it changes the shapes or
-the work (a norm shared by attention and MLP, ALiBi, chunked attention, Mamba layers, an expert setting a family's reader does not map, a
-pattern of MoE layers the spec's cannot reproduce). What changes only the numerics of an otherwise
-equal model (RoPE scaling, partial rotary, Gemma's embedding scale, router jitter) is carried as a
-warning and into the spec's ``source``: memory and step time, what dsorch plans, are the same.
+What the spec cannot express is refused with the key that says it, when it changes the shapes or the
+work (a norm shared by attention and MLP, ALiBi, chunked attention, Mamba layers, an expert setting
+a family's reader does not map, a pattern of MoE layers the spec's cannot reproduce). What changes
+only the numerics of an otherwise equal model (RoPE scaling, partial rotary, Gemma's embedding
+scale, router jitter) is carried as a warning and into the spec's ``source``: memory and step time,
+what dsorch plans, are the same.
 """
 
 from __future__ import annotations

@@ -20,9 +20,12 @@ Two layers of checks, all returning human-readable error strings (never raising)
 
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
 import json
+import math
+import re
 import shlex
 from importlib import resources
 from typing import Any
@@ -93,7 +96,64 @@ def _convert(token: str, type_name: str | None):
         return int(token)
     if type_name == "float":
         return float(token)
+    if type_name == "moe_freq_type":
+        return _freq(token)
+    if type_name == "tuple_type":
+        # arguments.py tuple_type: "127,0" or "(127,0)" -> (127, 0)
+        return tuple(int(i) for i in token.strip("()").split(","))
     return token
+
+
+# arguments.py _eval_pattern: the characters a layer pattern may hold before Megatron eval()s it.
+_PATTERN_CHARS = re.compile(r"[^,\d\[\]\(\)\+\*]")
+# dsorch evaluates the pattern itself (no eval) and stops at a length no model has.
+_MAX_PATTERN = 1_000_000
+
+
+def _freq(token: str) -> int | list[int]:
+    """arguments.py moe_freq_type (also --window-attn-skip-freq): an int, or a list expression
+    such as ``([0]*3+[1]*58)`` when the value holds a '['."""
+    if "[" not in token:
+        return int(token)
+    if _PATTERN_CHARS.search(token):
+        raise ValueError(token)
+    try:
+        value = _pattern_value(ast.parse(token, mode="eval").body)
+    except (SyntaxError, RecursionError) as e:
+        raise ValueError(token) from e
+    if not isinstance(value, list):
+        raise ValueError(token)
+    return value
+
+
+def _pattern_value(node: ast.AST):
+    """Lists, ints, + and * of a layer pattern, as Python would evaluate them (nothing else)."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [_pattern_value(e) for e in node.elts]
+        return items if isinstance(node, ast.List) else tuple(items)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        left, right = _pattern_value(node.left), _pattern_value(node.right)
+        if isinstance(node.op, ast.Mult) and isinstance(left, (list, tuple)) != isinstance(right, (list, tuple)):
+            seq, n = (left, right) if isinstance(left, (list, tuple)) else (right, left)
+            if len(seq) * max(n, 0) > _MAX_PATTERN:
+                raise ValueError("pattern too long")
+            return seq * n
+        if isinstance(node.op, ast.Add) and type(left) is type(right):
+            return left + right
+        if isinstance(node.op, ast.Mult) and isinstance(left, int) and isinstance(right, int):
+            return left * right
+    raise ValueError("not a layer pattern")
+
+
+# What a value of each converter looks like, for the message when it does not convert.
+_EXPECTS = {
+    "int": "an integer",
+    "float": "a number",
+    "moe_freq_type": "an integer or a list expression of 0s and 1s such as ([0]*3+[1]*58)",
+    "tuple_type": "comma-separated integers such as 127,0",
+}
 
 
 # --------------------------------------------------------------------------- per-flag checks
@@ -127,8 +187,7 @@ def _check_one(flag: str, value: str | None, rec: dict[str, Any]) -> tuple[list[
             converted = _convert(tok, type_name)
         except ValueError:
             errors.append(
-                f"{flag} expects {'an integer' if type_name == 'int' else 'a number'}, "
-                f"got {tok!r}: pass a {type_name} value"
+                f"{flag} expects {_EXPECTS.get(type_name or '', 'a ' + str(type_name))}, got {tok!r}: pass such a value"
             )
             continue
         choices = rec.get("choices")
@@ -192,6 +251,10 @@ def _cross_checks(a: _Args, world_size: int) -> list[str]:
     errors += _attention_checks(a, tp)
     errors += _precision_and_recompute_checks(a, tp)
     errors += _megatron_fsdp_checks(a)
+    errors += _moe_checks(a, world_size, tp, pp)
+    errors += _mla_checks(a)
+    errors += _window_checks(a)
+    errors += _activation_checks(a)
     return errors
 
 
@@ -346,7 +409,7 @@ def _pipeline_checks(a: _Args, pp: int) -> list[str]:
             "keep only one way of specifying virtual pipeline stages"
         ]
     if a.get("pipeline_model_parallel_layout") is not None:
-        return []  # free-form layout string; Megatron parses and validates it
+        return _layout_checks(a, num_layers, pp)
     vpp, errors = _virtual_pipeline_degree(a, num_layers, pp)
     first = a.get("decoder_first_pipeline_num_layers")
     last = a.get("decoder_last_pipeline_num_layers")
@@ -354,6 +417,64 @@ def _pipeline_checks(a: _Args, pp: int) -> list[str]:
         errors += _uneven_pp_checks(a, num_layers, pp, first, last, vpp)
     if vpp is not None:
         errors += _interleaving_checks(a, pp)
+    return errors
+
+
+def _layout_stages(text: str) -> list[str] | None:
+    """core/transformer/pipeline_parallel_layer_layout.py parse_str_to_list: commas dropped, (x)*n and
+    c*n unrolled, stages split on '|'; None where a character is not E, t, m or L."""
+
+    def unroll(r: re.Match) -> str:
+        if len(r.group(1)) * int(r.group(2)) > _MAX_PATTERN:
+            raise ValueError("layout too long")
+        return r.group(1) * int(r.group(2))
+
+    text = text.replace(",", "")
+    try:
+        for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+            text = re.sub(pattern, unroll, text)
+            if len(text) > _MAX_PATTERN:
+                return None
+    except ValueError:
+        return None
+    stages = text.split("|")
+    return stages if all(set(st) <= set("EtmL") for st in stages) else None
+
+
+def _layout_checks(a: _Args, num_layers: int, pp: int) -> list[str]:
+    """--pipeline-model-parallel-layout against validate_args and PipelineParallelLayerLayout
+    (validate_layer_layout): whole virtual stages per rank, the embedding first, the loss last, every
+    decoder layer and MTP module once, MTP after the decoder layers; no other split flags beside it."""
+    F, text = a.flag, a.get("pipeline_model_parallel_layout")
+    flag = F("pipeline_model_parallel_layout")
+    errors = [
+        f"{flag} cannot be combined with {F(d)}: the layout places every layer itself"
+        for d in (
+            "account_for_embedding_in_pipeline_split",
+            "account_for_loss_in_pipeline_split",
+            "decoder_first_pipeline_num_layers",
+            "decoder_last_pipeline_num_layers",
+        )
+        if a.get(d)
+    ]
+    stages = _layout_stages(text)
+    if stages is None:
+        return errors + [
+            f"{flag} {text!r} is not a layout: it may hold only E (embedding), t (layer), m (MTP), L (loss), |, "
+            "(...)*n and c*n, for at most a million slots"
+        ]
+    if len(stages) % pp:
+        errors.append(f"{flag} has {len(stages)} stages, not a multiple of {F('pipeline_model_parallel_size')} {pp}")
+    flat = "".join(stages)
+    mtp = a.get("mtp_num_layers") or 0
+    if not flat.startswith("E") or not flat.endswith("L") or flat.count("E") != 1 or flat.count("L") != 1:
+        errors.append(f"{flag} must start with the embedding (E) and end with the loss (L), once each")
+    if flat.count("t") != num_layers:
+        errors.append(f"{flag} places {flat.count('t')} layers (t) but {F('num_layers')} is {num_layers}")
+    if flat.count("m") != mtp:
+        errors.append(f"{flag} places {flat.count('m')} MTP modules (m) but {F('mtp_num_layers')} is {mtp}")
+    elif mtp and "t" in flat[flat.index("m") :]:
+        errors.append(f"{flag} puts an MTP module (m) before a decoder layer (t): MTP comes after the layers")
     return errors
 
 
@@ -594,6 +715,370 @@ def _precision_and_recompute_checks(a: _Args, tp: int) -> list[str]:
     return errors
 
 
+# --------------------------------------------------------------------------- mixture of experts
+
+
+def _one(value):
+    """validate_args turns a one-element --moe-router-load-balancing-type/--moe-aux-loss-coeff
+    list into its element."""
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+
+def _moe_checks(a: _Args, world_size: int, tp: int, pp: int) -> list[str]:
+    """validate_args' "MoE Spec check" and "Expert parallelism check", the expert mesh of
+    core/parallel_state.py initialize_model_parallel, and TransformerConfig.__post_init__'s MoE
+    block."""
+    F = a.flag
+    experts = a.get("num_experts") or None  # validate_args: --num-experts 0 means no MoE
+    ep = a.get("expert_model_parallel_size", 1)
+    etp = a.get("expert_tensor_parallel_size") or tp  # validate_args: defaults to tp
+    bad = [
+        f"{F(k)} {v} must be at least 1"
+        for k, v in (("expert_model_parallel_size", ep), ("expert_tensor_parallel_size", etp))
+        if v < 1
+    ]
+    if bad:
+        return bad
+    if experts is None:
+        return _moe_flags_without_experts(a, ep)
+    errors = []
+    if experts < 0:
+        return [f"{F('num_experts')} {experts} must be positive"]
+    if experts % ep:
+        errors.append(
+            f"{F('num_experts')} {experts} is not divisible by {F('expert_model_parallel_size')} {ep}: "
+            f"each expert-parallel rank holds the same number of experts; choose an ep dividing {experts}"
+        )
+    mesh = etp * ep * pp
+    if world_size > 0 and world_size % mesh:
+        errors.append(
+            f"world size {world_size} is not divisible by {F('expert_tensor_parallel_size')} {etp} x "
+            f"{F('expert_model_parallel_size')} {ep} x {F('pipeline_model_parallel_size')} {pp} = {mesh}: "
+            f"Megatron-Core carves each pipeline stage's {world_size // pp} GPUs into expert-TP x EP x "
+            f"expert-data-parallel groups; choose etp x ep dividing {world_size // pp}"
+        )
+    if a.get("add_bias_linear", True) and etp > 1:
+        errors.append(
+            f"biased linear layers (no --disable-bias-linear) in the experts need "
+            f"{F('expert_tensor_parallel_size')} 1 (Megatron-Core: bias in MoE is only supported with "
+            f"ETP 1): use --expert-tensor-parallel-size 1 or --disable-bias-linear"
+        )
+    errors += _moe_layer_checks(a)
+    errors += _router_checks(a, experts)
+    errors += _dispatcher_checks(a, ep, etp)
+    if a.get("overlap_moe_expert_parallel_comm"):
+        errors += _ep_overlap_checks(a, ep, pp)
+    return errors
+
+
+def _moe_flags_without_experts(a: _Args, ep: int) -> list[str]:
+    F = a.flag
+    errors = []
+    if ep > 1:
+        # validate_args: "num_experts must be non None to use expert model parallelism"
+        errors.append(
+            f"{F('expert_model_parallel_size')} {ep} splits experts and there are none: add --num-experts "
+            "or use --expert-model-parallel-size 1"
+        )
+    # Megatron reads the --moe-* settings only when a MoE layer exists; --moe-ffn-hidden-size alone
+    # is an error of TransformerConfig.__post_init__ (unless --moe-layer-freq leaves layers dense).
+    for dest in sorted(a.given):
+        if dest.startswith("moe_") or dest == "overlap_moe_expert_parallel_comm":
+            errors.append(f"{a.given[dest]} has no effect without --num-experts: add --num-experts or drop the flag")
+    return errors
+
+
+def _moe_layer_checks(a: _Args) -> list[str]:
+    """Which layers are MoE and the shared experts beside the routed ones."""
+    errors, F = [], a.flag
+    freq, num_layers = a.get("moe_layer_freq", 1), a.get("num_layers")
+    if isinstance(freq, int) and freq < 1:
+        # gpt_layer_specs.py: layer i is MoE when i % moe_layer_freq == 0
+        errors.append(f"{F('moe_layer_freq')} {freq} must be at least 1 (every freq-th layer is MoE)")
+    elif isinstance(freq, list):
+        if num_layers is not None and len(freq) != num_layers:
+            # gpt_layer_specs.py get_gpt_decoder_layer_specs: "Invalid length of moe_layer_pattern"
+            errors.append(
+                f"{F('moe_layer_freq')} lists {len(freq)} layers but {F('num_layers')} is {num_layers}: "
+                "give one 0 (dense) or 1 (MoE) per layer"
+            )
+        if any(v not in (0, 1) for v in freq):
+            errors.append(f"{F('moe_layer_freq')} may hold only 0 (dense layer) and 1 (MoE layer)")
+    shared = a.get("moe_shared_expert_intermediate_size")
+    if shared is None:
+        errors += [
+            f"{F(d)} has no effect without --moe-shared-expert-intermediate-size: drop it or add shared experts"
+            for d in ("moe_shared_expert_gate", "moe_shared_expert_overlap")
+            if a.get(d)
+        ]
+        return errors
+    if shared <= 0:
+        errors.append(f"{F('moe_shared_expert_intermediate_size')} {shared} must be positive")
+    if a.get("add_bias_linear", True):
+        # SharedExpertMLP.__init__: "bias is not supported in the shared experts"
+        errors.append(
+            "shared experts take no biases in Megatron-Core: add --disable-bias-linear or drop "
+            f"{F('moe_shared_expert_intermediate_size')}"
+        )
+    if a.get("moe_shared_expert_overlap") and a.get("moe_token_dispatcher_type", "allgather") not in (
+        "alltoall",
+        "flex",
+    ):
+        errors.append(
+            f"{F('moe_shared_expert_overlap')} overlaps the shared experts with the alltoall or flex "
+            "dispatcher only: set --moe-token-dispatcher-type alltoall or drop it"
+        )
+    return errors
+
+
+# Load balancing that leaves the tokens to the capacity check (TransformerConfig.__post_init__).
+_CAPACITY_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
+
+
+def _router_checks(a: _Args, experts: int) -> list[str]:
+    """TransformerConfig.__post_init__ on the router; moe_utils.topk_routing_with_score_function."""
+    errors, F = [], a.flag
+    topk, score = a.get("moe_router_topk", 2), a.get("moe_router_score_function", "softmax")
+    balancing, coeff = _one(a.get("moe_router_load_balancing_type", "aux_loss")), _one(a.get("moe_aux_loss_coeff"))
+    if not 1 <= topk <= experts:
+        errors.append(f"{F('moe_router_topk')} {topk} must be between 1 and {F('num_experts')} {experts}")
+    pre = a.get("moe_router_pre_softmax")
+    if topk == 1 and score == "softmax" and not pre and balancing != "sinkhorn":
+        errors.append(
+            f"{F('moe_router_topk')} 1 with the softmax router needs --moe-router-pre-softmax: a softmax over "
+            "the one chosen expert is always 1 and gives the router no gradient"
+        )
+    if pre and score != "softmax":
+        errors.append(
+            f"{F('moe_router_pre_softmax')} has no effect with {F('moe_router_score_function')} {score} "
+            "(its scores are renormalized over the top k anyway): drop it"
+        )
+    errors += _group_topk_checks(a, experts)
+    if a.get("moe_router_enable_expert_bias") and score not in ("sigmoid", "sqrtsoftplus"):
+        errors.append(
+            f"{F('moe_router_enable_expert_bias')} (auxiliary-loss-free balancing) works with the sigmoid or "
+            f"sqrtsoftplus score function only: set --moe-router-score-function sigmoid or drop it"
+        )
+    if isinstance(balancing, list) and (not isinstance(coeff, list) or len(coeff) != len(balancing)):
+        errors.append(
+            f"{F('moe_router_load_balancing_type')} lists {len(balancing)} types: give "
+            f"{F('moe_aux_loss_coeff')} one coefficient for each"
+        )
+    errors += _capacity_checks(a, balancing)
+    return errors
+
+
+def _group_topk_checks(a: _Args, experts: int) -> list[str]:
+    F = a.flag
+    groups, group_topk = a.get("moe_router_num_groups"), a.get("moe_router_group_topk")
+    if group_topk is None:
+        if groups is not None:
+            return [f"{F('moe_router_num_groups')} has no effect without --moe-router-group-topk: add it or drop it"]
+        return []
+    if not groups:
+        return [f"{F('moe_router_group_topk')} needs --moe-router-num-groups (group-limited routing)"]
+    errors = []
+    if experts % groups:
+        errors.append(
+            f"{F('num_experts')} {experts} is not divisible by {F('moe_router_num_groups')} {groups}: "
+            "choose a group count dividing the experts"
+        )
+    if group_topk > groups:
+        errors.append(f"{F('moe_router_group_topk')} {group_topk} is above {F('moe_router_num_groups')} {groups}")
+    return errors
+
+
+def _capacity_checks(a: _Args, balancing) -> list[str]:
+    errors, F = [], a.flag
+    capacity = a.get("moe_expert_capacity_factor")
+    if capacity is not None and capacity < 0:
+        # TransformerConfig.__post_init__ turns a negative factor into None (dropless), silently.
+        errors.append(
+            f"{F('moe_expert_capacity_factor')} {capacity} is negative, which Megatron reads as dropless: "
+            "drop the flag for dropless routing, or give a positive factor"
+        )
+    elif capacity is not None:
+        types = balancing if isinstance(balancing, list) else [balancing]
+        if any(t not in _CAPACITY_BALANCING for t in types):
+            errors.append(
+                f"{F('moe_expert_capacity_factor')} works with the load-balancing types "
+                f"{', '.join(_CAPACITY_BALANCING)} only: change {F('moe_router_load_balancing_type')}"
+            )
+    if a.get("moe_pad_expert_input_to_capacity") and (capacity is None or capacity < 0):
+        errors.append(
+            f"{F('moe_pad_expert_input_to_capacity')} needs --moe-expert-capacity-factor: set a capacity or drop it"
+        )
+    return errors
+
+
+def _dispatcher_checks(a: _Args, ep: int, etp: int) -> list[str]:
+    """TransformerConfig.__post_init__ on the flex dispatcher; MoEFlexTokenDispatcher.__init__."""
+    errors, F = [], a.flag
+    dispatcher = a.get("moe_token_dispatcher_type", "allgather")
+    backend = a.get("moe_flex_dispatcher_backend", "deepep")
+    if dispatcher != "flex":
+        errors += [
+            f"{F(d)} needs --moe-token-dispatcher-type flex: set it or drop {F(d)}"
+            for d in ("moe_enable_deepep", "moe_flex_dispatcher_backend")
+            if a.has(d) and a.get(d)
+        ]
+        return errors
+    if a.get("moe_enable_deepep"):
+        backend = "deepep"
+    if backend in ("deepep", "ncclep") and etp * ep == 1:
+        # "DeepEP dispatcher requires TPxEP > 1" (its expert-TP x EP group)
+        errors.append(
+            f"the flex dispatcher ({backend}) sends tokens over the expert-TP x EP group, here 1 rank "
+            f"({F('expert_tensor_parallel_size')} {etp}, {F('expert_model_parallel_size')} {ep}): use "
+            "--moe-token-dispatcher-type alltoall or expert parallelism"
+        )
+    if backend == "deepep" and a.get("moe_pad_expert_input_to_capacity"):
+        errors.append(
+            f"DeepEP does not pad to capacity: drop {F('moe_pad_expert_input_to_capacity')} or use "
+            "--moe-token-dispatcher-type alltoall"
+        )
+    return errors
+
+
+def _ep_overlap_checks(a: _Args, ep: int, pp: int) -> list[str]:
+    """TransformerConfig.__post_init__'s overlap_moe_expert_parallel_comm block: the dispatch and
+    combine all-to-alls of one micro-batch hide behind another's compute."""
+    F = a.flag
+    flag = F("overlap_moe_expert_parallel_comm")
+    needs = []
+    if ep <= 1:
+        needs.append("--expert-model-parallel-size > 1")
+    if a.get("moe_token_dispatcher_type", "allgather") not in ("alltoall", "flex"):
+        needs.append("--moe-token-dispatcher-type alltoall or flex")
+    if pp > 1 and not _interleaved(a, pp):
+        needs.append("the interleaved schedule (virtual pipeline stages) with a pipeline")
+    if a.get("recompute_granularity") == "full" or a.get("recompute_method") or a.get("recompute_num_layers"):
+        needs.append("no full recomputation (--recompute-granularity/method/num-layers)")
+    if "moe" in (a.get("recompute_modules") or []):
+        needs.append("no 'moe' in --recompute-modules")
+    if not (a.get("bf16") or a.get("fp16")):
+        needs.append("--bf16 or --fp16")
+    if a.get("moe_shared_expert_overlap"):
+        needs.append("no --moe-shared-expert-overlap")
+    if (a.get("mtp_num_layers") or 0) > 1:
+        needs.append("at most one MTP layer (--mtp-num-layers)")
+    return [f"{flag} needs {n}: provide it or drop {flag}" for n in needs]
+
+
+def _interleaved(a: _Args, pp: int) -> bool:
+    """Whether the flags ask for more than one virtual stage per rank (validate_args)."""
+    layout = a.get("pipeline_model_parallel_layout")
+    if layout is not None:
+        return len(_layout_stages(layout) or []) > pp
+    if (a.get("num_virtual_stages_per_pipeline_rank") or 1) > 1:
+        return True
+    num_layers = a.get("num_layers")
+    return num_layers is not None and _virtual_pipeline_degree(a, num_layers, pp)[0] is not None
+
+
+# --------------------------------------------------------------------------- MLA, windows, activations
+
+
+# MLA's shape flags: read by MLATransformerConfig only.
+_MLA_DESTS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+
+
+def _mla_checks(a: _Args) -> list[str]:
+    """validate_args and (MLA)TransformerConfig.__post_init__ on multi-latent attention."""
+    F = a.flag
+    if not a.get("multi_latent_attention"):
+        return [
+            f"{F(d)} has no effect without --multi-latent-attention: add it or drop {F(d)}"
+            for d in _MLA_DESTS
+            if a.has(d)
+        ]
+    errors = []
+    if a.get("group_query_attention"):
+        errors.append(
+            "--multi-latent-attention and --group-query-attention are mutually exclusive (every MLA head "
+            "has its own key and value from the latent): drop --group-query-attention"
+        )
+    if a.get("rotary_interleaved"):
+        errors.append("--rotary-interleaved does not work with --multi-latent-attention: drop it")
+    if a.get("apply_rope_fusion", True) and a.get("rope_type") not in (None, "yarn"):
+        errors.append(
+            f"{F('rope_type')} {a.get('rope_type')} with --multi-latent-attention needs --no-rope-fusion "
+            "(MLA's fused RoPE is YaRN's): add --no-rope-fusion or drop --rope-type"
+        )
+    for dest in _MLA_DESTS:
+        value = a.get(dest)
+        if value is not None and value <= 0:
+            errors.append(f"{F(dest)} {value} must be positive")
+    return errors
+
+
+def _window_checks(a: _Args) -> list[str]:
+    """Sliding-window attention: --window-size (left, right) on the layers --window-attn-skip-freq
+    does not skip (core/transformer/utils.py is_layer_window_attention)."""
+    F = a.flag
+    window, skip = a.get("window_size"), a.get("window_attn_skip_freq")
+    if window is None:
+        if skip is not None:
+            return [f"{F('window_attn_skip_freq')} has no effect without --window-size: add it or drop the flag"]
+        return []
+    errors = []
+    if len(window) != 2 or min(window) < -1:
+        errors.append(
+            f"{F('window_size')} takes the window's left and right extent (-1: unbounded), e.g. 127,0; "
+            f"got {','.join(map(str, window))}"
+        )
+    num_layers = a.get("num_layers")
+    if isinstance(skip, int) and skip < 1:
+        errors.append(f"{F('window_attn_skip_freq')} {skip} must be at least 1 (every freq-th layer is full)")
+    elif isinstance(skip, list) and num_layers is not None and len(skip) != num_layers:
+        errors.append(
+            f"{F('window_attn_skip_freq')} lists {len(skip)} layers but {F('num_layers')} is {num_layers}: "
+            "give one entry per layer"
+        )
+    return errors
+
+
+def _dense_mlp(a: _Args) -> bool:
+    """Whether the model has a dense MLP: no experts, dense layers among them, or shared experts."""
+    freq = a.get("moe_layer_freq", 1)
+    return (
+        not a.get("num_experts")
+        or (isinstance(freq, int) and freq > 1)
+        or (isinstance(freq, list) and 0 in freq)
+        or a.get("moe_shared_expert_intermediate_size") is not None
+    )
+
+
+def _activation_checks(a: _Args) -> list[str]:
+    """argument_utils.core_transformer_config_from_args and TransformerConfig.__post_init__ on the
+    activation; MLP.forward's fused bias-activation path."""
+    F = a.flag
+    swiglu, quick = a.get("swiglu"), a.get("quick_geglu")
+    if swiglu and quick:
+        return ["--swiglu and --quick-geglu are two activations: keep one"]
+    fusion = a.get("bias_swiglu_fusion", True) if swiglu else a.get("bias_gelu_fusion", True)
+    clamp, offset = a.get("activation_func_clamp_value"), a.get("glu_linear_offset", 0.0)
+    errors = []
+    if swiglu and clamp is not None:
+        if not math.isfinite(clamp) or clamp <= 0:
+            errors.append(f"{F('activation_func_clamp_value')} {clamp} must be finite and positive")
+        if not a.get("num_experts"):
+            errors.append(f"{F('activation_func_clamp_value')} with --swiglu is for MoE models only (--num-experts)")
+        if offset:
+            errors.append(f"{F('glu_linear_offset')} must be 0 when --swiglu is clamped")
+    if offset and fusion and not quick:
+        errors.append(
+            f"{F('glu_linear_offset')} {offset} needs --quick-geglu with the fused bias-activation kernel: "
+            "use --quick-geglu or add --no-bias-swiglu-fusion/--no-bias-gelu-fusion"
+        )
+    if quick and fusion and _dense_mlp(a):
+        errors.append(
+            "--quick-geglu in a dense MLP (or shared experts) needs --no-bias-gelu-fusion: Megatron-Core fuses "
+            "only gelu and swiglu there"
+        )
+    return errors
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -660,6 +1145,15 @@ def check_pretrain_needs(flags: list[tuple[str, str | None]]) -> list[str]:
         )
     if "--exit-signal-handler" in given and "--save" not in given:
         errors.append("--exit-signal-handler without --save exits on the signal without a checkpoint")
+    values = dict(flags)
+    tp = values.get("--tensor-model-parallel-size") or "1"
+    if "--num-experts" in given and tp.isdigit() and int(tp) > 1 and "--sequence-parallel" not in given:
+        # MoELayer.forward raises in training: "performance may degrade if MoE and tensor
+        # parallelism are enabled without also enabling sequence parallelism".
+        errors.append(
+            f"a MoE model with --tensor-model-parallel-size {tp} needs --sequence-parallel: Megatron-Core's MoE "
+            "layer refuses to train with tensor parallelism without it"
+        )
     return errors
 
 

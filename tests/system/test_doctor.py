@@ -69,4 +69,4 @@ def test_shell_completion_completes_commands_choices_and_clusters(in_tmp):
 
     assert complete("dsorch pl") == ["plan", "plot"]
     assert complete("dsorch plan x --runtime ") == ["deepspeed", "megatron"]
-    assert complete("dsorch doctor --cluster dgx") == ["dgx-a100-80gb-hdr", "dgx16"]
+    assert complete("dsorch doctor --cluster dgx") == ["dgx-a100-80gb-hdr", "dgx-b200", "dgx16"]

@@ -9,16 +9,25 @@ packages. Without $MEGATRON_LM it is skipped.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from orchestrator.cli.main import main
+from orchestrator.plan.layout import Layout
+from orchestrator.render.megatron import render_megatron_args
+from orchestrator.spec.cluster import load_profile
 
 from ..conftest import ROOT, spec_paths
+from ..unit.test_megatron_moe import CASES as MOE_PLANS
+from ..unit.test_megatron_moe import DEEPSEEK_V3, GPT_OSS_120B, QWEN3_30B_A3B, QWEN15_MOE
+from ..unit.test_megatron_moe import case_plan as moe_case_plan
+from ..unit.test_megatron_moe import case_spec as moe_case_spec
 
 MEGATRON_LM = os.environ.get("MEGATRON_LM")
 MEGATRON_LM_PYTHON = os.environ.get("MEGATRON_LM_PYTHON") or sys.executable
@@ -82,3 +91,76 @@ def test_llama3_405b_uneven_interleaved_layout_passes_megatron_lm(runner, in_tmp
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and proc.stdout.startswith("PASS"), (
         f"{proc.stdout}{proc.stderr[-3000:]}\n{(out / 'megatron_args.txt').read_text()}")
+
+
+MOE_CASES = [(name, rt) for name in sorted(MOE_PLANS) for rt in ("megatron", "deepspeed")]
+
+
+@pytest.mark.parametrize("name, runtime", MOE_CASES, ids=[f"{n}-{rt}" for n, rt in MOE_CASES])
+def test_moe_mla_and_gpt_oss_flags_pass_megatron_lm(tmp_path, name, runtime):
+    """The mixture-of-experts, multi-latent-attention and GPT-OSS flags of hand-set layouts (DeepSeek-V3 with
+    expert parallelism 32 under an interleaved pipeline, Mixtral with EP 8 and the all-to-all overlap, GPT-OSS
+    at EP 64, Qwen3 with TP 2 and sequence parallelism, a Qwen1.5-MoE with shared experts and a capacity):
+    Megatron-LM's parse_args, validate_args and TransformerConfig accept exactly what dsorch renders. The
+    plan directory is the two files the check reads (megatron_args.txt; plan.yaml's runtime, GPU and layout)."""
+    plan = moe_case_plan(name, runtime)
+    L = plan.layout
+    (tmp_path / "megatron_args.txt").write_text(render_megatron_args(plan))
+    (tmp_path / "plan.yaml").write_text(
+        f"runtime: {runtime}\ncluster:\n  gpu: {plan.profile.gpu.name}\n"
+        f"layout:\n  tp: {L.tp}\n  pp: {L.pp}\n  dp: {L.dp}\n  cp: {L.cp}\n")
+    proc = subprocess.run(
+        [MEGATRON_LM_PYTHON, str(CHECK), "--megatron-lm", MEGATRON_LM, "--verbose", str(tmp_path)],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and proc.stdout.startswith("PASS"), (
+        f"{proc.stdout}{proc.stderr[-3000:]}\n{(tmp_path / 'megatron_args.txt').read_text()}")
+
+
+COUNT = ROOT / "scripts" / "megatron_param_count.py"
+# Small models with every architecture feature the flags express, each next to the real model it shrinks.
+TINY = {
+    # DeepSeek-V3: MLA with a query low rank, sigmoid grouped top-k router with expert bias, a shared expert,
+    # dense leading layers, one MTP module.
+    "deepseek-v3": DEEPSEEK_V3 | {
+        "num_layers": 5, "hidden_size": 64, "ffn_hidden_size": 96, "num_attention_heads": 4, "vocab_size": 128,
+        "max_position_embeddings": 256,
+        "mla": {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8},
+        "moe": DEEPSEEK_V3["moe"] | {"num_experts": 8, "top_k": 4, "ffn_hidden_size": 16, "groups": 4,
+                                     "group_top_k": 2, "dense_leading_layers": 2}},
+    # GPT-OSS: biases everywhere, sinks, alternating sliding windows, clamped quick-GeGLU, its own head width.
+    "gpt-oss": GPT_OSS_120B | {
+        "num_layers": 4, "hidden_size": 64, "ffn_hidden_size": 32, "num_attention_heads": 4, "num_kv_heads": 2,
+        "kv_channels": 24, "vocab_size": 128, "max_position_embeddings": 256, "sliding_window": 16,
+        "moe": GPT_OSS_120B["moe"] | {"num_experts": 4, "top_k": 2, "ffn_hidden_size": 32}},
+    # Qwen3-MoE: QK-norm and a head width of its own; here every other layer dense (--moe-layer-freq 2).
+    "qwen3-moe": QWEN3_30B_A3B | {
+        "num_layers": 3, "hidden_size": 64, "ffn_hidden_size": 96, "num_attention_heads": 4, "num_kv_heads": 2,
+        "kv_channels": 32, "vocab_size": 128, "max_position_embeddings": 256,
+        "moe": QWEN3_30B_A3B["moe"] | {"num_experts": 8, "top_k": 2, "ffn_hidden_size": 16, "layer_freq": 2}},
+    # Qwen1.5-MoE: gated shared experts, QKV biases, a dense leading layer then every other layer MoE.
+    "qwen1.5-moe": QWEN15_MOE | {
+        "num_layers": 4, "hidden_size": 64, "ffn_hidden_size": 96, "num_attention_heads": 4, "vocab_size": 128,
+        "max_position_embeddings": 256,
+        "moe": QWEN15_MOE["moe"] | {"num_experts": 6, "top_k": 2, "ffn_hidden_size": 16, "shared_experts": 2,
+                                    "shared_ffn_hidden_size": 40, "dense_leading_layers": 1, "layer_freq": 2}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_the_flags_build_the_model_dsorch_counts(tmp_path, name):
+    """Megatron-LM builds, from the rendered flags, a model with exactly the parameters dsorch counts: the main
+    model (ModelSpec.num_params) and the MTP modules (mtp_params), the routers' expert bias included (a buffer in
+    Megatron, a parameter in the count). scripts/megatron_param_count.py says what it changes to build on CPU."""
+    spec = moe_case_spec(TINY[name], {"seq_length": 64, "global_batch_size": 8})
+    layout = Layout(tp=1, pp=1, dp=1, vpp=1, zero_stage=1, micro_batch_size=1, grad_accum_steps=8,
+                    recompute="none", sequence_parallel=False)
+    plan = SimpleNamespace(spec=spec, layout=layout, runtime="megatron", profile=load_profile("dgx16").profile)
+    (tmp_path / "megatron_args.txt").write_text(render_megatron_args(plan))
+    proc = subprocess.run([MEGATRON_LM_PYTHON, str(COUNT), "--megatron-lm", MEGATRON_LM, "megatron_args.txt"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    built = json.loads(proc.stdout.strip().splitlines()[-1])
+    m = spec.model
+    mtp_bias = m.mtp_layers * (m.moe.num_experts if m.moe.expert_bias else 0)
+    assert built["mtp_params"] + mtp_bias == m.mtp_params
+    assert built["params"] - built["mtp_params"] + built["expert_bias"] - mtp_bias == m.num_params

@@ -13,7 +13,6 @@ from orchestrator.calibrate import (
     calibrate,
     calibrated_profile_yaml,
     error_summary,
-    published_errors,
     published_rows,
     step_time_from_tflops,
 )
@@ -29,22 +28,33 @@ from ..conftest import EXAMPLES
 
 @pytest.fixture(scope="module")
 def errors():
-    return published_errors()
+    from orchestrator.calibrate import row_errors
+    from orchestrator.calibrate.published import all_published_rows
+
+    return row_errors(all_published_rows())
 
 
-# ---- the issue's accuracy targets on the calibration set: mean <= 5 %, max <= 10 %
+# ---- the issues' accuracy targets on the calibration sets: mean <= 5 %, max <= 10 % per entry on
+# the dense sets (issue 11); mean <= 10 % over published_runs_moe.yaml (issue 24), whose max stays
+# within the reserved evaluation's 30 %
 def test_step_time_error_on_published_runs(errors):
-    """Every engine on every hardware, on its own published runs (issue 11: 5 % mean, 10 % max each)."""
-    assert len(errors) == 19 + 13 + 1  # Megatron-LM, FSDP, DeepSpeed ZeRO-3
-    s = error_summary(errors)
-    assert s["mean"] <= 0.05, s
-    assert s["max"] <= 0.10, s
+    """Every engine on every hardware, on its own published runs."""
+    from orchestrator.calibrate.published import moe_rows
+
+    moe_file = {r.id for r in moe_rows()}
+    assert len(errors) == 19 + 13 + 1 + len(moe_file)  # Megatron-LM, FSDP, DeepSpeed, MoE file
+    assert len(moe_file) == 13
+    dense_sets = [e for e in errors if e.id not in moe_file]
+    s = error_summary(dense_sets)
+    assert s["mean"] <= 0.05 and s["max"] <= 0.10, s
     entries = {e.hardware for e in errors}
     assert entries == {"megatron/a100-sxm4-hdr", "megatron/h100-sxm5-ndr", "deepspeed-zero3/a100-sxm4-hdr",
-                       "deepspeed-zero3/h100-sxm5-ndr"}
+                       "deepspeed-zero3/h100-sxm5-ndr", "megatron/gb200-nvl72", "megatron/gb300-nvl72"}
     for hw in entries:
-        sub = error_summary([e for e in errors if e.hardware == hw])
+        sub = error_summary([e for e in dense_sets if e.hardware == hw])
         assert sub["mean"] <= 0.05 and sub["max"] <= 0.10, (hw, sub)
+    moe = error_summary([e for e in errors if e.id in moe_file])
+    assert moe["mean"] <= 0.10 and moe["max"] <= 0.30, moe
 
 
 def test_calibration_file_is_current(errors):
@@ -64,13 +74,13 @@ def test_fitted_values_are_physical():
     for entry in [table["default"], *table["entries"]]:
         for f in FIELDS:
             v = entry["efficiency"][f]
-            if f == "zero3_stall_us":  # a time, not a fraction
+            if f in ("zero3_stall_us", "moe_layer_us"):  # times, not fractions
                 assert 0 <= v <= BOUNDS[f][1], (entry.get("id"), f, v)
                 continue
             assert 0 <= v <= 1, (entry.get("id"), f, v)
-            if f not in ("dp_overlap", "tp_overlap"):
+            if f not in ("dp_overlap", "tp_overlap", "ep_overlap"):
                 assert v > 0
-    for name in ("dgx16", "dgx-a100-80gb-hdr", "hgx-h200-ndr", "local"):
+    for name in ("dgx16", "dgx-a100-80gb-hdr", "hgx-h200-ndr", "local", "gb200-nvl72", "gb300-nvl72", "dgx-b200"):
         p = load_profile(name).profile
         assert p.intra_node.latency_us >= 0 and p.inter_node.latency_us >= 0
 
@@ -119,8 +129,8 @@ def test_efficiency_resolution(tmp_path):
     dgx = load_profile("dgx16").profile
     r = resolve_efficiency(dgx)
     assert r.entry == "megatron/h100-sxm5-ndr" and all(src.startswith("calibration:") for _, src in r.sources)
-    assert r.domain == "fitted" and r.interval == r.held_out_max and r.rows == 9
-    assert "n=9" in r.describe() and "megatron/h100-sxm5-ndr" in r.describe()
+    assert r.domain == "fitted" and r.interval == r.held_out_max and r.rows == 12  # 9 dense, 3 MoE
+    assert "n=12" in r.describe() and "megatron/h100-sxm5-ndr" in r.describe()
     assert resolve_efficiency(load_profile("hgx-h200-ndr").profile).entry == "megatron/h100-sxm5-ndr"
     assert resolve_efficiency(load_profile("dgx-a100-80gb-hdr").profile).entry == "megatron/a100-sxm4-hdr"
     z3 = resolve_efficiency(dgx, "deepspeed-zero3")
@@ -205,7 +215,8 @@ def test_deepspeed_zero3_estimator_agrees_term_by_term():
 
 # ---- calibrate: recover known efficiencies from runs the model itself generated
 TRUE = {"gemm": 0.6, "attention": 0.45, "hbm": 0.7, "intra_node_comm": 0.65, "inter_node_comm": 0.55,
-        "dp_overlap": 0.5, "tp_overlap": 0.0, "zero3_stall_us": 300.0, "grouped_gemm": 0.5, "ep_overlap": 0.0}
+        "dp_overlap": 0.5, "tp_overlap": 0.0, "zero3_stall_us": 300.0, "grouped_gemm": 0.5, "ep_overlap": 0.0,
+        "moe_layer_us": 0.0}
 
 
 def _synthetic_records(tmp_path):
@@ -280,7 +291,7 @@ def test_calibrate_from_a_run_directory(tmp_path, runner, monkeypatch):
     assert rec["measured_step_s"] == 0.5  # warm-up step dropped, median of the rest
     assert abs(rec["predicted_after_s"] / 0.5 - 1) < abs(rec["predicted_before_s"] / 0.5 - 1) + 1e-9
     assert isinstance(calibrated, ClusterProfile)
-    assert all(0 <= getattr(calibrated.efficiency, f) <= 1 for f in FIELDS if f != "zero3_stall_us")
+    assert all(0 <= getattr(calibrated.efficiency, f) <= 1 for f in FIELDS if f not in ("zero3_stall_us", "moe_layer_us"))
     assert calibrated.efficiency.zero3_stall_us >= 0
 
 
@@ -379,3 +390,154 @@ def test_memory_near_capacity_is_flagged_with_the_models_error():
     close = dataclasses.replace(best, capacity_gib=total * (1 + err["largest_under"] / 2))
     assert "within the memory model's error" in memory_tight(close)
     assert memory_tight(dataclasses.replace(best, capacity_gib=total * 1.2)) is None
+
+
+# ---- NVL72 and B200 profiles; published_runs_moe.yaml (issue 24)
+@pytest.mark.parametrize("name, gpus_per_node, domain, hardware", [
+    ("gb200-nvl72", 4, 72, "megatron/gb200-nvl72"),
+    ("gb300-nvl72", 4, 72, "megatron/gb300-nvl72"),
+    ("dgx-b200", 8, 8, "megatron/gb200-nvl72"),
+])
+def test_blackwell_profiles_load_with_their_nvlink_domain(name, gpus_per_node, domain, hardware):
+    """An NVL72 rack is one 72-GPU NVLink domain of 4-GPU trays, of which the shipped profile takes
+    16 (64 GPUs); the domain is at most the world (two trays: 8 GPUs). A DGX B200's domain is its
+    node. DeepEP is software, off unless the site says so. The B200 shares the GB200 entry's
+    efficiencies but has no runs of its own: no interval."""
+    p = load_profile(name).profile
+    assert p.gpus_per_node == gpus_per_node and p.intra_node.domain_gpus in (None, domain)
+    assert p.nvlink_domain == min(domain, p.world_size) == {"dgx-b200": 8}.get(name, 64)
+    assert p.resized(nodes=2).nvlink_domain == min(domain, 2 * gpus_per_node)
+    assert p.resized(nodes=18).nvlink_domain == p.resized(nodes=64).nvlink_domain == domain
+    assert p.features.deepep is False and p.gpu.peak_tflops.fp8 == 2 * p.gpu.peak_tflops.bf16
+    r = resolve_efficiency(p)
+    assert r.entry == hardware
+    assert (r.domain == "fitted") == (name != "dgx-b200"), r.describe()
+
+
+def _moe_doc() -> dict:
+    from importlib import resources
+
+    return yaml.safe_load(resources.files("orchestrator.costmodel").joinpath("published_runs_moe.yaml")
+                          .read_text(encoding="utf-8"))
+
+
+def test_published_moe_file_is_the_reference_copy():
+    """costmodel/published_runs_moe.yaml ships the calibration file as it is (where the checkout has
+    the shared reference beside it)."""
+    from importlib import resources
+    from pathlib import Path
+
+    ref = Path(__file__).resolve().parents[3] / "shared" / "reference" / "calibration_runs_moe.yaml"
+    if not ref.exists():
+        pytest.skip("no ../shared/reference beside this checkout")
+    ours = resources.files("orchestrator.costmodel").joinpath("published_runs_moe.yaml").read_text(encoding="utf-8")
+    assert ours == ref.read_text(encoding="utf-8")
+
+
+def test_moe_runs_as_rows():
+    """Every run of published_runs_moe.yaml with a step time is a megatron row on its GPU's entry,
+    except the Megatron-FSDP ZeRO-3 run, which says why; the models match their published sizes
+    and the layouts are the published ones."""
+    from orchestrator.calibrate.published import moe_runs
+
+    rows, skipped = moe_runs()
+    doc = _moe_doc()
+    assert len(rows) + len(skipped) == doc["n_runs"] == len(doc["runs"]) == 15
+    assert {s.id: s.reason.split(":")[0].split(" ")[0] for s in skipped} == {
+        "mlm-moe-mixtral-8x22b-h100-128g-tp4pp8vp7ep2-layout-only": "layout",
+        "mb2511-gb300-llama3-70b-fp8cs-64g-tp1pp1-fsdp-mbs2": "Megatron-FSDP"}
+    by_id = {r.id: r for r in rows}
+    runs = {r["id"]: r for r in doc["runs"]}
+    for rid, row in by_id.items():
+        run = runs[rid]
+        assert row.runtime == "megatron" and row.measured_step_s == run["measured"]["step_time_s"]
+        assert row.profile.world_size == run["hardware"]["num_gpus"]
+        assert row.hardware == {"H100-SXM5-80GB": "megatron/h100-sxm5-ndr", "GB200 (NVL72)": "megatron/gb200-nvl72",
+                                "GB300 (NVL72)": "megatron/gb300-nvl72"}[run["hardware"]["gpu"]]
+        L = run["layout"]
+        assert (row.pins.tp, row.pins.pp, row.pins.cp, row.pins.dp, row.pins.ep) == (
+            L["tp"], L["pp"], L["cp"], L["dp"], L["ep"] or 1)
+        assert row.pins.vpp == (L["vp"] or 1) and row.pins.recompute == "none" and row.pins.zero_stage == 1
+        assert row.pins.micro_batch_size == run["training"]["micro_batch_size"]
+        assert (row.model.moe is None) == (run["model"]["type"] == "dense")
+        # Published sizes: total and active parameters within 3 % (DeepSeek-V3 671B / 37B, Qwen3
+        # 30.5B / 3.3B and 235B / 22B, Mixtral 46.7B / 12.9B), dense Llama 8B / 405B.
+    published = {"deepseek_v3": (671, 37), "qwen3_30b_a3b": (30.5, 3.3), "qwen3_235b_a22b": (235, 22),
+                 "mixtral_8x7b": (46.7, 12.9), "llama3_8b": (8.03, 8.03), "llama31_405b": (405, 405)}
+    for rid, row in by_id.items():
+        key = runs[rid]["model"]["key"]
+        if key in published:
+            total, active = published[key]
+            assert row.model.num_params / 1e9 == pytest.approx(total, rel=0.03), rid
+            assert row.model.active_params / 1e9 == pytest.approx(active, rel=0.03), rid
+
+
+def test_moe_models_from_the_published_strings():
+    """What the file states in words: DeepSeek-V3's MLA and router (trained without MTP), GPT-OSS's
+    window, sinks, biases and clamped gate, Qwen3's head width and QK-norm; FP8 recipes; the
+    dispatcher the recipes used; Megatron's default expert-TP (tp)."""
+    from orchestrator.calibrate.published import moe_layout_rows, moe_runs
+
+    rows = {r.id: r for r in moe_runs()[0]}
+    ds = rows["mb2511-gb200-dsv3-fp8mx-256g-tp1pp8vp4ep32-mbs1"]
+    assert ds.model.mla.model_dump() == {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                                         "qk_rope_head_dim": 64, "v_head_dim": 128}
+    moe = ds.model.moe
+    assert (moe.num_experts, moe.top_k, moe.ffn_hidden_size, moe.shared_experts, moe.shared_ffn) == (256, 8, 2048, 1, 2048)
+    assert (moe.dense_leading_layers, moe.router, moe.groups, moe.group_top_k, moe.scale) == (3, "sigmoid", 8, 4, 2.5)
+    assert moe.expert_bias and moe.load_balancing == "seq_aux_loss" and ds.model.mtp_layers == 0
+    assert ds.training.fp8 == "e4m3" and ds.fp8_recipe == "mxfp8" and ds.training.moe_dispatcher == "flex"
+    assert ds.profile.features.deepep and ds.profile.gpu.name == "GB200" and ds.profile.nodes == 64
+    assert ds.engine is not None and not ds.engine.param_gather_overlap  # MXFP8 NaN workaround in the recipe
+    assert rows["mb2511-gb300-dsv3-bf16-256g-tp1pp2vp4ep32-mbs1"].engine.param_gather_overlap
+    oss = rows["mb2511-gb300-gptoss-120b-bf16-64g-tp1pp1ep64-mbs2"].model
+    assert (oss.sliding_window, oss.global_attention_every, oss.attention_sinks, oss.bias) == (128, 2, True, True)
+    assert (oss.activation, oss.activation_clamp, oss.glu_linear_offset, oss.kv_channels) == ("quick_geglu", 7.0, 1.0, 64)
+    assert rows["mb2511-gb300-gptoss-120b-bf16-64g-tp1pp1ep64-mbs2"].training.moe_dispatcher == "alltoall"
+    qwen = rows["mb2604-h100-qwen3-30b-a3b-fp8-16g-tp1pp1ep16-mbs1"]
+    assert qwen.model.kv_channels == 128 and qwen.model.qk_norm and qwen.model.kv_heads == 4
+    assert qwen.training.fp8 == "hybrid" and qwen.fp8_recipe == "tensorwise" and qwen.profile.gpu.name == "H100-SXM5-80GB"
+    llama = rows["mb2511-gb300-llama31-405b-fp8cs-256g-tp2pp8cp2vp4-mbs1"]
+    assert llama.pins.sequence_parallel and llama.training.tp_comm_overlap and llama.pins.etp == 1
+    mixtral = rows["mlm-moe-mixtral-8x7b-h100-64g-tp1pp4vp8ep8-mcore09"]
+    assert mixtral.training.moe_dispatcher == "alltoall" and not mixtral.training.tp_comm_overlap
+    big = moe_layout_rows()
+    assert [r.id for r in big] == ["mlm-moe-mixtral-8x22b-h100-128g-tp4pp8vp7ep2-layout-only"]
+    assert big[0].pins.etp == 4 and big[0].pins.ep == 2  # unstated etp: Megatron-LM's default, tp
+
+
+def test_moe_file_bad_input_names_the_run_and_key():
+    from orchestrator.calibrate.published import moe_model, moe_row
+    from orchestrator.errors import SpecError
+
+    run = next(r for r in _moe_doc()["runs"] if r["model"]["key"] == "deepseek_v3")
+    broken = {**run, "model": {**run["model"], "attention": "MLA: q_lora_rank=1536, kv_lora_rank=512"}}
+    with pytest.raises(SpecError, match=r"published_runs_moe.yaml: run mb2511-.*: model: .* lacks qk_head_dim\(nope\)"):
+        moe_model(broken)
+    other = {**run, "hardware": {**run["hardware"], "gpu": "MI300X"}}
+    with pytest.raises(SpecError, match=r"hardware.gpu 'MI300X': map it in MOE_GPUS"):
+        moe_row(other)
+
+
+def test_published_layout_only_mixtral_8x22b_plans_and_fits():
+    """NVIDIA's recommended Mixtral 8x22B mapping on 128 H100 (TP4 EP2 PP8 VP7, no throughput
+    published) is a legal plan and is predicted to fit in 80 GB, as it ran."""
+    from orchestrator.calibrate.published import moe_layout_rows
+
+    big = moe_layout_rows()
+    assert [r.id for r in big] == ["mlm-moe-mixtral-8x22b-h100-128g-tp4pp8vp7ep2-layout-only"]
+    res = search(big[0].model, big[0].training, big[0].profile, big[0].runtime, big[0].pins)
+    assert res.best is not None and res.best.fits, [s.memory_gib for s in res.closest]
+
+
+def test_published_moe_layouts_are_expressible():
+    """Every published layout of published_runs_moe.yaml is a legal plan with its pins."""
+    from orchestrator.calibrate.published import moe_rows
+    from orchestrator.plan.solver import enumerate_layouts
+
+    refused = {}
+    for row in moe_rows():
+        cand, why = enumerate_layouts(row.model, row.training, row.profile, row.runtime, row.pins)
+        if len(cand) == 0:
+            refused[row.id] = why
+    assert not refused, refused

@@ -117,7 +117,8 @@ def test_unknown_profile_lists_known_ones():
     with pytest.raises(ProfileNotFound) as e:
         load_profile("dgx61")
     assert "unknown cluster profile 'dgx61'. Did you mean 'dgx16'?" in str(e.value)
-    assert "Known profiles: dgx-a100-80gb-hdr, dgx16, hgx-h200-ndr, local" in str(e.value)
+    assert ("Known profiles: dgx-a100-80gb-hdr, dgx-b200, dgx16, gb200-nvl72, gb300-nvl72, hgx-h200-ndr, "
+            "local" in str(e.value))
 
 
 def test_extends_overrides_fields_and_inherits_the_rest():
