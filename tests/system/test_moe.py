@@ -286,7 +286,7 @@ def test_what_the_entrypoint_does_not_train_is_refused_in_one_paragraph(tmp_path
     from orchestrator.errors import InvalidFile
     from orchestrator.train.config import load_plan
 
-    doc = moe_spec_doc(expert_bias=True)
+    doc = moe_spec_doc(expert_bias=True, router="sigmoid")  # Megatron-LM takes the bias with sigmoid scores only
     doc["model"].update(mtp_layers=1, attention_sinks=True)
     plan_dir = plan_moe(tmp_path / "plan", doc, "--gpus-per-node", "1")
     with pytest.raises(InvalidFile) as e:
