@@ -60,6 +60,7 @@ from orchestrator.costmodel.memory import (
     entrypoint_extra_bytes_per_layer,
     in_flight_micro_batches,
     model_state_bytes,
+    moe_activation_bytes_per_layer,
     moe_mlp_activation_bytes,
     state_bytes,
 )
@@ -516,6 +517,29 @@ def _layer_activations(x: _Inputs) -> _LayerActivations:
         moe = model.moe
 
         def moe_layer(level):
+            if x.runtime == "deepspeed":
+                # dsorch's entrypoint (train/moe.py), counted to the byte by its activation census.
+                k = float(moe.top_k)
+                return formula(level, 0.0) + moe_activation_bytes_per_layer(
+                    s,
+                    mbs,
+                    h,
+                    tp,
+                    sp,
+                    level,
+                    num_experts=float(moe.num_experts),
+                    top_k=k,
+                    expert_ffn=float(moe.ffn_hidden_size),
+                    shared_ffn=float(moe.shared_ffn),
+                    shared_gate=moe.shared_expert_gate,
+                    swiglu=model.gated,
+                    router=moe.router,
+                    norm_top_k=moe.norm_top_k,
+                    load_balancing=moe.load_balancing if moe.aux_loss_coeff > 0 else "none",
+                    sent=s * mbs * k,
+                    received=s * mbs * k * training.moe_load_imbalance,
+                    act_bytes=act_bytes,
+                )
             routed = moe_mlp_activation_bytes(
                 r,
                 t_in,

@@ -205,6 +205,14 @@ def etp_degrees(
     return [t for t in sorted(searched) if (tp * cp * dp) % (ep * t) == 0 and (t == 1 or not model.bias)]
 
 
+def expert_zero_ok(model: ModelSpec, runtime: str, ep: int, zero_stage: int) -> bool:
+    """DeepSpeed runs expert parallelism at ZeRO-1 and 2 only: 0.19's engine refuses MoE layers at
+    ZeRO-3 (engine.py _validate_zero3_moe_compatibility), and at ZeRO-0 its gradient clipping
+    averages the ranks' norms instead of summing the experts' (measured: 0.48973 against the true
+    0.49012 at ep 2 dp 2). At ep 1 the entrypoint's MoE layer is a plain module: every stage."""
+    return runtime != "deepspeed" or model.moe is None or ep == 1 or zero_stage in (1, 2)
+
+
 def ep_needs_sp(model: ModelSpec, runtime: str, tp: int, ep: int) -> bool:
     """Megatron-Core's MoE layer refuses to train with tensor parallelism without sequence
     parallelism, whatever ep (core/transformer/moe/moe_layer.py MoELayer.forward raises; with ep > 1
@@ -319,6 +327,12 @@ def _ep_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
             r.append(
                 f"ep={L.ep} must divide dp={L.dp}: the entrypoint's expert groups are data-parallel ranks; "
                 f"choose an ep dividing {L.dp}"
+            )
+        if not expert_zero_ok(model, runtime, L.ep, L.zero_stage):
+            r.append(
+                f"zero_stage={L.zero_stage} with ep={L.ep}: DeepSpeed runs expert parallelism at ZeRO-1 and 2 "
+                f"only (it refuses MoE layers at ZeRO-3, and clips the experts' gradients wrongly at ZeRO-0); "
+                f"use --zero 1 or 2, or ep=1"
             )
         return r
     mesh = L.tp * L.cp * L.dp

@@ -36,6 +36,7 @@ from orchestrator.plan.rules import (
     ep_degrees,
     ep_needs_sp,
     etp_degrees,
+    expert_zero_ok,
     interleaving_fits,
     sp_options,
     stage_split,
@@ -135,7 +136,7 @@ RULE_PP = "pp does not split the layers"
 RULE_DP = "global batch not divisible by dp"
 RULE_VPP = "interleaving needs micro-batches a multiple of pp"
 RULE_ZERO_PP = "ZeRO-2/3 with pipeline parallelism (DeepSpeed)"
-RULE_ZERO_MOE = "ZeRO-3 with experts (dsorch's DeepSpeed entrypoint)"
+RULE_ZERO_MOE = "ZeRO-0 or ZeRO-3 with expert parallelism (DeepSpeed)"
 RULE_ZERO_BF16 = "bf16 ZeRO-0 with gradient accumulation (DeepSpeed accumulates in fp32 from ZeRO-1)"
 
 
@@ -203,9 +204,9 @@ def _layouts_at(degrees, split, model, training, runtime, pins, reject) -> list[
         for z in wanted:
             if z not in zeros:
                 reject((RULE_ZERO_PP if z > 1 and pp > 1 else RULE_ZERO_BF16), inner * len(ok_vpps))
-            elif z == 3 and model.moe is not None and runtime == "deepspeed":
+            elif not expert_zero_ok(model, runtime, degrees["ep"], z):
                 reject(RULE_ZERO_MOE, inner * len(ok_vpps))
-        zs = [z for z in wanted if z in zeros and not (z == 3 and model.moe is not None and runtime == "deepspeed")]
+        zs = [z for z in wanted if z in zeros and expert_zero_ok(model, runtime, degrees["ep"], z)]
         combos = np.array(list(itertools.product(ok_vpps, zs, rc_codes, sps)), dtype=np.int64).reshape(-1, 4)
         if not len(combos):
             continue

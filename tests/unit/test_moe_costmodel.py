@@ -115,7 +115,11 @@ def test_the_entrypoint_splits_experts_over_tp_and_carves_ep_from_dp():
     problems = check_layout(_layout(tp=2, dp=32, ep=4, etp=1), MIXTRAL, TRAIN, profile, "deepspeed")
     assert any("etp equals tp=2" in r for r in problems)
     res = search(MIXTRAL, TRAIN, profile, "deepspeed", Pins(tp=2, pp=1, ep=4), memory_margin_gib=-1e6, keep=1)
-    assert res.best is not None and res.best.layout.etp == 2 and res.best.layout.zero_stage < 3
+    assert res.best is not None and res.best.layout.etp == 2 and res.best.layout.zero_stage in (1, 2)
+    zero3 = check_layout(_layout(dp=64, ep=4, zero_stage=3), MIXTRAL, TRAIN, profile, "deepspeed")
+    assert any("ZeRO-1 and 2 only" in r for r in zero3)
+    assert not check_layout(_layout(dp=64, ep=1, zero_stage=3, grad_accum_steps=4), MIXTRAL, TRAIN, profile,
+                            "deepspeed")
 
 
 def test_mtp_and_dense_leading_layers_split_the_pipeline():
