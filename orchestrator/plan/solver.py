@@ -15,7 +15,7 @@ import numpy as np
 from orchestrator.costmodel import Candidates, Evaluation, evaluate
 from orchestrator.costmodel.calibration import engine_of, per_layout
 from orchestrator.costmodel.evaluate import invariant_violations, runtime_engine
-from orchestrator.costmodel.memory import GIB
+from orchestrator.costmodel.memory import GIB, state_bytes
 from orchestrator.costmodel.stacks import MEMORY_KEYS, TIME_PARTS
 from orchestrator.plan.layout import (
     AXES,
@@ -386,11 +386,22 @@ def minimum_nodes(
     memory_margin_gib: float = 0.0,
     max_factor: int = 64,
 ) -> tuple[int, Scored] | None:
-    """The smallest node count (above the profile's) at which some layout fits, with that layout."""
-    start = profile.nodes + 1
+    """The smallest node count (above the profile's) at which some layout fits, with that layout.
+
+    Node counts whose GPUs together cannot hold one copy of the weights, gradients and optimizer
+    states (the bytes per parameter of the runtime's most sharded stage) are skipped unsearched: no
+    layout fits there, and a search of a 671B-parameter MoE model costs a second."""
+    w, g, o = state_bytes(runtime, training.precision, 3)
+    states = float(model.num_params + model.mtp_params) * (float(w) + float(g) + float(o))
+    per_node = profile.gpus_per_node * max(profile.gpu.memory_gib - memory_margin_gib, 1e-9) * GIB
+    bound = math.ceil(states / per_node)
+    if bound > profile.nodes * max_factor:
+        return None
+    start = max(profile.nodes + 1, bound)
     # Every count just above the profile's, then doublings: a search takes milliseconds, but a
     # scan of every count up to 64x would not.
-    counts = sorted({*range(start, start + 32), *(profile.nodes * 2**k for k in range(1, 7))})
+    doublings = (n for k in range(1, 7) if (n := profile.nodes * 2**k) >= start)
+    counts = sorted({*range(start, start + 32), *doublings})
     for nodes in [n for n in counts if n <= profile.nodes * max_factor]:
         res = search(
             model, training, profile.resized(nodes=nodes), runtime, pins, memory_margin_gib=memory_margin_gib, keep=1
