@@ -318,24 +318,27 @@ def _rates(values) -> SimpleNamespace:
     return SimpleNamespace(**{f: values[f] for f in FIELDS})
 
 
-def _inputs(
-    model: ModelSpec,
-    training: TrainingSpec,
-    profile: ClusterProfile,
-    runtime: str,
-    c: Candidates,
-    eff: SimpleNamespace,
-    eng: Engine,
-) -> _Inputs:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _StageParams:
+    """Parameters one GPU of each pipeline stage holds (the experts' apart), and the stage that binds."""
+
+    layer_params_local: np.ndarray
+    first: np.ndarray
+    middle: np.ndarray
+    last: np.ndarray
+    binding: np.ndarray
+    expert_first: np.ndarray
+    expert_middle: np.ndarray
+    expert_last: np.ndarray
+    expert_binding: np.ndarray
+    moe_first: np.ndarray
+    moe_middle: np.ndarray
+    moe_last: np.ndarray
+
+
+def _stage_params(model: ModelSpec, c: Candidates, tp: np.ndarray, pp: np.ndarray) -> _StageParams:
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
-    tp, pp, zero = f64(c.tp), f64(c.pp), np.asarray(c.zero_stage)
     h = float(model.hidden_size)
-    weight_b, grad_b, opt_b = state_bytes(runtime, training.precision, zero)
-    # Bytes per gradient element on the wire and in DeepSpeed's reduce buckets: DeepSpeed reduces in
-    # the model's 16-bit type (communication_data_type defaults to it, engine.py; the ZeRO buckets
-    # stay bf16, stage_1_and_2.py _gradient_reduction_buffer_dtype) even where it accumulates in
-    # fp32; Megatron-LM reduces its fp32 main grads as they are.
-    comm_grad_b = np.minimum(grad_b, weight_b) if runtime == "deepspeed" else grad_b
     norm = float(model.norm_params)  # one norm's weight (and bias)
     norms = 2 * norm
     layer_params_local = (model.params_per_layer - norms) / tp + norms
@@ -380,6 +383,41 @@ def _inputs(
     expert_stage = np.choose(which, [e_first, e_middle, e_last])
     if model.moe is None:  # the dense model's binding stage exactly as before experts existed
         params_stage = np.maximum(np.maximum(first_params, middle_params), np.where(pp > 1, last_params, 0.0))
+    return _StageParams(
+        layer_params_local=layer_params_local,
+        first=first_params,
+        middle=middle_params,
+        last=last_params,
+        binding=params_stage,
+        expert_first=e_first,
+        expert_middle=e_middle,
+        expert_last=e_last,
+        expert_binding=expert_stage,
+        moe_first=mf,
+        moe_middle=mm,
+        moe_last=ml,
+    )
+
+
+def _inputs(
+    model: ModelSpec,
+    training: TrainingSpec,
+    profile: ClusterProfile,
+    runtime: str,
+    c: Candidates,
+    eff: SimpleNamespace,
+    eng: Engine,
+) -> _Inputs:
+    f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
+    tp, pp, zero = f64(c.tp), f64(c.pp), np.asarray(c.zero_stage)
+    weight_b, grad_b, opt_b = state_bytes(runtime, training.precision, zero)
+    # Bytes per gradient element on the wire and in DeepSpeed's reduce buckets: DeepSpeed reduces in
+    # the model's 16-bit type (communication_data_type defaults to it, engine.py; the ZeRO buckets
+    # stay bf16, stage_1_and_2.py _gradient_reduction_buffer_dtype) even where it accumulates in
+    # fp32; Megatron-LM reduces its fp32 main grads as they are.
+    comm_grad_b = np.minimum(grad_b, weight_b) if runtime == "deepspeed" else grad_b
+    sp_ = _stage_params(model, c, tp, pp)
+    ep, etp = f64(c.ep), f64(c.etp)
     cp = f64(c.cp)
     return _Inputs(
         model=model,
@@ -397,9 +435,9 @@ def _inputs(
         zero_stage=zero,
         recompute=np.asarray(c.recompute),
         sequence_parallel=np.asarray(c.sequence_parallel, dtype=bool),
-        lf=lf,
-        lm=lm,
-        ll=ll,
+        lf=f64(c.layers_first),
+        lm=f64(c.layers_middle),
+        ll=f64(c.layers_last),
         act_bytes=4 if training.precision == "fp32" else 2,
         weight_b=weight_b,
         grad_b=grad_b,
@@ -408,22 +446,22 @@ def _inputs(
         cp=cp,
         s_local=float(training.seq_length) / cp,
         dpc=f64(c.dp) * cp,
-        layer_params_local=layer_params_local,
-        first_params=first_params,
-        middle_params=middle_params,
-        last_params=last_params,
-        params_stage=params_stage,
+        layer_params_local=sp_.layer_params_local,
+        first_params=sp_.first,
+        middle_params=sp_.middle,
+        last_params=sp_.last,
+        params_stage=sp_.binding,
         ep=ep,
         etp=etp,
         edp=f64(c.dp) * cp * tp / (ep * etp),
-        moe_first=mf,
-        moe_middle=mm,
-        moe_last=ml,
-        expert_first=e_first,
-        expert_middle=e_middle,
-        expert_last=e_last,
-        expert_stage=expert_stage,
-        mtp=mtp,
+        moe_first=sp_.moe_first,
+        moe_middle=sp_.moe_middle,
+        moe_last=sp_.moe_last,
+        expert_first=sp_.expert_first,
+        expert_middle=sp_.expert_middle,
+        expert_last=sp_.expert_last,
+        expert_stage=sp_.expert_binding,
+        mtp=float(model.mtp_layers),
     )
 
 
@@ -470,6 +508,53 @@ def _routed_copies(x: _Inputs) -> tuple[np.ndarray, np.ndarray]:
     return T * k / x.tp, t_in
 
 
+def _moe_layer_activations(x: _Inputs, formula, level) -> np.ndarray:
+    """Activation bytes of one MoE layer and micro-batch at recompute ``level``: the dense formula
+    without its MLP, the shared experts as a dense MLP of their size, and the routed part, as
+    Megatron-Core keeps it (memory.moe_mlp_activation_bytes) or as dsorch's entrypoint keeps it
+    (train/moe.py; memory.moe_activation_bytes_per_layer, counted to the byte by its census)."""
+    model, training = x.model, x.training
+    moe = model.moe
+    assert moe is not None
+    s, mbs, h = x.s_local, x.micro_batch_size, float(model.hidden_size)
+    if x.runtime == "deepspeed":
+        k = float(moe.top_k)
+        return formula(level, 0.0) + moe_activation_bytes_per_layer(
+            s,
+            mbs,
+            h,
+            x.tp,
+            x.sequence_parallel,
+            level,
+            num_experts=float(moe.num_experts),
+            top_k=k,
+            expert_ffn=float(moe.ffn_hidden_size),
+            shared_ffn=float(moe.shared_ffn),
+            shared_gate=moe.shared_expert_gate,
+            swiglu=model.gated,
+            router=moe.router,
+            norm_top_k=moe.norm_top_k,
+            load_balancing=moe.load_balancing if moe.aux_loss_coeff > 0 else "none",
+            sent=s * mbs * k,
+            received=s * mbs * k * training.moe_load_imbalance,
+            act_bytes=x.act_bytes,
+        )
+    r, t_in = _routed_copies(x)
+    routed = moe_mlp_activation_bytes(
+        r,
+        t_in,
+        h,
+        float(moe.ffn_hidden_size),
+        float(moe.num_experts),
+        x.etp,
+        level,
+        gated=model.gated,
+        act_bytes=x.act_bytes,
+        fp8=training.fp8 is not None,
+    )
+    return formula(level, float(moe.shared_ffn)) + routed
+
+
 def _layer_activations(x: _Inputs) -> _LayerActivations:
     model, training, tp, rc = x.model, x.training, x.tp, x.recompute
     s, mbs, sp = x.s_local, x.micro_batch_size, x.sequence_parallel  # with cp, each rank holds s/cp of every sequence
@@ -511,52 +596,12 @@ def _layer_activations(x: _Inputs) -> _LayerActivations:
     working_layer = formula(np.zeros_like(rc), f)
     act_moe = act_layer
     if model.moe is not None:
-        # A MoE layer: the dense formula without its MLP, the shared experts as a dense MLP of their
-        # size, and the routed part (memory.moe_mlp_activation_bytes).
-        r, t_in = _routed_copies(x)
-        moe = model.moe
-
-        def moe_layer(level):
-            if x.runtime == "deepspeed":
-                # dsorch's entrypoint (train/moe.py), counted to the byte by its activation census.
-                k = float(moe.top_k)
-                return formula(level, 0.0) + moe_activation_bytes_per_layer(
-                    s,
-                    mbs,
-                    h,
-                    tp,
-                    sp,
-                    level,
-                    num_experts=float(moe.num_experts),
-                    top_k=k,
-                    expert_ffn=float(moe.ffn_hidden_size),
-                    shared_ffn=float(moe.shared_ffn),
-                    shared_gate=moe.shared_expert_gate,
-                    swiglu=model.gated,
-                    router=moe.router,
-                    norm_top_k=moe.norm_top_k,
-                    load_balancing=moe.load_balancing if moe.aux_loss_coeff > 0 else "none",
-                    sent=s * mbs * k,
-                    received=s * mbs * k * training.moe_load_imbalance,
-                    act_bytes=act_bytes,
-                )
-            routed = moe_mlp_activation_bytes(
-                r,
-                t_in,
-                h,
-                float(moe.ffn_hidden_size),
-                float(moe.num_experts),
-                x.etp,
-                level,
-                gated=model.gated,
-                act_bytes=act_bytes,
-                fp8=fp8,
-            )
-            return formula(level, float(moe.shared_ffn)) + routed
-
-        act_moe = moe_layer(rc)
+        r, _ = _routed_copies(x)
+        act_moe = _moe_layer_activations(x, formula, rc)
         # The dispatcher's send and receive buffers of the layer in flight (permuted tokens, h wide).
-        working_layer = np.maximum(working_layer, moe_layer(np.zeros_like(rc)) + 2 * r * h * act_bytes)
+        working_layer = np.maximum(
+            working_layer, _moe_layer_activations(x, formula, np.zeros_like(rc)) + 2 * r * h * act_bytes
+        )
     # The deepspeed runtime is dsorch's own entrypoint, whose layer keeps RoPE's cast tables and the
     # norms' 1/rms beside what the formula counts (memory.entrypoint_extra_bytes_per_layer, measured).
     if x.runtime == "deepspeed":
@@ -628,14 +673,13 @@ class _Memory:
     entrypoint_activations: np.ndarray
 
 
-def _memory(x: _Inputs) -> _Memory:
-    """Bytes per GPU on the binding pipeline stage: the stage whose states and activations are
-    largest."""
-    model, training, tp, pp, vpp, gas, zero = x.model, x.training, x.tp, x.pp, x.vpp, x.grad_accum_steps, x.zero_stage
+def _loss_and_pipe_buffers(x: _Inputs) -> tuple[np.ndarray, np.ndarray]:
+    """(Bytes of the loss's working set on the last stage, bytes of one micro-batch's stage output
+    a pipeline stage keeps) per GPU."""
+    model, pp, tp = x.model, x.pp, x.tp
     s, mbs, sp = x.s_local, x.micro_batch_size, x.sequence_parallel
     h, V = float(model.hidden_size), float(model.vocab_size)
     act_bytes = x.act_bytes
-    layer = _layer_activations(x)
     # Loss working set per logit element on the last stage. Megatron-LM's vocab-parallel
     # cross-entropy works in place (core/tensor_parallel/cross_entropy.py: the fp32 copy of the
     # logits becomes exp, then softmax, then the gradient), so the 16-bit output plus one fp32
@@ -652,6 +696,15 @@ def _memory(x: _Inputs) -> _Memory:
     # _exec_forward_pass: pipe_buffers['outputs']), 1/tp of it with pipe_partitioned.
     out_elems = np.where(sp | (x.runtime == "deepspeed"), s * mbs * h / tp, s * mbs * h)
     out_buf = np.where((x.runtime == "deepspeed") & (pp > 1), out_elems * act_bytes, 0.0)
+    return logits, out_buf
+
+
+def _memory(x: _Inputs) -> _Memory:
+    """Bytes per GPU on the binding pipeline stage: the stage whose states and activations are
+    largest."""
+    model, training, tp, pp, vpp, gas, zero = x.model, x.training, x.tp, x.pp, x.vpp, x.grad_accum_steps, x.zero_stage
+    layer = _layer_activations(x)
+    logits, out_buf = _loss_and_pipe_buffers(x)
 
     # Transformer Engine keeps an FP8 copy of each layer weight and of its transpose across the
     # micro-batches of a step (Megatron passes is_first_microbatch, so the casts are cached).

@@ -86,6 +86,14 @@ def model_state_bytes(params, dp, zero_stage, weight_b, grad_b, opt_b):
     return w, g, o
 
 
+def _attention_bytes(sbh, scale, a, kv, qkvo):
+    """Q, K, V and the attention output, 16-bit, per layer (widths ``qkvo`` in h, or GQA's)."""
+    if qkvo is None:
+        return (2 + 2 * kv / a + 2 * kv / a + 2) * sbh * scale
+    q, k, v, o = qkvo
+    return (2 * q + 2 * k + 2 * v + 2 * o) * sbh * scale
+
+
 def activation_bytes_per_layer(
     s,
     b,
@@ -142,11 +150,7 @@ def activation_bytes_per_layer(
     mask = 1.0 if hidden_dropout else 0.0
     lin_in = 1.0 if fp8 else 2.0 * scale  # a Linear's saved input, bytes per element
     replicated = (4 * scale + 2 * lin_in) * sbh + 2 * mask * sbh  # dropout masks are 1 byte each
-    if qkvo is None:
-        q_k_v_o = (2 + 2 * kv / a + 2 * kv / a + 2) * sbh * scale + (1.0 if fp8 else 0.0) * sbh
-    else:
-        q, k, v, o = qkvo
-        q_k_v_o = (2 * q + 2 * k + 2 * v + 2 * o) * sbh * scale + (1.0 if fp8 else 0.0) * sbh
+    q_k_v_o = _attention_bytes(sbh, scale, a, kv, qkvo) + (1.0 if fp8 else 0.0) * sbh
     if latent:
         replicated = replicated + 2 * 2 * latent * sbh * scale
     mlp = ((4.0 if swiglu else 2.0) * scale + lin_in) * s * b * f
