@@ -49,6 +49,7 @@ def completion(shell):
 Examples:
   dsorch import-hf Meta-Llama-3-8B/config.json --out specs/llama3-8b.yaml
   dsorch import-hf config.json --seq-length 4096 --global-batch-size 1024 --name qwen2-7b
+  dsorch import-hf DeepSeek-V3/config.json --seq-length 4096 --train-tokens 14.8e12 --out specs/dsv3.yaml
 """,
 )
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
@@ -72,8 +73,14 @@ Examples:
     default=None,
     help="training.global_batch_size in sequences; default about 4M tokens per step.",
 )
+@click.option(
+    "--train-tokens",
+    type=click.FloatRange(1, None),
+    default=None,
+    help="training.train_tokens, the training length (the megatron runtime needs one); default: none.",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing --out file.")
-def import_hf(config, out, name, seq_length, global_batch_size, force):
+def import_hf(config, out, name, seq_length, global_batch_size, train_tokens, force):
     """Make a model spec from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE,
     Qwen3, Qwen3-MoE, DeepSeek-V3, GPT-OSS, Gemma, GPT-NeoX, GPT-2, Falcon), offline, and say its
     total and active parameters. What the spec cannot express (chunked attention, Mamba layers, an
@@ -94,6 +101,8 @@ def import_hf(config, out, name, seq_length, global_batch_size, force):
     doc = spec_document(
         imp, f"Hugging Face config.json ({imp.family}), imported by dsorch import-hf", seq_length, global_batch_size
     )
+    if train_tokens is not None:
+        doc["training"]["train_tokens"] = train_tokens
     try:
         spec = SpecFile.model_validate(doc)
     except ValidationError as e:

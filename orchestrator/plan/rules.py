@@ -555,6 +555,6 @@ def check_training(training: TrainingSpec, profile: ClusterProfile, runtime: str
         # megatron/training/training.py (pretrain): "either train-iters or train-samples should be provided".
         problems.append(
             "the megatron runtime needs the training length (Megatron-LM's --train-iters): set "
-            "training.steps or training.train_tokens"
+            "training.steps or training.train_tokens (dsorch import-hf --train-tokens writes it)"
         )
     return problems

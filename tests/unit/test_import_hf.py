@@ -194,3 +194,16 @@ def test_a_sliding_window_no_shorter_than_the_sequence_is_full_attention(in_tmp)
 
     full = longer.model.model_copy(update={"sliding_window": None})
     assert model_flops_per_step(longer.model, 8192, 1) < model_flops_per_step(full, 8192, 1)
+
+
+def test_train_tokens_gives_the_megatron_runtime_its_length(in_tmp):
+    """Without a length the megatron runtime refuses the imported spec and says how to give one."""
+    config = FIXTURES / "Qwen3-30B-A3B" / "config.json"
+    assert run("import-hf", config, "--seq-length", "4096", "--out", in_tmp / "bare.yaml").exit_code == 0
+    r = run("plan", in_tmp / "bare.yaml", "--cluster", "gb200-nvl72", "--runtime", "megatron", "--no-write")
+    assert r.exit_code == 2 and "dsorch import-hf --train-tokens writes it" in r.output
+    r = run("import-hf", config, "--seq-length", "4096", "--train-tokens", "1e12", "--out", in_tmp / "long.yaml")
+    assert r.exit_code == 0, r.output
+    assert load_spec(in_tmp / "long.yaml")[0].training.train_tokens == 1e12
+    r = run("plan", in_tmp / "long.yaml", "--cluster", "gb200-nvl72", "--runtime", "megatron", "--no-write")
+    assert r.exit_code == 0, r.output
