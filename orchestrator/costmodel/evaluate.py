@@ -285,6 +285,8 @@ class _Inputs:
     expert_last: np.ndarray
     expert_stage: np.ndarray  # of the stage params_stage is of
     mtp: float  # multi-token-prediction modules, on the last stage
+    routed: np.ndarray  # _routed_copies: routed token copies per GPU, MoE layer and micro-batch
+    router_tokens: np.ndarray  # ... and the tokens that enter one GPU's router
 
     @property
     def stage_layers(self) -> np.ndarray:
@@ -381,8 +383,6 @@ def _stage_params(model: ModelSpec, c: Candidates, tp: np.ndarray, pp: np.ndarra
     which = np.argmax(totals, axis=0)
     params_stage = np.choose(which, [first_params, middle_params, last_params])
     expert_stage = np.choose(which, [e_first, e_middle, e_last])
-    if model.moe is None:  # the dense model's binding stage exactly as before experts existed
-        params_stage = np.maximum(np.maximum(first_params, middle_params), np.where(pp > 1, last_params, 0.0))
     return _StageParams(
         layer_params_local=layer_params_local,
         first=first_params,
@@ -417,6 +417,7 @@ def _inputs(
     # fp32; Megatron-LM reduces its fp32 main grads as they are.
     comm_grad_b = np.minimum(grad_b, weight_b) if runtime == "deepspeed" else grad_b
     sp_ = _stage_params(model, c, tp, pp)
+    routed, router_tokens = _routed_copies(model, training, c, tp)
     ep, etp = f64(c.ep), f64(c.etp)
     cp = f64(c.cp)
     return _Inputs(
@@ -462,6 +463,8 @@ def _inputs(
         expert_last=sp_.expert_last,
         expert_stage=sp_.expert_binding,
         mtp=float(model.mtp_layers),
+        routed=routed,
+        router_tokens=router_tokens,
     )
 
 
@@ -494,18 +497,22 @@ def attention_widths(model: ModelSpec) -> tuple[tuple[float, float, float, float
     return (a * d / h, kv * d / h, kv * d / h, a * d / h), 0.0
 
 
-def _routed_copies(x: _Inputs) -> tuple[np.ndarray, np.ndarray]:
+def _routed_copies(model: ModelSpec, training: TrainingSpec, c: Candidates, tp) -> tuple[np.ndarray, np.ndarray]:
     """(routed token copies one GPU's experts process per MoE layer and micro-batch, counted at full
     expert width; tokens that enter one GPU's router). Megatron-Core routes each rank's sequence shard
     (sequence parallelism with tp > 1), the entrypoint every token on every tp rank, its experts split
     over tp; either way the routed work of a GPU is top_k x tokens / tp, times the imbalance of the
     busiest rank (training.moe_load_imbalance; 1 = balanced, as the published benchmarks force)."""
-    T = x.s_local * x.micro_batch_size
-    if x.model.moe is None:
-        return np.zeros_like(x.tp), np.zeros_like(x.tp)
-    k = float(x.model.moe.top_k) * x.training.moe_load_imbalance
-    t_in = np.where(x.sequence_parallel, T / x.tp, T)
-    return T * k / x.tp, t_in
+    T = (
+        float(training.seq_length)
+        / np.asarray(c.cp, dtype=np.float64)
+        * np.asarray(c.micro_batch_size, dtype=np.float64)
+    )
+    if model.moe is None:
+        return np.zeros_like(tp), np.zeros_like(tp)
+    k = float(model.moe.top_k) * training.moe_load_imbalance
+    t_in = np.where(np.asarray(c.sequence_parallel, dtype=bool), T / tp, T)
+    return T * k / tp, t_in
 
 
 def _moe_layer_activations(x: _Inputs, formula, level) -> np.ndarray:
@@ -539,7 +546,7 @@ def _moe_layer_activations(x: _Inputs, formula, level) -> np.ndarray:
             received=s * mbs * k * training.moe_load_imbalance,
             act_bytes=x.act_bytes,
         )
-    r, t_in = _routed_copies(x)
+    r, t_in = x.routed, x.router_tokens
     routed = moe_mlp_activation_bytes(
         r,
         t_in,
@@ -596,7 +603,7 @@ def _layer_activations(x: _Inputs) -> _LayerActivations:
     working_layer = formula(np.zeros_like(rc), f)
     act_moe = act_layer
     if model.moe is not None:
-        r, _ = _routed_copies(x)
+        r = x.routed
         act_moe = _moe_layer_activations(x, formula, rc)
         # The dispatcher's send and receive buffers of the layer in flight (permuted tokens, h wide).
         working_layer = np.maximum(
@@ -938,7 +945,7 @@ def _moe_work(x: _Inputs, roof: _Roofline, T) -> tuple[_Work, np.ndarray]:
     moe = model.moe
     assert moe is not None
     h, e = float(model.hidden_size), roof.act_bytes
-    r, t_in = _routed_copies(x)
+    r, t_in = x.routed, x.router_tokens
     local = float(moe.num_experts) / x.ep
     per_expert = r * x.etp / local  # tokens each local expert processes (etp ranks gather theirs)
     f_e = float(moe.ffn_hidden_size) / x.etp
@@ -1122,35 +1129,33 @@ def _pp_comm(x: _Inputs, links: _Links) -> np.ndarray:
     return np.where(pp > 1, 2 * sends * (p2p_bytes / p2p_bw + p2p_lat), 0.0)
 
 
-def _dp_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
-    """Data-parallel collectives per step. A DP group strides over tp ranks: g/tp of its members
-    share a node, the rest are on other nodes (hierarchical collective, see _hierarchical_time).
-    With cp the group is dp x cp ranks (the weights are replicated over the cp ranks), still
-    strided by tp."""
-    profile, eff, eng, training = x.profile, x.eff, x.eng, x.training
-    tp, pp, gas, zero, dpc = x.tp, x.pp, x.grad_accum_steps, x.zero_stage, x.dpc
-    # "Node" here is the NVLink domain: a node, or an NVL72 rack.
+def _sharded_collectives(x: _Inputs, links: _Links, params, group, stride) -> np.ndarray:
+    """Seconds per step of the data-parallel collectives of ``params`` parameters (per GPU) reduced
+    over ``group`` ranks that stand ``stride`` ranks apart, as the layout's ZeRO stage runs them. The
+    group's members in one NVLink domain (a node, or an NVL72 rack) talk over NVLink, the rest across
+    domains (hierarchical collective, see _hierarchical_time)."""
+    profile, gas, zero = x.profile, x.grad_accum_steps, x.zero_stage
     g = profile.nvlink_domain
-    per_node = np.maximum(1.0, np.floor(g / tp))
-    in_node = np.minimum(dpc, per_node)
-    one_node = (profile.world_size == g) | (tp * dpc <= g)
-    k = np.where(one_node, dpc, in_node)
+    per_node = np.maximum(1.0, np.floor(g / stride))
+    in_node = np.minimum(group, per_node)
+    one_node = (profile.world_size == g) | (stride * group <= g)
+    k = np.where(one_node, group, in_node)
 
     def coll(nbytes, factor, buckets):
-        t = _hierarchical_time(nbytes, dpc, k, links.nvlink, links.nvlink_latency, links.ib, links.ib_latency, factor)
+        t = _hierarchical_time(nbytes, group, k, links.nvlink, links.nvlink_latency, links.ib, links.ib_latency, factor)
         # One latency chain per bucket (DeepSpeed reduce_bucket_size, Megatron's DDP buckets).
-        lat = np.where(one_node, links.nvlink_latency, links.ib_latency) * factor * np.maximum(dpc - 1, 0.0)
-        return t + np.maximum(buckets - 1, 0.0) * np.where(dpc > 1, lat, 0.0)
+        lat = np.where(one_node, links.nvlink_latency, links.ib_latency) * factor * np.maximum(group - 1, 0.0)
+        return t + np.maximum(buckets - 1, 0.0) * np.where(group > 1, lat, 0.0)
 
     # Megatron sizes its buckets by the dp-cp group (training.py resolve_ddp_bucket_size).
     bucket_elems = (
         ZERO_BUCKET_ELEMENTS
         if x.runtime == "deepspeed"
-        else np.maximum(MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP * dpc)
+        else np.maximum(MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP * group)
     )
-    buckets = np.ceil(x.params_stage / bucket_elems)
-    grad_bytes = x.params_stage * x.comm_grad_b
-    weight_bytes = x.params_stage * x.weight_b
+    buckets = np.ceil(params / bucket_elems)
+    grad_bytes = params * x.comm_grad_b
+    weight_bytes = params * x.weight_b
     allreduce = coll(grad_bytes, 2.0, buckets)
     rs = coll(grad_bytes, 1.0, buckets)
     ag = coll(weight_bytes, 1.0, buckets)
@@ -1159,21 +1164,38 @@ def _dp_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     # during each backward pass). ZeRO-3 gathers weights for forward and backward and
     # reduce-scatters gradients, every micro-batch.
     zero3_per_mb = 2 * ag + rs
-    # DeepSpeed's BF16_Optimizer (bf16 with fp32 accumulation at ZeRO-1) all-reduces its whole
-    # gradient buffer after the last micro-batch (engine.py buffered_allreduce_fallback), not
-    # overlapped, then all-gathers the updated bf16 weights (bf16_optimizer.py).
-    bf16_optimizer = (x.runtime == "deepspeed") & (training.precision == "bf16") & (zero == 1)
-    dp_total = np.select(
-        [zero == 0, bf16_optimizer, zero == 1, zero == 2, zero == 3],
+    return np.select(
+        [zero == 0, _bf16_optimizer(x), zero == 1, zero == 2, zero == 3],
         [allreduce, allreduce + ag, rs + ag, gas * rs + ag, gas * zero3_per_mb],
     )
+
+
+def _bf16_optimizer(x: _Inputs) -> np.ndarray:
+    """DeepSpeed's BF16_Optimizer (bf16 with fp32 accumulation at ZeRO-1) all-reduces its whole
+    gradient buffer after the last micro-batch (engine.py buffered_allreduce_fallback), not
+    overlapped, then all-gathers the updated bf16 weights (bf16_optimizer.py)."""
+    return (x.runtime == "deepspeed") & (x.training.precision == "bf16") & (x.zero_stage == 1)
+
+
+def _dp_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
+    """Data-parallel collectives per step. A DP group strides over tp ranks; with cp the group is
+    dp x cp ranks (the weights are replicated over the cp ranks), still strided by tp. The routed
+    experts' gradients reduce over their expert data-parallel group instead, edp ranks etp x ep apart
+    (Megatron-Core's expert rank order etp-ep-edp-pp; the entrypoint's expert groups likewise), in
+    the same way and with the same overlap."""
+    eff, eng = x.eff, x.eng
+    pp, gas, zero = x.pp, x.grad_accum_steps, x.zero_stage
+    dp_total = _sharded_collectives(x, links, x.params_stage, x.dpc, x.tp)
+    if x.model.moe is not None:
+        experts = _sharded_collectives(x, links, x.expert_stage, x.edp, x.ep * x.etp)
+        dp_total = dp_total + np.where(x.expert_stage > 0, experts, 0.0)
     # What can hide it: the gradient reduction overlaps the last micro-batch's backward (2/3 of its
     # compute: DeepSpeed overlap_comm, Megatron --overlap-grad-reduce, which reduces only on the
     # last micro-batch); the weight all-gather overlaps the first forward (1/3) with Megatron's
     # --overlap-param-gather; DeepSpeed's ZeRO-2 reduces during every backward pass and ZeRO-3
     # prefetches over the whole step.
     compute, compute_mb = comp.per_step, comp.per_micro_batch
-    can_overlap = eng.dp_overlap & ((pp == 1) | eng.dp_overlap_with_pp) & ~bf16_optimizer
+    can_overlap = eng.dp_overlap & ((pp == 1) | eng.dp_overlap_with_pp) & ~_bf16_optimizer(x)
     window = np.where(
         zero == 3,
         compute,
@@ -1189,27 +1211,7 @@ def _dp_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     # term gives (launch, stream waits, FSDP's rate limiter) is a fitted stall per collective
     # (calibration.yaml, engine deepspeed-zero3, fitted to the published FSDP runs).
     stall = np.where(zero == 3, gas * x.stage_layers * 3.0 * eff.zero3_stall_us * 1e-6, 0.0)
-    if x.model.moe is not None:
-        dp_total = dp_total + _expert_dp_comm(x, links)
     return _Overlapped(exposed=np.maximum(0.0, dp_total - hide) + stall, total=dp_total + stall)
-
-
-def _expert_dp_comm(x: _Inputs, links: _Links) -> np.ndarray:
-    """The routed experts' gradients reduce over their expert data-parallel group, edp ranks etp x ep
-    apart (Megatron-Core's expert rank order etp-ep-edp-pp; the entrypoint's expert groups likewise),
-    with the stage's other gradients and in the same way (ZeRO-1: reduce-scatter and all-gather; 0:
-    all-reduce). ZeRO-2/3 do not run with experts here (plan.rules)."""
-    g = x.profile.nvlink_domain
-    edp, stride = x.edp, x.ep * x.etp
-    one_node = (x.profile.world_size == g) | (stride * edp <= g)
-    k = np.where(one_node, edp, np.minimum(edp, np.maximum(1.0, np.floor(g / stride))))
-
-    def coll(nbytes, factor):
-        t = _hierarchical_time(nbytes, edp, k, links.nvlink, links.nvlink_latency, links.ib, links.ib_latency, factor)
-        return np.where(nbytes > 0, t, 0.0)
-
-    grad, weight = x.expert_stage * x.comm_grad_b, x.expert_stage * x.weight_b
-    return np.where(x.zero_stage >= 1, coll(grad, 1.0) + coll(weight, 1.0), coll(grad, 2.0))
 
 
 def _cp_comm(x: _Inputs, links: _Links, comp: _Compute) -> np.ndarray:
@@ -1276,7 +1278,7 @@ def _ep_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
         zero = np.zeros_like(x.tp)
         return _Overlapped(exposed=zero, total=zero)
     h, e = float(x.model.hidden_size), float(x.act_bytes)
-    r, t_in = _routed_copies(x)
+    r, t_in = x.routed, x.router_tokens
     ep, etp = x.ep, x.etp
     domain = float(x.profile.nvlink_domain)
     k_in = np.minimum(ep, np.maximum(1.0, np.floor(domain / etp)))

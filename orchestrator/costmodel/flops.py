@@ -48,15 +48,11 @@ def layer_forward_flops_per_token(model: ModelSpec, seq_length: int, *, moe: boo
     """(GEMM FLOPs with weights, attention-score FLOPs) of one layer's forward pass, per token; the
     MoE layer's with ``moe``, for the average layer's attention window."""
     h, f = model.hidden_size, model.ffn_hidden_size
-    if model.mla is None and model.sliding_window is None and model.num_attention_heads * model.head_dim == h:
-        kv_dim = model.kv_heads * model.head_dim
-        attention = h * h + 2 * h * kv_dim + h * h
-        # QK^T and attention-times-V: 2 GEMMs of s x h per token, 2 FLOPs per multiply-add.
-        scores: float = 2 * 2 * seq_length * h
-    else:
-        attention = _attention_gemm_params(model)
-        heads = model.num_attention_heads
-        scores = 2 * seq_length * heads * (model.head_dim + model.v_head_dim) * window_fraction(model, seq_length)
+    attention = _attention_gemm_params(model)
+    # QK^T over the query/key head width and attention-times-V over the value head width, per token
+    # and head, 2 FLOPs per multiply-add (4 s h for plain attention), of the average layer's window.
+    heads = model.num_attention_heads
+    scores = 2 * seq_length * heads * (model.head_dim + model.v_head_dim) * window_fraction(model, seq_length)
     if moe and model.moe is not None:
         e = model.moe
         mlp = model.hidden_size * e.num_experts + e.top_k * _mlp_gemm_params(model, e.ffn_hidden_size)
@@ -73,9 +69,6 @@ def logits_forward_flops_per_token(model: ModelSpec) -> float:
 def model_flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: int) -> float:
     """Model FLOPs of one optimizer step (no recomputation): 3 x forward."""
     w, sc = layer_forward_flops_per_token(model, seq_length)
-    if model.moe is None and not model.mtp_layers:
-        fwd = model.num_layers * (w + sc) + logits_forward_flops_per_token(model)
-        return 3.0 * fwd * seq_length * global_batch_size
     wm, scm = layer_forward_flops_per_token(model, seq_length, moe=True)
     moe_layers = model.num_moe_layers
     fwd = (model.num_layers - moe_layers) * (w + sc) + moe_layers * (wm + scm) + logits_forward_flops_per_token(model)
