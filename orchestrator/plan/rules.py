@@ -213,7 +213,7 @@ def expert_zero_ok(model: ModelSpec, runtime: str, ep: int, zero_stage: int) -> 
     return runtime != "deepspeed" or model.moe is None or ep == 1 or zero_stage in (1, 2)
 
 
-def ep_needs_sp(model: ModelSpec, runtime: str, tp: int, ep: int) -> bool:
+def moe_needs_sp(model: ModelSpec, runtime: str, tp: int) -> bool:
     """Megatron-Core's MoE layer refuses to train with tensor parallelism without sequence
     parallelism, whatever ep (core/transformer/moe/moe_layer.py MoELayer.forward raises; with ep > 1
     ModelParallelConfig.__post_init__ also warns "When using expert parallelism and tensor
@@ -344,7 +344,7 @@ def _ep_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
             f"Megatron-Core carves the expert mesh from the GPUs of one pipeline stage, so choose etp and ep "
             f"whose product divides {mesh}"
         )
-    if ep_needs_sp(model, runtime, L.tp, L.ep) and not L.sequence_parallel:
+    if moe_needs_sp(model, runtime, L.tp) and not L.sequence_parallel:
         r.append(
             f"a mixture-of-experts model with tp={L.tp} needs sequence parallelism on Megatron-LM (its MoE layer "
             f"refuses to train with tensor parallelism without it): use --sp or tp=1"

@@ -34,10 +34,10 @@ from orchestrator.plan.rules import (
     check_layout,
     cp_degrees,
     ep_degrees,
-    ep_needs_sp,
     etp_degrees,
     expert_zero_ok,
     interleaving_fits,
+    moe_needs_sp,
     sp_options,
     stage_split,
     tp_degrees,
@@ -185,7 +185,7 @@ def _layouts_at(degrees, split, model, training, runtime, pins, reject) -> list[
     all_zero = zero_stages(runtime, 1, "fp32", 1, pins.zero_stage)
     vpps = vpp_degrees(runtime, model.num_layers, pp, training.overlap_p2p_comm, model.mtp_layers)
     sps = sp_options(tp, cp, training.seq_length)
-    if ep_needs_sp(model, runtime, tp, degrees["ep"]):
+    if moe_needs_sp(model, runtime, tp):
         sps = [sp for sp in sps if sp]
     rcs = _options(pins, "recompute", RECOMPUTE_LEVELS)
     sps = _options(pins, "sequence_parallel", sps)
@@ -234,13 +234,10 @@ def _row(layout: dict, split) -> tuple[int, ...]:
 _COLUMN = {a.name: i for i, a in enumerate(AXES)}
 
 
-def _candidates(rows: list[tuple[int, ...]] | list[np.ndarray]) -> Candidates:
-    """Rows (``_row``), or blocks of them, as one array per column."""
+def _candidates(blocks: list[np.ndarray]) -> Candidates:
+    """Blocks of rows (``_row``'s columns) as one array per column."""
     names = (*AXIS, *_SPLIT_COLUMNS)
-    if rows and isinstance(rows[0], np.ndarray):
-        table = np.concatenate(rows)
-    else:
-        table = np.array(rows, dtype=np.int64).reshape(-1, len(names))
+    table = np.concatenate(blocks) if blocks else np.zeros((0, len(names)), dtype=np.int64)
     cols = table.T
     arrays = dict(zip(names, cols, strict=True))
     for a in AXES:
@@ -251,7 +248,8 @@ def _candidates(rows: list[tuple[int, ...]] | list[np.ndarray]) -> Candidates:
 
 def candidates_of(model: ModelSpec, layouts: list[Layout]) -> Candidates:
     """Exactly these (legal) layouts as Candidates, for one vectorized evaluation."""
-    return _candidates([_row(L.as_dict(), stage_split(model.num_layers, L.pp, model.mtp_layers)) for L in layouts])
+    rows = [_row(L.as_dict(), stage_split(model.num_layers, L.pp, model.mtp_layers)) for L in layouts]
+    return _candidates([np.array(rows, dtype=np.int64).reshape(len(rows), len(AXES) + len(_SPLIT_COLUMNS))])
 
 
 def _confidence(profile: ClusterProfile, runtime: str, model: ModelSpec, training: TrainingSpec, zero_stages):
