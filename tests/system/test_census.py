@@ -58,25 +58,35 @@ def _predicted(plan_dir: Path) -> dict[str, float]:
     return {k: s.memory_gib[k] * GIB for k in ("params", "grads", "optimizer", "comm_buffers")}
 
 
+def _plan(d, spec_doc: dict, pins) -> None:
+    """``dsorch plan`` of ``spec_doc`` on the local profile with ``pins``, into d/plan."""
+    spec = d / "spec.yaml"
+    spec.write_text(yaml.safe_dump(spec_doc))
+    r = CliRunner().invoke(main, ["plan", str(spec), "--cluster", "local", "--out", str(d / "plan"), *pins],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+
+
+def _census(d, nproc: int) -> list[dict]:
+    """Three steps of d/plan on ``nproc`` CPU ranks with the memory census on: every rank's census."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                        str(nproc), "-m", "orchestrator.train", "--plan", str(d / "plan"), "--steps", "3",
+                        "--no-save", "--run-dir", str(d / "run"), "--memory-census", str(d / "census")],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    ranks = [json.loads(f.read_text()) for f in sorted((d / "census").glob("census-rank*.json"))]
+    assert len(ranks) == nproc
+    return ranks
+
+
 @pytest.fixture(scope="module")
 def censuses(tmp_path_factory):
     out = {}
     for name, (precision, nproc, pins) in LAYOUTS.items():
         d = tmp_path_factory.mktemp(name)
-        spec = d / "spec.yaml"
-        spec.write_text(yaml.safe_dump({**WIDE, "training": {**WIDE["training"], "precision": precision}}))
-        r = CliRunner().invoke(main, ["plan", str(spec), "--cluster", "local", "--out", str(d / "plan"), *pins],
-                               catch_exceptions=False)
-        assert r.exit_code == 0, r.output
-        env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                            str(nproc), "-m", "orchestrator.train", "--plan", str(d / "plan"), "--steps", "3",
-                            "--no-save", "--run-dir", str(d / "run"), "--memory-census", str(d / "census")],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        ranks = [json.loads(f.read_text()) for f in sorted((d / "census").glob("census-rank*.json"))]
-        assert len(ranks) == nproc
-        out[name] = (ranks, _predicted(d / "plan"))
+        _plan(d, {**WIDE, "training": {**WIDE["training"], "precision": precision}}, pins)
+        out[name] = (_census(d, nproc), _predicted(d / "plan"))
     return out
 
 
@@ -170,22 +180,10 @@ def moe_censuses(tmp_path_factory):
     out = {}
     for name, (nproc, pins, tp, dp, ep) in MOE_LAYOUTS.items():
         d = tmp_path_factory.mktemp(name)
-        spec = d / "spec.yaml"
-        spec.write_text(yaml.safe_dump(WIDE_MOE))
-        r = CliRunner().invoke(main, ["plan", str(spec), "--cluster", "local", "--out", str(d / "plan"), *pins],
-                               catch_exceptions=False)
-        assert r.exit_code == 0, r.output
+        _plan(d, WIDE_MOE, pins)
         layout = load_plan_dir(d / "plan").layout
         assert (layout.tp, layout.dp, layout.ep, layout.etp) == (tp, dp, ep, tp)
-        env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                            str(nproc), "-m", "orchestrator.train", "--plan", str(d / "plan"), "--steps", "3",
-                            "--no-save", "--run-dir", str(d / "run"), "--memory-census", str(d / "census")],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        ranks = [json.loads(f.read_text()) for f in sorted((d / "census").glob("census-rank*.json"))]
-        assert len(ranks) == nproc
-        out[name] = (ranks, layout)
+        out[name] = (_census(d, nproc), layout)
     return out
 
 
