@@ -410,7 +410,7 @@ def _inputs(
 ) -> _Inputs:
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
     tp, pp, zero = f64(c.tp), f64(c.pp), np.asarray(c.zero_stage)
-    weight_b, grad_b, opt_b = state_bytes(runtime, training.precision, zero)
+    weight_b, grad_b, opt_b = state_bytes(runtime, training.precision, zero, training.grad_reduce_in_fp32)
     # Bytes per gradient element on the wire and in DeepSpeed's reduce buckets: DeepSpeed reduces in
     # the model's 16-bit type (communication_data_type defaults to it, engine.py; the ZeRO buckets
     # stay bf16, stage_1_and_2.py _gradient_reduction_buffer_dtype) even where it accumulates in

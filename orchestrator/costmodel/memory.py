@@ -35,7 +35,14 @@ STATE_BYTES = {
     ("deepspeed", "fp32"): (4, 4, 8),
     # Megatron-LM: bf16 reduces and accumulates gradients in fp32 (validate_args sets
     # accumulate_allreduce_grads_in_fp32 for bf16); fp16 keeps fp16 grads plus an fp32 main-grad
-    # copy inside the optimizer (16 = master 4 + main grad 4 + Adam 8).
+    # copy inside the optimizer (16 = master 4 + main grad 4 + Adam 8). Checked term by term against
+    # Megatron-Core (core/distributed/param_and_grad_buffer.py _ParamAndGradBuffer: with the
+    # distributed optimizer the bf16 params live in one param_data buffer and the grads in one
+    # grad_data buffer of grad_dtype, both whole on every rank, reduce-scattered in place, nothing
+    # freed; core/optimizer/distrib_optimizer.py: fp32 main params and the Adam moments for this
+    # rank's shard only). Bucket-end padding (core/optimizer/param_layout.py pad_bucket_end: to
+    # lcm(dp, 128) elements per bucket of >= 40M) and 64-element parameter alignment add under
+    # 0.1 %, left out. bf16 with --grad-reduce-in-bf16: MEGATRON_BF16_GRADS.
     ("megatron", "bf16"): (2, 4, 12),
     ("megatron", "fp16"): (2, 2, 16),
     ("megatron", "fp32"): (4, 4, 8),
@@ -61,8 +68,20 @@ DS_BF16_FP32_ACCUM = (2, 4, 12)
 DS_FP32_ZERO_OPTIMIZER = 12
 
 
-def state_bytes(runtime: str, precision: str, zero_stage):
+# Megatron-LM bf16 with --grad-reduce-in-bf16 (TrainingSpec.grad_reduce_in_fp32 false): the DDP grad
+# buffer takes the parameters' dtype (core/distributed/param_and_grad_buffer.py group_params_for_buffers:
+# grad_dtype = float if grad_reduce_in_fp32 else param.dtype), 2 bytes, whole on every rank; the
+# distributed optimizer makes each step's fp32 main-grad shard from it (core/optimizer/
+# distrib_optimizer.py _copy_model_grads_to_main_grads: shard_model_grad.float()) beside the fp32
+# main params and the two Adam moments: 4 + 4 + 8 sharded, as for fp16 (dist_optimizer.md's
+# "bf16 param, bf16 grads" row, 4 + 16/d).
+MEGATRON_BF16_GRADS = (2, 2, 16)
+
+
+def state_bytes(runtime: str, precision: str, zero_stage, grad_reduce_in_fp32: bool = True):
     """(weights, gradients, optimizer) bytes per parameter before sharding; arrays over layouts."""
+    if runtime == "megatron" and precision == "bf16" and not grad_reduce_in_fp32:
+        return MEGATRON_BF16_GRADS
     w, g, o = STATE_BYTES[(runtime, precision)]
     if runtime == "deepspeed" and precision == "fp32":
         return w, g, np.where(np.asarray(zero_stage) >= 1, DS_FP32_ZERO_OPTIMIZER, o)

@@ -551,6 +551,12 @@ def check_training(training: TrainingSpec, profile: ClusterProfile, runtime: str
             "training.tp_comm_overlap is Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers); "
             "the deepspeed runtime does not overlap TP collectives: use --runtime megatron or set it false"
         )
+    if not training.grad_reduce_in_fp32 and (runtime != "megatron" or training.precision != "bf16"):
+        problems.append(
+            "training.grad_reduce_in_fp32 false is Megatron-LM's --grad-reduce-in-bf16 and applies to bf16 "
+            "under the megatron runtime only (the deepspeed runtime accumulates in fp32 from ZeRO-1): use "
+            "--runtime megatron with precision bf16, or leave it out"
+        )
     if runtime == "megatron" and training.train_steps is None:
         # megatron/training/training.py (pretrain): "either train-iters or train-samples should be provided".
         problems.append(

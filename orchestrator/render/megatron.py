@@ -171,6 +171,8 @@ def _data_parallel_flags(plan: Plan) -> _Flags:
     # The cost model assumes Megatron overlaps the data-parallel reduction with the backward
     # pass (and the distributed optimizer's parameter all-gather with the next forward).
     yield "--overlap-grad-reduce", None
+    if plan.spec.training.precision == "bf16" and not plan.spec.training.grad_reduce_in_fp32:
+        yield "--grad-reduce-in-bf16", None
     zero_stage = plan.layout.zero_stage
     if zero_stage >= 1:
         yield "--use-distributed-optimizer", None

@@ -495,6 +495,12 @@ class TrainingSpec(BaseModel):
     # The interleaved schedule overlaps its sends with compute by default; false emits
     # --no-overlap-p2p-communication.
     overlap_p2p_comm: bool = True
+    # bf16: accumulate and reduce the gradients in an fp32 buffer (4 bytes per parameter, whole on
+    # every rank), the default of Megatron-LM (validate_args sets accumulate_allreduce_grads_in_fp32
+    # for bf16 unless --grad-reduce-in-bf16) and of NeMo's bf16_mixed (grad_reduce_in_fp32=True);
+    # false: a bf16 buffer (2 bytes), --grad-reduce-in-bf16, as Megatron-Core's own
+    # DistributedDataParallelConfig defaults to.
+    grad_reduce_in_fp32: bool = True
     # Mixture-of-experts engine options (MoE models only). The token dispatcher
     # (--moe-token-dispatcher-type): alltoall, allgather, or flex with DeepEP (the profile's
     # features.deepep says whether the cluster has it); None picks flex where DeepEP is available,
