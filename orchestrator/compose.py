@@ -35,7 +35,7 @@ def plan_files(
     *,
     nodes: int | None,
     gpus_per_node: int | None,
-    memory_margin_gib: float,
+    memory_margin_gib: float | None,
     keep: int,
     shown_path: str,
 ) -> tuple[Plan, dict[str, str]]:
@@ -84,7 +84,7 @@ class Recorded:
     nodes: int | None  # --nodes, when it was given
     gpus_per_node: int | None  # --gpus-per-node, when it was given
     pins: Pins
-    memory_margin_gib: float
+    memory_margin_gib: float | None  # None: the default margin, derived again
     keep: int  # layouts kept: plan.yaml lists the chosen one and keep - 1 alternatives
 
 
@@ -124,7 +124,7 @@ def recorded_inputs(plan_dir: Path) -> Recorded:
         nodes=recorded_nodes(read_text(plan_dir / PLAN_FILE), cluster),
         gpus_per_node=inputs.gpus_per_node,
         pins=pins,
-        memory_margin_gib=inputs.memory_margin_gib,
+        memory_margin_gib=None if inputs.memory_margin_derived else inputs.memory_margin_gib,
         # --top decides how many alternatives plan.yaml and plan.md list; the count listed gives it
         # back (plans written before the regenerate line said --top included; the default when fewer
         # layouts were legal than kept gives the same list).

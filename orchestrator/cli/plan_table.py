@@ -8,6 +8,7 @@ from rich.table import Table
 
 from orchestrator.costmodel.stacks import MEMORY_LABELS, MEMORY_PARTS
 from orchestrator.plan.layout import AXIS, SHORT_ORDER
+from orchestrator.render.notes import notes_text
 from orchestrator.render.plan_md import params_words
 
 
@@ -103,9 +104,9 @@ def _print_chosen(con, the_plan) -> None:
         f"per step ({best.basis})",
         markup=False,
     )
-    tight = memory_tight(best)
-    if tight:
-        con.print(f"  note: {tight}", markup=False)
+    tight = memory_tight(best) if the_plan.memory_margin_origin is None else None
+    for note in ([tight] if tight else []) + notes_text(the_plan):
+        con.print(f"  note: {note}", markup=False)
     if the_plan.spec.training.train_steps:
         days = the_plan.spec.training.train_steps * best.step_time_s / 86400
         con.print(

@@ -91,10 +91,10 @@ if TYPE_CHECKING:  # the commands import these when they run, so that `dsorch --
 @click.option(
     "--memory-margin",
     type=click.FloatRange(0, 1_000_000),
-    default=0.0,
-    show_default=True,
+    default=None,
     metavar="GIB",
-    help="Headroom to keep free on every GPU, in GiB.",
+    help="Headroom to keep free on every GPU, in GiB. Default: the memory model's own largest error "
+    "on published peaks, as a share of the GPU's memory (the plan says how much).",
 )
 @click.option("--top", type=click.IntRange(1, 10_000), default=8, show_default=True, help="Rows in the table.")
 @profiles_dir_option
@@ -183,10 +183,12 @@ def _check_flags(
     plot: bool,
     check: bool,
     as_json: bool,
-    memory_margin: float,
+    memory_margin: float | None,
 ) -> None:
     """The flag combinations `dsorch plan` refuses, each with the one to drop."""
-    if not math.isfinite(memory_margin):  # click's FloatRange lets nan through (nan < 0 is false)
+    if memory_margin is not None and not math.isfinite(
+        memory_margin
+    ):  # click's FloatRange lets nan through (nan < 0 is false)
         raise UserError(f"--memory-margin {memory_margin}: give a number of GiB, e.g. 2.")
     if out is not None:
         check_out_path(out, "--out")
@@ -216,7 +218,7 @@ def _plan_one(
     nodes: int | None,
     gpus_per_node: int | None,
     pins: Pins,
-    memory_margin: float,
+    memory_margin: float | None,
     top: int,
 ) -> tuple[Plan, dict[str, str], Path | None]:
     """The plan of one SPEC (with the flags) or PLAN_DIR (as recorded), its files, and its directory:

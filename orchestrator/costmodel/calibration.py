@@ -27,6 +27,7 @@ Nothing here reads the environment or writes anything.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from importlib import resources
 
@@ -100,8 +101,10 @@ class Resolved:
     # interval; ``reason`` says why the others have none.
     domain: str = "fitted"
     reason: str = ""
-    # Largest error on a run left out of the fit (leave-one-out over the entry's runs).
+    # Largest error on a run left out of the fit (leave-one-out over the entry's runs), and the mean
+    # of their sizes.
     held_out_max: float | None = None
+    held_out_mean: float | None = None
 
     def values(self) -> dict[str, float]:
         return {f: getattr(self, f) for f in FIELDS}
@@ -115,6 +118,29 @@ class Resolved:
         if self.domain != "fitted":
             return None
         return self.held_out_max if self.held_out_max is not None else self.max_rel_error
+
+    @property
+    def tie_band(self) -> float:
+        """How close two layouts' predicted step times must be for the model not to tell them apart,
+        as a fraction: the entry's mean |error| on a run held out of its fit (its mean on its own runs
+        where it has no held-out figure; the default entry has only that). Not the interval's max:
+        the max is the worst single run (a 32B weak-scaling run for megatron/h100-sxm5-ndr, 11 %),
+        and two layouts of one model on one cluster share the model, the cluster and its fitted
+        efficiencies, so the error of their *ratio* is typically no larger than one prediction's
+        typical error. Also the band outside the fitted domain (the borrowed entry's figure): there
+        the model's error is unknown and no tighter band is more honest."""
+        for v in (self.held_out_mean, self.mean_rel_error):
+            if v is not None:
+                return float(v)
+        return 0.0
+
+    @property
+    def tie_band_basis(self) -> str:
+        """Where ``tie_band`` comes from, in words."""
+        name = self.entry or "the default efficiencies"
+        if self.held_out_mean is not None:
+            return f"mean error of {name} on runs held out of its fit"
+        return f"mean error of {name} on its own runs"
 
     def beyond(
         self,
@@ -165,6 +191,29 @@ def calibration_table() -> dict:
 def memory_error() -> dict:
     """How far published peaks went beyond the memory model: {rows, largest_under, largest_over}."""
     return calibration_table().get("memory_error") or {"rows": 0, "largest_under": 0.0, "largest_over": 0.0}
+
+
+def default_memory_margin(gpu_memory_gib: float) -> tuple[float, str]:
+    """The headroom a plan keeps free on every GPU unless --memory-margin says otherwise (GiB, rounded
+    up to 0.1), and where it comes from in words.
+
+    The memory model's own error: the largest amount by which a published peak went beyond the
+    prediction (``memory_error().largest_under``, a fraction of the peak), taken of the whole GPU,
+    since a layout that fits ends within it of the capacity. Nothing is added for the CUDA context,
+    NCCL's buffers or the caching allocator's fragmentation: the prediction counts them in the
+    profile's ``memory_overhead_gib``, and the published peaks it is compared with are torchtitan's
+    benchmark memory (published_runs_fsdp.yaml measured_memory_gib; torchtitan's metrics log the
+    allocator's max reserved memory, fragmentation included), so whatever that term misses is
+    already in the error. The memory census
+    (tests/system/test_census.py) matches the tensors to the byte and records no error of its own."""
+    err = memory_error()
+    under = float(err.get("largest_under") or 0.0)
+    margin = math.ceil(under * gpu_memory_gib * 10 - 1e-9) / 10
+    origin = (
+        f"the memory model's largest under-prediction of a published peak, {100 * under:.1f} % of "
+        f"{gpu_memory_gib:g} GiB ({err.get('rows', 0)} runs; calibration.yaml memory_error)"
+    )
+    return margin, origin
 
 
 def _matches(entry: dict, profile: ClusterProfile, with_fabric: bool) -> bool:
@@ -235,6 +284,7 @@ def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table:
         covers=covers,
         reason=reason,
         held_out_max=err.get("held_out_max"),
+        held_out_mean=err.get("held_out_mean"),
     )
 
 

@@ -66,10 +66,15 @@ def logits_forward_flops_per_token(model: ModelSpec) -> float:
     return 2.0 * model.hidden_size * model.vocab_size
 
 
-def model_flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: int) -> float:
-    """Model FLOPs of one optimizer step (no recomputation): 3 x forward."""
+def model_flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: int, *, causal: bool = False) -> float:
+    """Model FLOPs of one optimizer step (no recomputation): 3 x forward. ``causal``: the s^2
+    attention terms halved, the query-key pairs a causal mask leaves (FlashAttention skips the
+    masked blocks; FlashAttention-2, Dao 2023, Sec. 4.1 counts causal attention so), for the MFU of that
+    convention; the default counts them whole, as Megatron-LM's num_floating_point_operations does."""
     w, sc = layer_forward_flops_per_token(model, seq_length)
     wm, scm = layer_forward_flops_per_token(model, seq_length, moe=True)
+    if causal:
+        sc, scm = sc / 2, scm / 2
     moe_layers = model.num_moe_layers
     fwd = (model.num_layers - moe_layers) * (w + sc) + moe_layers * (wm + scm) + logits_forward_flops_per_token(model)
     # Each MTP module: a layer of the model's kind, the 2h -> h projection, and its own logits.

@@ -278,8 +278,11 @@ SHORT_ORDER = (
     "grad_accum_steps",
     "recompute",
 )
-# Equal step time and memory: the layout with the smaller value of the first of these wins (the
-# search's lexsort keys; dp and grad_accum_steps follow from the others).
+# The order of simplicity, each axis by its code (smaller is simpler: smaller degrees, fewer virtual
+# stages, smaller micro-batches, lower ZeRO stage, less recomputation, no SP): equal step time and
+# memory, the layout with the smaller value of the first of these wins (the search's lexsort keys),
+# and a near-tie goes to a layout no more complex on any of them (solver._simplest_first). Every
+# searched axis is in it; dp and grad_accum_steps follow from the others.
 TIEBREAK = ("tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "zero_stage", "recompute", "sequence_parallel")
 # "tp*cp*pp*dp", for messages about the world size.
 WORLD_PRODUCT = "*".join(n for n in SHORT_ORDER if AXIS[n].splits_world)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator import __version__
+from orchestrator.costmodel.calibration import default_memory_margin
 from orchestrator.errors import LayoutError, NoFeasibleLayout
 from orchestrator.plan.layout import Layout, Pins
 from orchestrator.plan.rules import MEGATRON_FSDP_ZERO, check_model, check_training
@@ -39,6 +40,9 @@ class Plan:
     version: str = __version__
     # Measurements behind the choice (`dsorch trial`): which trials, what they measured.
     evidence: dict | None = None
+    # Where the memory margin comes from: None when --memory-margin gave it, else the default's
+    # origin in words (calibration.default_memory_margin).
+    memory_margin_origin: str | None = None
 
     @property
     def resize_flags(self) -> str:
@@ -75,13 +79,17 @@ def make_plan(
     *,
     nodes: int | None = None,
     gpus_per_node: int | None = None,
-    memory_margin_gib: float = 0.0,
+    memory_margin_gib: float | None = None,
     keep: int = KEEP,
     shown_path: str | None = None,
     measured_fit: dict | None = None,
 ) -> Plan:
     """``spec_path`` goes into the generated files; ``shown_path`` (the path as the user gave it)
-    into error messages."""
+    into error messages. ``memory_margin_gib`` None: the default margin
+    (``calibration.default_memory_margin``)."""
+    origin = None
+    if memory_margin_gib is None:
+        memory_margin_gib, origin = default_memory_margin(loaded.profile.gpu.memory_gib)
     if gpus_per_node is not None and gpus_per_node > loaded.profile.gpus_per_node:
         raise LayoutError(
             f"--gpus-per-node {gpus_per_node}: profile '{loaded.profile.name}' has {loaded.profile.gpus_per_node} "
@@ -136,6 +144,7 @@ def make_plan(
         nodes,
         gpus_per_node,
         keep,
+        memory_margin_origin=origin,
     )
 
 

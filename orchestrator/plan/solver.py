@@ -76,6 +76,21 @@ class Scored:
 
 
 @dataclass(frozen=True)
+class NearTies:
+    """The layouts the model cannot tell from the fastest: those whose predicted step time is within
+    ``band`` of it. The search chooses the simplest of them (the first in ``TIEBREAK``'s order:
+    smaller degrees, fewer virtual stages, smaller micro-batches, lower ZeRO stage, less
+    recomputation; ``solver._simplest_first``) rather than the one a difference far inside the
+    model's error favours."""
+
+    band: float  # fraction of the fastest layout's step time
+    basis: str  # where the band comes from (``Resolved.tie_band_basis``)
+    fastest: Scored  # the fastest layout that fits; the chosen one when it is also the simplest
+    others: tuple[Scored, ...]  # the layouts within the band besides the chosen one, fastest first
+    count: int  # layouts within the band, the chosen one included
+
+
+@dataclass(frozen=True)
 class SearchResult:
     ranked: list[Scored]  # feasible layouts, fastest first (at most `keep`)
     evaluated: int
@@ -86,6 +101,7 @@ class SearchResult:
     rejected_rules: dict[str, int] = field(default_factory=dict)
     # The best layout of each family the search evaluated (plan.md's decision, dsorch plot).
     families: tuple[FamilyBest, ...] = ()
+    near_ties: NearTies | None = None
 
     @property
     def best(self) -> Scored | None:
@@ -101,11 +117,10 @@ class FamilyBest:
 
 
 def _family_bests(
-    cand: Candidates, ev: Evaluation, order: np.ndarray, fits: np.ndarray, capacity: float, confidence
+    cand: Candidates, ev: Evaluation, feasible_order: np.ndarray, fits: np.ndarray, capacity: float, confidence
 ) -> tuple[FamilyBest, ...]:
     codes = family_codes(cand.tp, cand.pp, cand.zero_stage, cand.cp)
-    rank = np.empty(len(order), dtype=np.int64)
-    feasible_order = order[fits[order]]
+    rank = np.empty(len(cand), dtype=np.int64)
     rank[feasible_order] = np.arange(1, len(feasible_order) + 1)
     out = []
     for code, name in enumerate(FAMILIES):
@@ -252,10 +267,9 @@ def candidates_of(model: ModelSpec, layouts: list[Layout]) -> Candidates:
     return _candidates([np.array(rows, dtype=np.int64).reshape(len(rows), len(AXES) + len(_SPLIT_COLUMNS))])
 
 
-def _confidence(profile: ClusterProfile, runtime: str, model: ModelSpec, training: TrainingSpec, zero_stages):
-    """(interval, basis) of a layout: its engine's calibration entry, unless the layout goes beyond
-    the runs that entry was fitted on."""
-    _, resolved = per_layout(profile, runtime, zero_stages)
+def _confidence(resolved, runtime: str, model: ModelSpec, training: TrainingSpec):
+    """(interval, basis) of a layout: its engine's calibration entry (``resolved``, per engine), unless
+    the layout goes beyond the runs that entry was fitted on."""
     eng = runtime_engine(runtime, training)
 
     def of(L: Layout) -> tuple[float | None, str]:
@@ -335,14 +349,47 @@ def search(
         fits[_index_of(cand, layout)] = fit
     keys = (*(getattr(cand, n) for n in reversed(TIEBREAK)), ev.memory.total, ev.time.step)
     order = np.lexsort(keys)  # last key is primary
+    _, resolved = per_layout(profile, runtime, cand.zero_stage)
+    confidence = _confidence(resolved, runtime, model, training)
+    near_ties = None
     feasible_order = order[fits[order]]
-    confidence = _confidence(profile, runtime, model, training, cand.zero_stage)
+    if len(feasible_order):
+        # The band of the fastest layout's engine (the deepspeed runtime mixes two).
+        r = resolved[str(engine_of(runtime, cand.zero_stage[feasible_order[0]]).item())]
+        feasible_order, within = _simplest_first(cand, ev.time.step, feasible_order, r.tie_band)
+        near_ties = NearTies(
+            band=r.tie_band,
+            basis=r.tie_band_basis,
+            fastest=_scored(cand, ev, int(order[fits[order]][0]), capacity, confidence, fits),
+            others=tuple(_scored(cand, ev, int(i), capacity, confidence, fits) for i in within[:keep]),
+            count=len(within) + 1,
+        )
     ranked = [_scored(cand, ev, int(i), capacity, confidence, fits) for i in feasible_order[:keep]]
     infeasible = np.flatnonzero(~fits)
     closest_idx = infeasible[np.lexsort((ev.time.step[infeasible], ev.memory.total[infeasible]))][:keep]
     closest = [_scored(cand, ev, int(i), capacity, confidence, fits) for i in closest_idx]
-    families = _family_bests(cand, ev, order, fits, capacity, confidence)
-    return SearchResult(ranked, n, int(fits.sum()), int((~fits).sum()), closest, capacity, rejected, families)
+    families = _family_bests(cand, ev, feasible_order, fits, capacity, confidence)
+    return SearchResult(
+        ranked, n, int(fits.sum()), int((~fits).sum()), closest, capacity, rejected, families, near_ties
+    )
+
+
+def _simplest_first(cand: Candidates, step: np.ndarray, feasible_order: np.ndarray, band: float):
+    """``feasible_order`` (fastest first) with the simplest layout within ``band`` of the fastest
+    moved to the front, and the other layouts within the band, fastest first.
+
+    Simpler is read off ``TIEBREAK``, each axis by its code (smaller degrees, fewer virtual stages,
+    smaller micro-batches, lower ZeRO stage, less recomputation, no SP): a layout replaces the
+    fastest only when it is at least as simple on *every* axis, so a near-tie never trades one
+    complication for another (a smaller tp for full recomputation); among those the first in
+    ``TIEBREAK``'s order wins (lexsort is stable, and no two layouts agree on every axis)."""
+    fastest = feasible_order[0]
+    within = feasible_order[step[feasible_order] <= step[fastest] * (1.0 + band)]
+    simpler = np.logical_and.reduce([getattr(cand, n)[within] <= getattr(cand, n)[fastest] for n in TIEBREAK])
+    pool = within[simpler]
+    simplest = pool[np.lexsort(tuple(getattr(cand, n)[pool] for n in reversed(TIEBREAK)))][0]
+    rest = feasible_order[feasible_order != simplest]
+    return np.concatenate(([simplest], rest)), within[within != simplest]
 
 
 # What a best-effort completion of the pins takes for an axis left to the search: its neutral value,
@@ -389,7 +436,7 @@ def minimum_nodes(
     Node counts whose GPUs together cannot hold one copy of the weights, gradients and optimizer
     states (the bytes per parameter of the runtime's most sharded stage) are skipped unsearched: no
     layout fits there, and a search of a 671B-parameter MoE model costs a second."""
-    w, g, o = state_bytes(runtime, training.precision, 3)
+    w, g, o = state_bytes(runtime, training.precision, 3, training.grad_reduce_in_fp32)
     states = float(model.num_params + model.mtp_params) * (float(w) + float(g) + float(o))
     per_node = profile.gpus_per_node * max(profile.gpu.memory_gib - memory_margin_gib, 1e-9) * GIB
     bound = math.ceil(states / per_node)

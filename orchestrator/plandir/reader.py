@@ -58,6 +58,9 @@ class PlanInputs(BaseModel):
     gpus_per_node: int | None = Field(default=None, gt=0)
     pinned: dict[str, Any] = {}
     memory_margin_gib: float = Field(ge=0)
+    # The margin was the default one, derived from the memory model's error (plans written before
+    # it had a default of 0 lack the key and were given theirs).
+    memory_margin_derived: bool = False
 
 
 class PlanModel(BaseModel):

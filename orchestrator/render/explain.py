@@ -15,6 +15,7 @@ from orchestrator.costmodel.calibration import engine_of, resolve_efficiency
 from orchestrator.costmodel.stacks import MEMORY_KEYS, MEMORY_LABELS, TIME_KEYS, TIME_LABELS, TIME_PARTS
 from orchestrator.plan.make import Plan
 from orchestrator.plan.solver import Scored
+from orchestrator.render.notes import notes_doc
 
 
 def _r(x: float, nd: int = 3) -> float:
@@ -116,6 +117,7 @@ def explain_doc(plan: Plan) -> dict:
         "rejected_by_memory": {"count": res.rejected_memory, "closest": rejected},
         "ruled_out": dict(sorted(res.rejected_rules.items(), key=lambda kv: (-kv[1], kv[0]))),
         "top_two": _close_call(plan),
+        "notes": notes_doc(plan),
     }
 
 

@@ -21,6 +21,7 @@ from orchestrator.costmodel.stacks import (
 from orchestrator.plan.make import Plan
 from orchestrator.plan.solver import Scored
 from orchestrator.render.explain import explain_doc, ranked_layouts, stacks
+from orchestrator.render.notes import notes_text
 from orchestrator.spec.model import ModelSpec
 
 # What each family is, for a reader who knows the words but not this model.
@@ -133,6 +134,7 @@ def _summary(plan: Plan, doc: dict) -> list[str]:
             f"{100 * c.mfu:.1f} %, {_gib(c.memory_gib['total'])} of {_gib(doc['capacity_gib'])} per GPU."
         ),
         f"- **How sure:** {c.basis}.",
+        *(f"- {n[0].upper()}{n[1:]}." for n in notes_text(plan)),
     ]
 
 

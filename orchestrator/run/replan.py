@@ -93,7 +93,7 @@ def replan(
         Pins.of(target),
         nodes=nodes,
         gpus_per_node=gpn,
-        memory_margin_gib=old.doc.inputs.memory_margin_gib,
+        memory_margin_gib=None if old.doc.inputs.memory_margin_derived else old.doc.inputs.memory_margin_gib,
         keep=8,
         shown_path=str(spec_path),
     )

@@ -183,8 +183,10 @@ def test_no_fitting_layout_exceeds_gpu_memory(name):
     assert res.feasible == len(res.ranked) or len(res.ranked) == 10_000
     assert all(s.memory_gib["total"] <= profile.gpu.memory_gib for s in res.ranked)
     assert all(s.memory_gib["total"] > profile.gpu.memory_gib for s in res.closest)
+    # Fastest first, but for the simplest near-tie, which is within the band of the fastest.
     times = [s.step_time_s for s in res.ranked]
-    assert times == sorted(times)
+    assert times[1:] == sorted(times[1:])
+    assert times[0] <= min(times) * (1 + res.near_ties.band)
 
 
 def test_zero3_state_below_zero1_state():

@@ -1,0 +1,141 @@
+"""What a plan says beside its numbers: the near-ties it resolved, the memory margin it kept and
+why, the MFU convention, and how sure it is, with the one command that would measure it.
+
+``notes_doc`` is plan.yaml's (and --json's) ``explain.notes`` section; ``notes_text`` the same as
+sentences, which `dsorch plan` prints under the chosen layout and plan.md lists under "How sure".
+Pure functions of a ``Plan``: nothing is evaluated again but the FLOP count of the other convention.
+"""
+
+from __future__ import annotations
+
+from orchestrator.costmodel.calibration import engine_of, resolve_efficiency
+from orchestrator.costmodel.flops import model_flops_per_step
+from orchestrator.plan.make import Plan
+
+# Steps `dsorch trial` runs by default (cli/trial.py --steps): what the priced command runs.
+TRIAL_STEPS = 20
+
+
+def _r(x: float, nd: int = 4) -> float:
+    return float(round(float(x), nd))
+
+
+def _near_ties(plan: Plan) -> dict | None:
+    nt = plan.result.near_ties
+    if nt is None:
+        return None
+    return {
+        "band": _r(nt.band),
+        "basis": nt.basis,
+        "within_band": nt.count,
+        "fastest": nt.fastest.layout.short(),
+        "chosen_vs_fastest": _r(plan.chosen.step_time_s / nt.fastest.step_time_s - 1.0),
+        "others": [s.layout.short() for s in nt.others],
+    }
+
+
+def _mfu(plan: Plan) -> dict:
+    """MFU as the plan states it (attention counted non-causally, as Megatron-LM's
+    num_floating_point_operations and its reported MFU do), and the causal figure (half the s^2
+    attention FLOPs: what the causal mask lets FlashAttention skip; PaLM's App. B convention)."""
+    t = plan.spec.training
+    full = model_flops_per_step(plan.spec.model, t.seq_length, t.global_batch_size)
+    causal = model_flops_per_step(plan.spec.model, t.seq_length, t.global_batch_size, causal=True)
+    return {
+        "convention": "attention counted non-causally (Megatron-LM's count)",
+        "mfu": _r(plan.chosen.mfu),
+        "mfu_causal": _r(plan.chosen.mfu * causal / full),
+    }
+
+
+def _trial(plan: Plan) -> dict | None:
+    """The one command that measures the chosen layout on the user's cluster, and its price: `dsorch
+    trial --top 1` runs the chosen layout and the best of every other family that fits
+    (run/trial.py select_trials), TRIAL_STEPS steps each on the whole cluster. Only the deepspeed
+    runtime's entrypoint is what a trial runs."""
+    if plan.runtime != "deepspeed":
+        return None
+    runs = [plan.chosen] + [fb.scored for fb in plan.result.families if fb.rank is not None and fb.rank > 1]
+    seconds = sum(TRIAL_STEPS * s.step_time_s for s in runs)
+    return {
+        "command": f"dsorch trial {plan.spec_path} --cluster {plan.profile.name}{plan.resize_flags} --top 1",
+        "layouts": len(runs),
+        "gpu_hours": _r(seconds * plan.profile.world_size / 3600.0, 2),
+    }
+
+
+def _unmeasured_runtime(plan: Plan) -> str | None:
+    """The deepspeed runtime's kernels are dsorch's own entrypoint (PyTorch RMSNorm and SwiGLU, no
+    Transformer Engine), but its efficiencies are those fitted to torchtitan's and MosaicML's FSDP
+    runs (calibration.BORROWS); no GPU run of the entrypoint is in the calibration. Until a trial
+    calibrates the profile (its efficiencies then come from the profile), say so."""
+    if plan.runtime != "deepspeed":
+        return None
+    eff = resolve_efficiency(plan.profile, str(engine_of(plan.runtime, plan.layout.zero_stage).item()))
+    if eff.domain in ("profile", "adjusted"):
+        return None
+    return (
+        "the deepspeed runtime runs dsorch's own entrypoint (PyTorch RMSNorm and SwiGLU, no Transformer "
+        f"Engine), whose GPU speed no run has measured: its efficiencies are {eff.entry or 'the defaults'}'s, "
+        "fitted to torchtitan and MosaicML FSDP runs, so this prediction is likely optimistic (it can "
+        "come out faster than Megatron-Core's for the same layout)"
+    )
+
+
+def notes_doc(plan: Plan) -> dict:
+    """plan.yaml's ``explain.notes``."""
+    c = plan.chosen
+    return {
+        "near_ties": _near_ties(plan),
+        "memory_margin": {
+            "gib": plan.memory_margin_gib,
+            "origin": plan.memory_margin_origin or "--memory-margin",
+        },
+        "mfu": _mfu(plan),
+        "outside_fitted_domain": c.interval is None,
+        "unmeasured_runtime": _unmeasured_runtime(plan),
+        "measure": _trial(plan) if (c.interval is None or _unmeasured_runtime(plan)) else None,
+    }
+
+
+def notes_text(plan: Plan) -> list[str]:
+    """The notes as sentences (no trailing period), in the order `dsorch plan` prints them."""
+    doc = notes_doc(plan)
+    out = []
+    nt = doc["near_ties"]
+    if nt is not None and nt["within_band"] > 1:
+        head = (
+            f"{nt['within_band']} layouts that fit are within {100 * nt['band']:.1f} % of the fastest (the "
+            f"{nt['basis']}), too close for the model to tell apart"
+        )
+        if nt["fastest"] != plan.chosen.layout.short():
+            out.append(
+                f"{head}: chose the simplest, {100 * nt['chosen_vs_fastest']:.1f} % slower by prediction than "
+                f"the fastest, {nt['fastest']}"
+            )
+        else:
+            out.append(f"{head}: the fastest is also the simplest; the nearest: {', '.join(nt['others'][:3])}")
+    m = doc["memory_margin"]
+    out.append(f"memory margin {m['gib']:g} GiB per GPU kept free ({m['origin']})")
+    f = doc["mfu"]
+    out.append(
+        f"MFU {100 * f['mfu']:.1f} % counts attention non-causally, as Megatron-LM reports it; "
+        f"counted causally it is {100 * f['mfu_causal']:.1f} %"
+    )
+    if doc["unmeasured_runtime"]:
+        out.append(doc["unmeasured_runtime"])
+    if doc["outside_fitted_domain"]:
+        out.append(f"the chosen layout is {plan.chosen.basis}")
+    trial = doc["measure"]
+    if trial is not None:
+        out.append(
+            f"measure it on your cluster: {trial['command']} ({trial['layouts']} "
+            f"layout{'s' if trial['layouts'] > 1 else ''} x {TRIAL_STEPS} steps, about {trial['gpu_hours']:.3g} "
+            f"GPU-hours by this plan's predictions)"
+        )
+    elif doc["outside_fitted_domain"]:
+        out.append(
+            "`dsorch trial` measures the deepspeed runtime only: a short Megatron-LM run of this plan "
+            "(`dsorch submit`) is what measures this layout"
+        )
+    return out
