@@ -79,7 +79,9 @@ def _close_call(plan: Plan) -> dict | None:
     # The chosen layout's own interval: None outside the fitted domain, where the model's error is
     # unknown and so is the verdict.
     max_err = a.interval
-    within = None if max_err is None else bool(gap <= max_err)
+    # The runner-up may be the faster one: a near-tie the search resolved toward the chosen, simpler
+    # layout (SearchResult.near_ties).
+    within = None if max_err is None else bool(abs(gap) <= max_err)
     return {
         "first": a.layout.short(),
         "second": b.layout.short(),
@@ -177,7 +179,7 @@ def explain_text(plan: Plan) -> str:
     top = doc["top_two"]
     if top is not None:
         out.append("")
-        gap = 100 * top["gap"]
+        gap = 100 * abs(top["gap"])
         if top["within_model_error"] is None:
             out.append(
                 f"The top two layouts are {gap:.1f}% apart, and the chosen one is outside the fitted domain, "
