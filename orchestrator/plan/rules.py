@@ -114,21 +114,36 @@ def vpp_degrees(runtime: str, num_layers: int, pp: int, p2p_overlap: bool = True
     return divisors(split.middle)
 
 
-def cp_degrees(runtime: str, training: TrainingSpec, n: int) -> list[int]:
+def cp_degrees(runtime: str, training: TrainingSpec, n: int, model: ModelSpec, tp: int) -> list[int]:
     """Context-parallel degrees among the divisors of ``n`` (GPUs left after tp): Megatron-LM only
     (the bundled entrypoint has no ring attention), its fused attention only (the local attention
     asserts context_parallel_size == 1: core/transformer/dot_product_attention.py), and the
     sequence must split into 2 x cp chunks for the load-balanced causal split (validate_args:
-    "seq-length should be a multiple of 2 * context-parallel-size")."""
+    "seq-length should be a multiple of 2 * context-parallel-size"); with cp_comm_type a2a, each
+    tp rank's heads split over cp (``cp_heads_split``)."""
     from orchestrator.plan.layout import divisors
 
     if runtime != "megatron" or not training.flash_attention:
         return [1]
-    return [c for c in divisors(n) if c == 1 or _splits_for_cp(training.seq_length, c)]
+    return [
+        c
+        for c in divisors(n)
+        if c == 1 or (_splits_for_cp(training.seq_length, c) and cp_heads_split(model, training, tp, c))
+    ]
 
 
 def _splits_for_cp(seq_length: int, cp: int) -> bool:
     return seq_length % (2 * cp) == 0
+
+
+def cp_heads_split(model: ModelSpec, training: TrainingSpec, tp: int, cp: int) -> bool:
+    """Whether cp_comm_type a2a can scatter the heads over the cp ranks: Transformer Engine asserts
+    num_heads % cp_size == 0 for Q and for K, V (the heads of one tp rank; context_parallel.py
+    AttnFuncWithCPAndQKVOA2A.forward: "cp_comm_type='a2a' requires num_heads % cp_size == 0")."""
+    if training.cp_comm_type != "a2a" or cp == 1:
+        return True
+    q_heads, kv_heads = model.num_attention_heads // tp, max(1, model.kv_heads // tp)
+    return q_heads % cp == 0 and kv_heads % cp == 0
 
 
 def uses_tp_overlap(runtime: str, training: TrainingSpec, layout: Layout) -> bool:
@@ -228,7 +243,7 @@ def check_layout(
     order of the steps below: the world size, cp, tp, pp and vpp, the global batch, ZeRO, sp."""
     return [
         *_world_rules(layout, profile),
-        *_cp_rules(layout, training, runtime),
+        *_cp_rules(layout, model, training, runtime),
         *_tp_rules(layout, model, profile),
         *_ep_rules(layout, model, runtime),
         *_pipeline_rules(layout, model, training, runtime),
@@ -249,8 +264,9 @@ def _world_rules(L: Layout, profile: ClusterProfile) -> list[str]:
     ]
 
 
-def _cp_rules(L: Layout, training: TrainingSpec, runtime: str) -> list[str]:
-    """Context parallelism: the runtime and attention that have it, and the sequence's 2 x cp chunks."""
+def _cp_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime: str) -> list[str]:
+    """Context parallelism: the runtime and attention that have it, the sequence's 2 x cp chunks,
+    and the heads a2a scatters."""
     if L.cp <= 1:
         return []
     r: list[str] = []
@@ -268,6 +284,13 @@ def _cp_rules(L: Layout, training: TrainingSpec, runtime: str) -> list[str]:
         r.append(
             f"seq_length {training.seq_length} is not a multiple of 2 x cp = {2 * L.cp} (Megatron-LM "
             f"splits each sequence into 2 x cp chunks); choose a cp that fits"
+        )
+    if not cp_heads_split(model, training, L.tp, L.cp):
+        r.append(
+            f"cp={L.cp} with training.cp_comm_type a2a scatters each tp rank's heads over the cp ranks, but "
+            f"tp={L.tp} leaves {model.num_attention_heads // L.tp} query and {max(1, model.kv_heads // L.tp)} "
+            f"key/value heads per rank, not multiples of {L.cp} (Transformer Engine's a2a asserts it): "
+            f"choose a cp dividing them or set cp_comm_type p2p"
         )
     return r
 
