@@ -175,6 +175,7 @@ class Candidates:
     cp: np.ndarray
     ep: np.ndarray
     etp: np.ndarray
+    recompute_layers: np.ndarray  # full recomputation's layers per (virtual) stage; 0: every layer
     layers_first: np.ndarray
     layers_middle: np.ndarray
     layers_last: np.ndarray
@@ -255,6 +256,7 @@ class _Inputs:
     grad_accum_steps: np.ndarray
     zero_stage: np.ndarray
     recompute: np.ndarray
+    recompute_layers: np.ndarray
     sequence_parallel: np.ndarray
     lf: np.ndarray  # decoder layers on the first, a middle and the last stage
     lm: np.ndarray
@@ -292,6 +294,15 @@ class _Inputs:
     def stage_layers(self) -> np.ndarray:
         """Decoder layers of the largest stage."""
         return np.maximum(np.maximum(self.lf, self.lm), self.ll)
+
+    def full_recompute_share(self, layers) -> np.ndarray:
+        """Of a stage's ``layers``, the share that full recomputation reruns: all of them, or with
+        recompute_layers N the first N of each of its vpp virtual stages (Megatron-LM's block method:
+        core/recompute.py checkpoints layer_idx < recompute_num_layers of each TransformerBlock, one
+        per virtual stage); 0 without full recomputation."""
+        n = self.recompute_layers
+        part = np.where(n > 0, np.minimum(n * self.vpp, layers) / np.maximum(layers, 1.0), 1.0)
+        return np.where(self.recompute == RECOMPUTE_CODES["full"], part, 0.0)
 
 
 def _moe_layers_per_stage(model: ModelSpec, lf, lm, ll):
@@ -435,6 +446,7 @@ def _inputs(
         grad_accum_steps=f64(c.grad_accum_steps),
         zero_stage=zero,
         recompute=np.asarray(c.recompute),
+        recompute_layers=f64(c.recompute_layers),
         sequence_parallel=np.asarray(c.sequence_parallel, dtype=bool),
         lf=f64(c.layers_first),
         lm=f64(c.layers_middle),
@@ -474,6 +486,9 @@ class _LayerActivations:
 
     saved: np.ndarray  # what a dense layer's forward keeps for the backward, at the layout's recompute level
     saved_moe: np.ndarray  # ... a MoE layer's (equal to ``saved`` for a dense model)
+    # What a layer that full recomputation leaves out (recompute_layers) keeps: its whole activations.
+    saved_none: np.ndarray
+    saved_moe_none: np.ndarray
     working: np.ndarray  # the backward's working set of the layer being back-propagated
     saved_entrypoint: np.ndarray  # of ``saved`` and ``working``, what only dsorch's entrypoint keeps
     working_entrypoint: np.ndarray
@@ -601,14 +616,13 @@ def _layer_activations(x: _Inputs) -> _LayerActivations:
     # of its full activations (and, under recomputation, its rematerialized activations). Counted
     # once per stage, the same for every recompute level, so recompute never looks worse than none.
     working_layer = formula(np.zeros_like(rc), f)
-    act_moe = act_layer
+    act_moe, none_layer, none_moe = act_layer, working_layer, working_layer
     if model.moe is not None:
         r = x.routed
         act_moe = _moe_layer_activations(x, formula, rc)
+        none_moe = _moe_layer_activations(x, formula, np.zeros_like(rc))
         # The dispatcher's send and receive buffers of the layer in flight (permuted tokens, h wide).
-        working_layer = np.maximum(
-            working_layer, _moe_layer_activations(x, formula, np.zeros_like(rc)) + 2 * r * h * act_bytes
-        )
+        working_layer = np.maximum(working_layer, none_moe + 2 * r * h * act_bytes)
     # The deepspeed runtime is dsorch's own entrypoint, whose layer keeps RoPE's cast tables and the
     # norms' 1/rms beside what the formula counts (memory.entrypoint_extra_bytes_per_layer, measured).
     if x.runtime == "deepspeed":
@@ -632,6 +646,8 @@ def _layer_activations(x: _Inputs) -> _LayerActivations:
     return _LayerActivations(
         saved=act_layer + layer_extra,
         saved_moe=act_moe + layer_extra,
+        saved_none=none_layer + working_extra,
+        saved_moe_none=none_moe + working_extra,
         working=working_layer + working_extra,
         saved_entrypoint=layer_extra,
         working_entrypoint=working_extra,
@@ -724,7 +740,11 @@ def _memory(x: _Inputs) -> _Memory:
         w, g, o = model_state_bytes(params_local, x.dpc, zero, x.weight_b, x.grad_b, x.opt_b)
         ew, eg, eo = model_state_bytes(experts_local, x.edp, zero, x.weight_b, x.grad_b, x.opt_b)
         inflight = in_flight_micro_batches(pp, vpp, gas, stage_index)
-        kept = (layers - moe_layers) * layer.saved + moe_layers * layer.saved_moe
+        # Full recomputation of some layers only (recompute_layers): the others keep everything.
+        full, rerun = x.recompute == RECOMPUTE_CODES["full"], x.full_recompute_share(layers)
+        dense_kept = np.where(full, rerun * layer.saved + (1 - rerun) * layer.saved_none, layer.saved)
+        moe_kept = np.where(full, rerun * layer.saved_moe + (1 - rerun) * layer.saved_moe_none, layer.saved_moe)
+        kept = (layers - moe_layers) * dense_kept + moe_layers * moe_kept
         act = kept * inflight + layer.working + extra_act + (out_buf * inflight if outputs else 0.0)
         return _StageMemory(
             params=w + ew + layers * fp8_weights,
@@ -980,10 +1000,12 @@ class _LayerTime:
     flops: np.ndarray
 
 
-def _layer_time(x: _Inputs, roof: _Roofline, att: _Attention, gemms: _Work, elem_f, op: _Work | None) -> _LayerTime:
+def _layer_time(
+    x: _Inputs, roof: _Roofline, att: _Attention, gemms: _Work, elem_f, op: _Work | None, rc=None
+) -> _LayerTime:
     """A layer's forward, backward (twice the forward's GEMMs and element-wise traffic) and what its
-    recompute level runs again."""
-    rc = x.recompute
+    recompute level (the layout's, or ``rc``) runs again."""
+    rc = x.recompute if rc is None else rc
     layer_f = gemms.seconds + att.forward.seconds + elem_f
     layer_b = 2 * gemms.seconds + att.backward.seconds + 2 * elem_f
     full_rc, sel_rc, op_rc = rc == 2, rc == 1, rc == RC_TORCHTITAN_OP
@@ -1019,14 +1041,18 @@ def _compute(x: _Inputs) -> _Compute:
     # (SDPA) is saved.
     op = roof.gemm(T, kv_dim / tp, h) + roof.gemm(T, h, h / tp, linear=True) + roof.gemm(T, f / tp, h)
     up, down = _mlp_gemms(x, roof, T, f)
+    kept = np.zeros_like(x.recompute)  # the layers full recomputation leaves out (recompute_layers)
     dense = _layer_time(x, roof, att, attn + up + down, elem_f, op)
+    dense_kept = _layer_time(x, roof, att, attn + up + down, elem_f, op, kept)
     if model.moe is not None:
         moe_gemms, moe_elem = _moe_work(x, roof, T)
         moe = _layer_time(x, roof, att, attn + moe_gemms, moe_elem + att.elementwise, None)
+        moe_kept = _layer_time(x, roof, att, attn + moe_gemms, moe_elem + att.elementwise, None, kept)
         host = 0.0 if x.eng.moe_cuda_graphs else x.eff.moe_layer_us * 1e-6
         moe = _LayerTime(seconds=moe.seconds + host, flops=moe.flops)
+        moe_kept = _LayerTime(seconds=moe_kept.seconds + host, flops=moe_kept.flops)
     else:
-        moe = _LayerTime(seconds=np.zeros_like(tp), flops=np.zeros_like(tp))
+        moe = moe_kept = _LayerTime(seconds=np.zeros_like(tp), flops=np.zeros_like(tp))
     # Logits on the last stage (vocab-parallel): one GEMM three times, and the fused cross-entropy
     # reading the 16-bit logits and writing fp32 softmax and its gradient.
     logit = roof.gemm(T, V / tp, h)
@@ -1037,10 +1063,20 @@ def _compute(x: _Inputs) -> _Compute:
     mtp_s = x.mtp * (kind.seconds + 3 * proj.seconds + logit_time_mb)
     mtp_flops = x.mtp * (kind.flops + 3 * proj.flops + 3 * logit.flops)
 
+    full = x.recompute == RECOMPUTE_CODES["full"]
+
     def stage(layers, moe_layers):
-        return (layers - moe_layers) * dense.seconds + moe_layers * moe.seconds, (
-            layers - moe_layers
-        ) * dense.flops + moe_layers * moe.flops
+        # Full recomputation of the first recompute_layers of each virtual stage only: the rest run
+        # as without recomputation.
+        rerun = np.where(full, x.full_recompute_share(layers), 1.0)
+        d_s, d_fl = (
+            rerun * a + (1 - rerun) * b
+            for a, b in ((dense.seconds, dense_kept.seconds), (dense.flops, dense_kept.flops))
+        )
+        m_s, m_fl = (
+            rerun * a + (1 - rerun) * b for a, b in ((moe.seconds, moe_kept.seconds), (moe.flops, moe_kept.flops))
+        )
+        return (layers - moe_layers) * d_s + moe_layers * m_s, (layers - moe_layers) * d_fl + moe_layers * m_fl
 
     (f_s, f_fl), (m_s, m_fl), (l_s, l_fl) = (
         stage(x.lf, x.moe_first),
@@ -1100,7 +1136,8 @@ def _tp_comm_mb(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     on Megatron-Core (the all-to-all moves their tokens: ``_ep_comm``), while dsorch's entrypoint,
     whose experts are split over tp like its dense MLP, all-reduces their output, top_k copies per token."""
     T = x.s_local * x.micro_batch_size
-    n_coll = 4 + 2 * (x.recompute == 2)
+    rerun = x.full_recompute_share(x.stage_layers)  # full recomputation's share of the stage's layers
+    n_coll = 4 + 2 * rerun
     one = _ring_time(T * float(x.model.hidden_size) * float(x.act_bytes), x.tp, links.nvlink, links.nvlink_latency, 2.0)
     tp_layer_mb = n_coll * one
     tp_total_mb = x.stage_layers * tp_layer_mb
@@ -1109,7 +1146,7 @@ def _tp_comm_mb(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
         per_pass = 1.0 + (1.0 if moe.shared_experts else 0.0)
         if x.runtime == "deepspeed":
             per_pass = per_pass + float(moe.top_k) * x.training.moe_load_imbalance
-        moe_layer_mb = 2 * per_pass * (1.0 + (x.recompute == 2) / 2.0) * one
+        moe_layer_mb = 2 * per_pass * (1.0 + rerun / 2.0) * one
         tp_total_mb = (x.stage_layers - comp.moe_layers_stage) * tp_layer_mb + comp.moe_layers_stage * moe_layer_mb
     # --tp-comm-overlap needs sequence parallelism (validate_args), so it hides TP traffic only there.
     hidden = np.where(x.sequence_parallel & x.eng.tp_overlap, x.eff.tp_overlap, 0.0)
@@ -1291,7 +1328,8 @@ def _cp_all_gather(x: _Inputs, kv_b, bw, lat, hbm) -> _CpPass:
 def _attention_forward_passes(x: _Inputs) -> np.ndarray:
     """Forward passes of a layer's attention per micro-batch: recomputation (selective recomputes
     the core attention, full the whole layer) runs it, and its context-parallel exchange, again."""
-    return 1.0 + ((x.recompute == RECOMPUTE_CODES["full"]) | (x.recompute == RECOMPUTE_CODES["selective"]))
+    selective = x.recompute == RECOMPUTE_CODES["selective"]
+    return 1.0 + np.where(selective, 1.0, x.full_recompute_share(x.stage_layers))
 
 
 def _cp_comm(x: _Inputs, links: _Links, comp: _Compute) -> np.ndarray:
@@ -1403,7 +1441,7 @@ def _ep_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
         )
     one = np.where(ep > 1, one, 0.0)
     etp_coll = _ring_time(copy_bytes * etp, etp, links.nvlink, links.nvlink_latency, 1.0)
-    passes = 4.0 + 2.0 * (x.recompute == 2)
+    passes = 4.0 + 2.0 * x.full_recompute_share(x.stage_layers)
     per_layer = passes * (one + etp_coll)
     overlap = ep_overlap_applies(x.model, training, x.profile, ep, etp, x.recompute, x.pp, x.vpp)
     hidden = np.where(overlap, x.eff.ep_overlap * np.minimum(per_layer, comp.moe_layer_mb), 0.0)

@@ -114,6 +114,43 @@ def vpp_degrees(runtime: str, num_layers: int, pp: int, p2p_overlap: bool = True
     return divisors(split.middle)
 
 
+def recompute_layer_options(
+    model: ModelSpec, runtime: str, split: StageSplit | None, vpp: int, pinned: int | None = None
+) -> list[int]:
+    """recompute_layers values to search under full recomputation: 0 (every layer) and, on
+    Megatron-LM, a quarter, half and three quarters of a virtual stage's layers (Megatron's block
+    method, --recompute-num-layers N of each TransformerBlock). Memory and time are linear in N, so
+    these bracket the best N within a quarter stage and keep the search small; a pin gives any N."""
+    chunk = split.middle // vpp if split is not None else 0
+    if pinned is not None:
+        return [pinned] if pinned == 0 or _recompute_layers_problem(pinned, model, runtime, chunk) is None else []
+    if _recompute_layers_problem(1, model, runtime, chunk) is not None:
+        return [0]
+    return [0, *sorted({n for n in (round(chunk * q / 4) for q in (1, 2, 3)) if 1 <= n < chunk})]
+
+
+def _recompute_layers_problem(n: int, model: ModelSpec, runtime: str, chunk: int) -> str | None:
+    """Why full recomputation of only ``n`` layers per virtual stage of ``chunk`` layers cannot run."""
+    if runtime != "megatron":
+        return (
+            f"recompute_layers={n}: the bundled DeepSpeed entrypoint checkpoints every decoder layer under "
+            f"full recomputation (PipelineModule activation_checkpoint_interval); use recompute_layers 0 or "
+            f"--runtime megatron"
+        )
+    if model.mtp_layers:
+        return (
+            f"recompute_layers={n}: Megatron-LM's block method skips the MTP modules' recomputation "
+            f"(multi_token_prediction.py: \"recompute_method == 'block' is not supported for MTP yet\"); "
+            f"use recompute_layers 0"
+        )
+    if n >= chunk:
+        return (
+            f"recompute_layers={n} is not below the {chunk} layers of a (virtual) pipeline stage: that "
+            f"recomputes every layer, which is recompute_layers 0"
+        )
+    return None
+
+
 def cp_degrees(runtime: str, training: TrainingSpec, n: int, model: ModelSpec, tp: int) -> list[int]:
     """Context-parallel degrees among the divisors of ``n`` (GPUs left after tp): Megatron-LM only
     (the bundled entrypoint has no ring attention), its fused attention only (the local attention
@@ -247,6 +284,7 @@ def check_layout(
         *_tp_rules(layout, model, profile),
         *_ep_rules(layout, model, runtime),
         *_pipeline_rules(layout, model, training, runtime),
+        *_recompute_rules(layout, model, runtime),
         *_batch_rules(layout, training),
         *_zero_rules(layout, training, runtime),
         *_sp_rules(layout, training),
@@ -388,6 +426,21 @@ def _pipeline_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime
     if L.vpp > 1:
         r += _vpp_rules(L, split, training, runtime)
     return r
+
+
+def _recompute_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
+    """Partial recomputation (recompute_layers): full recomputation only, where the runtime has it."""
+    if L.recompute_layers == 0:
+        return []
+    if L.recompute != "full":
+        return [
+            f"recompute_layers={L.recompute_layers} picks the layers full recomputation reruns (Megatron's "
+            f"--recompute-method block needs --recompute-granularity full); use --recompute full or recompute_layers 0"
+        ]
+    split = stage_split(model.num_layers, L.pp, model.mtp_layers)
+    chunk = split.middle // L.vpp if split is not None and L.vpp else 0
+    problem = _recompute_layers_problem(L.recompute_layers, model, runtime, chunk)
+    return [problem] if problem else []
 
 
 def _vpp_rules(L: Layout, split: StageSplit | None, training: TrainingSpec, runtime: str) -> list[str]:

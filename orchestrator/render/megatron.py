@@ -190,6 +190,12 @@ def _batch_and_recompute_flags(plan: Plan) -> _Flags:
     yield "--global-batch-size", plan.spec.training.global_batch_size
     if L.recompute == "selective":
         yield "--recompute-granularity", "selective"
+    elif L.recompute == "full" and L.recompute_layers:
+        # Partial recomputation: the first N layers of each (virtual) pipeline stage rerun, the rest
+        # keep their activations (core/recompute.py, recompute_method 'block').
+        yield "--recompute-granularity", "full"
+        yield "--recompute-method", "block"
+        yield "--recompute-num-layers", L.recompute_layers
     elif L.recompute == "full":
         yield "--recompute-granularity", "full"
         yield "--recompute-method", "uniform"
