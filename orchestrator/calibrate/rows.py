@@ -93,6 +93,10 @@ class PreparedRow:
 def prepare_row(row: Row) -> PreparedRow:
     op_sac = row.pins.recompute == "op"  # torchtitan's per-op SAC: enumerated as selective, evaluated as itself
     pins = row.pins.replaced(recompute="selective") if op_sac else row.pins
+    if pins.recompute_layers is None:
+        # A published run that recomputes fully reran every layer (Megatron's uniform method, DeepSpeed's
+        # checkpoint interval 1) unless its record names the layers.
+        pins = pins.replaced(recompute_layers=0)
     cand, _ = enumerate_layouts(row.model, row.training, row.profile, row.runtime, pins)
     if len(cand) == 0:
         raise SpecError(f"calibration row {row.id}: no legal layout with {row.pins}")

@@ -175,6 +175,7 @@ class Candidates:
     cp: np.ndarray
     ep: np.ndarray
     etp: np.ndarray
+    recompute_layers: np.ndarray  # full recomputation's layers per (virtual) stage; 0: every layer
     layers_first: np.ndarray
     layers_middle: np.ndarray
     layers_last: np.ndarray
@@ -255,6 +256,7 @@ class _Inputs:
     grad_accum_steps: np.ndarray
     zero_stage: np.ndarray
     recompute: np.ndarray
+    recompute_layers: np.ndarray
     sequence_parallel: np.ndarray
     lf: np.ndarray  # decoder layers on the first, a middle and the last stage
     lm: np.ndarray
@@ -292,6 +294,15 @@ class _Inputs:
     def stage_layers(self) -> np.ndarray:
         """Decoder layers of the largest stage."""
         return np.maximum(np.maximum(self.lf, self.lm), self.ll)
+
+    def full_recompute_share(self, layers) -> np.ndarray:
+        """Of a stage's ``layers``, the share that full recomputation reruns: all of them, or with
+        recompute_layers N the first N of each of its vpp virtual stages (Megatron-LM's block method:
+        core/recompute.py checkpoints layer_idx < recompute_num_layers of each TransformerBlock, one
+        per virtual stage); 0 without full recomputation."""
+        n = self.recompute_layers
+        part = np.where(n > 0, np.minimum(n * self.vpp, layers) / np.maximum(layers, 1.0), 1.0)
+        return np.where(self.recompute == RECOMPUTE_CODES["full"], part, 0.0)
 
 
 def _moe_layers_per_stage(model: ModelSpec, lf, lm, ll):
@@ -435,6 +446,7 @@ def _inputs(
         grad_accum_steps=f64(c.grad_accum_steps),
         zero_stage=zero,
         recompute=np.asarray(c.recompute),
+        recompute_layers=f64(c.recompute_layers),
         sequence_parallel=np.asarray(c.sequence_parallel, dtype=bool),
         lf=f64(c.layers_first),
         lm=f64(c.layers_middle),
@@ -474,6 +486,9 @@ class _LayerActivations:
 
     saved: np.ndarray  # what a dense layer's forward keeps for the backward, at the layout's recompute level
     saved_moe: np.ndarray  # ... a MoE layer's (equal to ``saved`` for a dense model)
+    # What a layer that full recomputation leaves out (recompute_layers) keeps: its whole activations.
+    saved_none: np.ndarray
+    saved_moe_none: np.ndarray
     working: np.ndarray  # the backward's working set of the layer being back-propagated
     saved_entrypoint: np.ndarray  # of ``saved`` and ``working``, what only dsorch's entrypoint keeps
     working_entrypoint: np.ndarray
@@ -601,14 +616,13 @@ def _layer_activations(x: _Inputs) -> _LayerActivations:
     # of its full activations (and, under recomputation, its rematerialized activations). Counted
     # once per stage, the same for every recompute level, so recompute never looks worse than none.
     working_layer = formula(np.zeros_like(rc), f)
-    act_moe = act_layer
+    act_moe, none_layer, none_moe = act_layer, working_layer, working_layer
     if model.moe is not None:
         r = x.routed
         act_moe = _moe_layer_activations(x, formula, rc)
+        none_moe = _moe_layer_activations(x, formula, np.zeros_like(rc))
         # The dispatcher's send and receive buffers of the layer in flight (permuted tokens, h wide).
-        working_layer = np.maximum(
-            working_layer, _moe_layer_activations(x, formula, np.zeros_like(rc)) + 2 * r * h * act_bytes
-        )
+        working_layer = np.maximum(working_layer, none_moe + 2 * r * h * act_bytes)
     # The deepspeed runtime is dsorch's own entrypoint, whose layer keeps RoPE's cast tables and the
     # norms' 1/rms beside what the formula counts (memory.entrypoint_extra_bytes_per_layer, measured).
     if x.runtime == "deepspeed":
@@ -632,6 +646,8 @@ def _layer_activations(x: _Inputs) -> _LayerActivations:
     return _LayerActivations(
         saved=act_layer + layer_extra,
         saved_moe=act_moe + layer_extra,
+        saved_none=none_layer + working_extra,
+        saved_moe_none=none_moe + working_extra,
         working=working_layer + working_extra,
         saved_entrypoint=layer_extra,
         working_entrypoint=working_extra,
@@ -724,7 +740,11 @@ def _memory(x: _Inputs) -> _Memory:
         w, g, o = model_state_bytes(params_local, x.dpc, zero, x.weight_b, x.grad_b, x.opt_b)
         ew, eg, eo = model_state_bytes(experts_local, x.edp, zero, x.weight_b, x.grad_b, x.opt_b)
         inflight = in_flight_micro_batches(pp, vpp, gas, stage_index)
-        kept = (layers - moe_layers) * layer.saved + moe_layers * layer.saved_moe
+        # Full recomputation of some layers only (recompute_layers): the others keep everything.
+        full, rerun = x.recompute == RECOMPUTE_CODES["full"], x.full_recompute_share(layers)
+        dense_kept = np.where(full, rerun * layer.saved + (1 - rerun) * layer.saved_none, layer.saved)
+        moe_kept = np.where(full, rerun * layer.saved_moe + (1 - rerun) * layer.saved_moe_none, layer.saved_moe)
+        kept = (layers - moe_layers) * dense_kept + moe_layers * moe_kept
         act = kept * inflight + layer.working + extra_act + (out_buf * inflight if outputs else 0.0)
         return _StageMemory(
             params=w + ew + layers * fp8_weights,
@@ -968,7 +988,8 @@ class _Compute:
     per_micro_batch: np.ndarray  # seconds of the slowest stage
     per_step: np.ndarray
     flops_step: np.ndarray  # FLOPs of that stage per step, for the at-peak bound
-    attention_layer_mb: np.ndarray  # seconds of one layer's attention per micro-batch, forward and backward
+    attention_forward_mb: np.ndarray  # seconds of one layer's attention per micro-batch, forward
+    attention_backward_mb: np.ndarray  # ... and backward
     moe_layer_mb: np.ndarray  # seconds of one MoE layer per micro-batch, forward and backward (0: dense)
     moe_layers_stage: np.ndarray  # MoE layers of the slowest stage (MTP modules included)
 
@@ -979,10 +1000,12 @@ class _LayerTime:
     flops: np.ndarray
 
 
-def _layer_time(x: _Inputs, roof: _Roofline, att: _Attention, gemms: _Work, elem_f, op: _Work | None) -> _LayerTime:
+def _layer_time(
+    x: _Inputs, roof: _Roofline, att: _Attention, gemms: _Work, elem_f, op: _Work | None, rc=None
+) -> _LayerTime:
     """A layer's forward, backward (twice the forward's GEMMs and element-wise traffic) and what its
-    recompute level runs again."""
-    rc = x.recompute
+    recompute level (the layout's, or ``rc``) runs again."""
+    rc = x.recompute if rc is None else rc
     layer_f = gemms.seconds + att.forward.seconds + elem_f
     layer_b = 2 * gemms.seconds + att.backward.seconds + 2 * elem_f
     full_rc, sel_rc, op_rc = rc == 2, rc == 1, rc == RC_TORCHTITAN_OP
@@ -1018,14 +1041,18 @@ def _compute(x: _Inputs) -> _Compute:
     # (SDPA) is saved.
     op = roof.gemm(T, kv_dim / tp, h) + roof.gemm(T, h, h / tp, linear=True) + roof.gemm(T, f / tp, h)
     up, down = _mlp_gemms(x, roof, T, f)
+    kept = np.zeros_like(x.recompute)  # the layers full recomputation leaves out (recompute_layers)
     dense = _layer_time(x, roof, att, attn + up + down, elem_f, op)
+    dense_kept = _layer_time(x, roof, att, attn + up + down, elem_f, op, kept)
     if model.moe is not None:
         moe_gemms, moe_elem = _moe_work(x, roof, T)
         moe = _layer_time(x, roof, att, attn + moe_gemms, moe_elem + att.elementwise, None)
+        moe_kept = _layer_time(x, roof, att, attn + moe_gemms, moe_elem + att.elementwise, None, kept)
         host = 0.0 if x.eng.moe_cuda_graphs else x.eff.moe_layer_us * 1e-6
         moe = _LayerTime(seconds=moe.seconds + host, flops=moe.flops)
+        moe_kept = _LayerTime(seconds=moe_kept.seconds + host, flops=moe_kept.flops)
     else:
-        moe = _LayerTime(seconds=np.zeros_like(tp), flops=np.zeros_like(tp))
+        moe = moe_kept = _LayerTime(seconds=np.zeros_like(tp), flops=np.zeros_like(tp))
     # Logits on the last stage (vocab-parallel): one GEMM three times, and the fused cross-entropy
     # reading the 16-bit logits and writing fp32 softmax and its gradient.
     logit = roof.gemm(T, V / tp, h)
@@ -1036,10 +1063,20 @@ def _compute(x: _Inputs) -> _Compute:
     mtp_s = x.mtp * (kind.seconds + 3 * proj.seconds + logit_time_mb)
     mtp_flops = x.mtp * (kind.flops + 3 * proj.flops + 3 * logit.flops)
 
+    full = x.recompute == RECOMPUTE_CODES["full"]
+
     def stage(layers, moe_layers):
-        return (layers - moe_layers) * dense.seconds + moe_layers * moe.seconds, (
-            layers - moe_layers
-        ) * dense.flops + moe_layers * moe.flops
+        # Full recomputation of the first recompute_layers of each virtual stage only: the rest run
+        # as without recomputation.
+        rerun = np.where(full, x.full_recompute_share(layers), 1.0)
+        d_s, d_fl = (
+            rerun * a + (1 - rerun) * b
+            for a, b in ((dense.seconds, dense_kept.seconds), (dense.flops, dense_kept.flops))
+        )
+        m_s, m_fl = (
+            rerun * a + (1 - rerun) * b for a, b in ((moe.seconds, moe_kept.seconds), (moe.flops, moe_kept.flops))
+        )
+        return (layers - moe_layers) * d_s + moe_layers * m_s, (layers - moe_layers) * d_fl + moe_layers * m_fl
 
     (f_s, f_fl), (m_s, m_fl), (l_s, l_fl) = (
         stage(x.lf, x.moe_first),
@@ -1059,7 +1096,8 @@ def _compute(x: _Inputs) -> _Compute:
         per_micro_batch=compute_mb,
         per_step=gas * compute_mb,
         flops_step=flops_step,
-        attention_layer_mb=att.forward.seconds + att.backward.seconds,
+        attention_forward_mb=att.forward.seconds,
+        attention_backward_mb=att.backward.seconds,
         moe_layer_mb=moe.seconds,
         moe_layers_stage=moe_stage,
     )
@@ -1098,7 +1136,8 @@ def _tp_comm_mb(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     on Megatron-Core (the all-to-all moves their tokens: ``_ep_comm``), while dsorch's entrypoint,
     whose experts are split over tp like its dense MLP, all-reduces their output, top_k copies per token."""
     T = x.s_local * x.micro_batch_size
-    n_coll = 4 + 2 * (x.recompute == 2)
+    rerun = x.full_recompute_share(x.stage_layers)  # full recomputation's share of the stage's layers
+    n_coll = 4 + 2 * rerun
     one = _ring_time(T * float(x.model.hidden_size) * float(x.act_bytes), x.tp, links.nvlink, links.nvlink_latency, 2.0)
     tp_layer_mb = n_coll * one
     tp_total_mb = x.stage_layers * tp_layer_mb
@@ -1107,7 +1146,7 @@ def _tp_comm_mb(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
         per_pass = 1.0 + (1.0 if moe.shared_experts else 0.0)
         if x.runtime == "deepspeed":
             per_pass = per_pass + float(moe.top_k) * x.training.moe_load_imbalance
-        moe_layer_mb = 2 * per_pass * (1.0 + (x.recompute == 2) / 2.0) * one
+        moe_layer_mb = 2 * per_pass * (1.0 + rerun / 2.0) * one
         tp_total_mb = (x.stage_layers - comp.moe_layers_stage) * tp_layer_mb + comp.moe_layers_stage * moe_layer_mb
     # --tp-comm-overlap needs sequence parallelism (validate_args), so it hides TP traffic only there.
     hidden = np.where(x.sequence_parallel & x.eng.tp_overlap, x.eff.tp_overlap, 0.0)
@@ -1214,21 +1253,112 @@ def _dp_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     return _Overlapped(exposed=np.maximum(0.0, dp_total - hide) + stall, total=dp_total + stall)
 
 
+# Host work of one step of Transformer Engine's context-parallel attention beyond the attention
+# kernel itself: the step's correction kernel (softmax LSE and output), batch_isend_irecv's NCCL
+# group launch and the wait on the other stream's event (context_parallel.py
+# AttnFuncWithCPAndKVP2P.forward: two flash_attn_streams alternate, each step waits for the
+# previous step's receive). Three launches at the per-kernel cost of SEQUENTIAL_GEMM_OVERHEAD_S;
+# not fitted (the allowed published runs hold no bf16 dense run with cp > 1).
+CP_STEP_OVERHEAD_S = 3 * SEQUENTIAL_GEMM_OVERHEAD_S
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _CpPass:
+    """Exposed seconds of one layer's context-parallel exchange per micro-batch: each forward pass of
+    the attention (run again by recomputation) and the backward pass."""
+
+    forward: np.ndarray
+    backward: np.ndarray
+
+
+def _cp_p2p(x: _Inputs, comp: _Compute, kv_b, q_b, o_b, one_way, hbm) -> _CpPass:
+    """cp_comm_type p2p (AttnFuncWithCPAndKVP2P): cp steps each way, every step the attention of this
+    rank's queries against one rank's K and V chunk. The load-balanced causal split (each rank holds
+    chunks i and 2cp-1-i of 2cp: get_batch_on_this_cp_rank) gives every step the same work (the
+    diagonal step, and half of Q or of KV on the others), so a step is 1/cp of the layer's attention.
+    Forward: steps 0..cp-2 send this KV chunk on while the step computes; the next step waits for it.
+    Backward: step 0 sends KV, the middle steps KV and the dK/dV accumulated so far, the last dK/dV
+    only, each overlapped with that step's backward block. Exposed: what a step's transfer takes
+    beyond its block, the step's launches (CP_STEP_OVERHEAD_S), and the traffic the split adds at HBM
+    bandwidth: every further step reads Q and writes a partial output (forward; Q, O, dO read and a
+    partial dQ written backward), which the fp32 output correction reads back into its accumulator
+    (read partial, read and write fp32 accumulator per step), and dQ, dK, dV accumulate per step."""
+    cp = x.cp
+    block_f, block_b = comp.attention_forward_mb / cp, comp.attention_backward_mb / cp
+    o_elems = o_b / float(x.act_bytes)
+    forward = (
+        (cp - 1) * np.maximum(0.0, one_way(kv_b) - block_f)
+        + cp * CP_STEP_OVERHEAD_S
+        + ((cp - 1) * (q_b + o_b) + cp * o_elems * (x.act_bytes + 8.0)) / hbm
+    )
+    backward = (
+        2 * np.maximum(0.0, one_way(kv_b) - block_b)
+        + np.maximum(cp - 2, 0.0) * np.maximum(0.0, one_way(2 * kv_b) - block_b)
+        + cp * CP_STEP_OVERHEAD_S
+        + ((cp - 1) * (2 * q_b + 2 * o_b) + cp * 3 * (q_b + kv_b)) / hbm
+    )
+    return _CpPass(forward=forward, backward=backward)
+
+
+def _cp_a2a(x: _Inputs, kv_b, q_b, o_b, bw, lat, hbm) -> _CpPass:
+    """cp_comm_type a2a (AttnFuncWithCPAndQKVOA2A, DeepSpeed-Ulysses): all-to-alls of Q, K and V
+    before the attention (heads scattered, the sequence gathered) and of the output after it;
+    backward, of dO before and of dQ, dK, dV after (flash_attn_a2a_communicate). Each rank keeps
+    1/cp of what it holds and sends the rest; nothing overlaps the attention, which runs once on the
+    whole sequence with a/cp heads (no shorter blocks). Each all-to-all's input is reordered into and
+    out of the chunk order (reorder_seq_chunks_for_a2a_*: read and write at HBM)."""
+    share = (x.cp - 1) / x.cp
+    moved = q_b + kv_b + o_b
+    one_pass = share * moved / bw + 4 * lat + 2 * moved / hbm
+    return _CpPass(forward=one_pass, backward=one_pass)
+
+
+def _cp_all_gather(x: _Inputs, kv_b, bw, lat, hbm) -> _CpPass:
+    """cp_comm_type all_gather (AttnFuncWithCPAndKVAllGather, Llama 3 paper Sec. 3.3.2): K and V
+    all-gathered before the attention, exposed ("KV all-gather between CP ranks is exposed"), then
+    reordered to sequence order (index_select: read and write the gathered K, V); the attention of
+    this rank's two chunks as two steps. Backward gathers K and V again and reduce-scatters dK, dV."""
+    cp = x.cp
+    gather = (cp - 1) * kv_b / bw + 2 * (cp - 1) * lat
+    reorder = 2 * cp * kv_b / hbm
+    forward = gather + reorder + 2 * CP_STEP_OVERHEAD_S
+    return _CpPass(forward=forward, backward=2 * gather + reorder + 2 * CP_STEP_OVERHEAD_S)
+
+
+def _attention_forward_passes(x: _Inputs) -> np.ndarray:
+    """Forward passes of a layer's attention per micro-batch: recomputation (selective recomputes
+    the core attention, full the whole layer) runs it, and its context-parallel exchange, again."""
+    selective = x.recompute == RECOMPUTE_CODES["selective"]
+    return 1.0 + np.where(selective, 1.0, x.full_recompute_share(x.stage_layers))
+
+
 def _cp_comm(x: _Inputs, links: _Links, comp: _Compute) -> np.ndarray:
-    """Context parallelism, exposed seconds per step: the cp ring of a layer spans tp*cp consecutive
-    ranks (stride tp), inside the node while that fits in it. Per layer and micro-batch, cp - 1
-    steps each way of this rank's K and V chunk (its kv heads, 1/tp of them), backward twice the
-    volume; each step hides behind one block of attention (Liu et al. 2023, Ring Attention, Sec. 3)."""
+    """Context parallelism, exposed seconds per step (training.cp_comm_type; Transformer Engine's
+    context_parallel.py, as Megatron-LM's TEDotProductAttention calls it). The cp group spans tp*cp
+    consecutive ranks (stride tp), inside the NVLink domain while that fits in it. Per layer and
+    micro-batch, this rank's K and V chunk (s/cp tokens of its kv heads, 1/tp of them), Q and output
+    likewise."""
     profile, tp, cp = x.profile, x.tp, x.cp
     T, e = x.s_local * x.micro_batch_size, float(x.act_bytes)
-    kv_bytes = 2 * T * float(x.model.kv_heads * x.model.head_dim) / tp * e
+    m = x.model
+    qkvo, _ = attention_widths(m)  # in multiples of h
+    q_w, k_w, v_w, o_w = qkvo or (1.0, m.kv_heads / m.num_attention_heads, m.kv_heads / m.num_attention_heads, 1.0)
+    width = T * float(m.hidden_size) / tp * e
+    kv_b, q_b, o_b = (k_w + v_w) * width, q_w * width, o_w * width
     domain = profile.nvlink_domain
     cp_inside = (tp * cp <= domain) | (profile.world_size == domain)
-    cp_bw = np.where(cp_inside, links.nvlink, links.ib)
-    cp_lat = np.where(cp_inside, links.nvlink_latency, links.ib_latency)
-    ring = 3 * (cp - 1) * (kv_bytes / cp_bw + cp_lat)
-    cp_layer = np.where(cp > 1, np.maximum(0.0, ring - comp.attention_layer_mb), 0.0)
-    return x.grad_accum_steps * x.stage_layers * cp_layer
+    bw = np.where(cp_inside, links.nvlink, links.ib)
+    lat = np.where(cp_inside, links.nvlink_latency, links.ib_latency)
+    hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * x.eff.hbm
+    kind = x.training.cp_comm_type
+    if kind == "a2a":
+        per = _cp_a2a(x, kv_b, q_b, o_b, bw, lat, hbm)
+    elif kind == "all_gather":
+        per = _cp_all_gather(x, kv_b, bw, lat, hbm)
+    else:
+        per = _cp_p2p(x, comp, kv_b, q_b, o_b, lambda nbytes: nbytes / bw + lat, hbm)
+    layer = _attention_forward_passes(x) * per.forward + per.backward
+    return np.where(cp > 1, x.grad_accum_steps * x.stage_layers * layer, 0.0)
 
 
 def token_dispatcher(training: TrainingSpec, profile: ClusterProfile, ep, etp):
@@ -1311,7 +1441,7 @@ def _ep_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
         )
     one = np.where(ep > 1, one, 0.0)
     etp_coll = _ring_time(copy_bytes * etp, etp, links.nvlink, links.nvlink_latency, 1.0)
-    passes = 4.0 + 2.0 * (x.recompute == 2)
+    passes = 4.0 + 2.0 * x.full_recompute_share(x.stage_layers)
     per_layer = passes * (one + etp_coll)
     overlap = ep_overlap_applies(x.model, training, x.profile, ep, etp, x.recompute, x.pp, x.vpp)
     hidden = np.where(overlap, x.eff.ep_overlap * np.minimum(per_layer, comp.moe_layer_mb), 0.0)

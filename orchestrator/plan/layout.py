@@ -64,6 +64,11 @@ class Layout:
     # world size. Both are 1 for a dense model.
     ep: int = 1
     etp: int = 1
+    # Partial recomputation (recompute "full" only): the first N decoder layers of each pipeline
+    # stage (of each virtual stage with interleaving) are recomputed, the rest keep their
+    # activations (Megatron-LM --recompute-method block --recompute-num-layers N; core/recompute.py
+    # runs chunk_runner with the checkpoint for layer_idx < recompute_num_layers). 0: every layer.
+    recompute_layers: int = 0
 
     def __post_init__(self) -> None:
         for axis in AXES:
@@ -261,6 +266,19 @@ AXES: tuple[Axis, ...] = (
         help="Pin the expert tensor-parallel degree (mixture-of-experts models): each expert's "
         "matrices split over this many ranks, apart from tp.",
     ),
+    Axis(
+        name="recompute_layers",
+        label="recomputed layers per stage",
+        column="RC layers",
+        flag="--recompute-layers",
+        low=0,
+        neutral=0,
+        since_0_1=False,
+        short="/{}",
+        omit_neutral=True,
+        help="Pin the decoder layers full recomputation reruns in each (virtual) pipeline stage "
+        "(Megatron-LM --recompute-method block; megatron runtime only); 0 recomputes every layer.",
+    ),
 )
 AXIS: dict[str, Axis] = {a.name: a for a in AXES}
 # The order of short(): sequence parallelism is a mode of tp, cp splits what tp leaves.
@@ -277,13 +295,26 @@ SHORT_ORDER = (
     "micro_batch_size",
     "grad_accum_steps",
     "recompute",
+    "recompute_layers",
 )
 # The order of simplicity, each axis by its code (smaller is simpler: smaller degrees, fewer virtual
 # stages, smaller micro-batches, lower ZeRO stage, less recomputation, no SP): equal step time and
 # memory, the layout with the smaller value of the first of these wins (the search's lexsort keys),
 # and a near-tie goes to a layout no more complex on any of them (solver._simplest_first). Every
 # searched axis is in it; dp and grad_accum_steps follow from the others.
-TIEBREAK = ("tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "zero_stage", "recompute", "sequence_parallel")
+TIEBREAK = (
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "etp",
+    "vpp",
+    "micro_batch_size",
+    "zero_stage",
+    "recompute",
+    "recompute_layers",
+    "sequence_parallel",
+)
 # "tp*cp*pp*dp", for messages about the world size.
 WORLD_PRODUCT = "*".join(n for n in SHORT_ORDER if AXIS[n].splits_world)
 
@@ -303,7 +334,7 @@ def short_text(values: Mapping[str, Any]) -> str:
         if axis.omit_neutral and value == axis.neutral:
             continue
         text = axis.short.format(value)
-        out += text if text.startswith("+") or not out else " " + text
+        out += text if text.startswith(("+", "/")) or not out else " " + text
     return out
 
 

@@ -114,21 +114,73 @@ def vpp_degrees(runtime: str, num_layers: int, pp: int, p2p_overlap: bool = True
     return divisors(split.middle)
 
 
-def cp_degrees(runtime: str, training: TrainingSpec, n: int) -> list[int]:
+def recompute_layer_options(
+    model: ModelSpec, runtime: str, split: StageSplit | None, vpp: int, pinned: int | None = None
+) -> list[int]:
+    """recompute_layers values to search under full recomputation: 0 (every layer) and, on
+    Megatron-LM, a quarter, half and three quarters of a virtual stage's layers (Megatron's block
+    method, --recompute-num-layers N of each TransformerBlock). Memory and time are linear in N, so
+    these bracket the best N within a quarter stage and keep the search small; a pin gives any N."""
+    chunk = split.middle // vpp if split is not None else 0
+    if pinned is not None:
+        return [pinned] if pinned == 0 or _recompute_layers_problem(pinned, model, runtime, chunk) is None else []
+    if _recompute_layers_problem(1, model, runtime, chunk) is not None:
+        return [0]
+    return [0, *sorted({n for n in (round(chunk * q / 4) for q in (1, 2, 3)) if 1 <= n < chunk})]
+
+
+def _recompute_layers_problem(n: int, model: ModelSpec, runtime: str, chunk: int) -> str | None:
+    """Why full recomputation of only ``n`` layers per virtual stage of ``chunk`` layers cannot run."""
+    if runtime != "megatron":
+        return (
+            f"recompute_layers={n}: the bundled DeepSpeed entrypoint checkpoints every decoder layer under "
+            f"full recomputation (PipelineModule activation_checkpoint_interval); use recompute_layers 0 or "
+            f"--runtime megatron"
+        )
+    if model.mtp_layers:
+        return (
+            f"recompute_layers={n}: Megatron-LM's block method skips the MTP modules' recomputation "
+            f"(multi_token_prediction.py: \"recompute_method == 'block' is not supported for MTP yet\"); "
+            f"use recompute_layers 0"
+        )
+    if n >= chunk:
+        return (
+            f"recompute_layers={n} is not below the {chunk} layers of a (virtual) pipeline stage: that "
+            f"recomputes every layer, which is recompute_layers 0"
+        )
+    return None
+
+
+def cp_degrees(runtime: str, training: TrainingSpec, n: int, model: ModelSpec, tp: int) -> list[int]:
     """Context-parallel degrees among the divisors of ``n`` (GPUs left after tp): Megatron-LM only
     (the bundled entrypoint has no ring attention), its fused attention only (the local attention
     asserts context_parallel_size == 1: core/transformer/dot_product_attention.py), and the
     sequence must split into 2 x cp chunks for the load-balanced causal split (validate_args:
-    "seq-length should be a multiple of 2 * context-parallel-size")."""
+    "seq-length should be a multiple of 2 * context-parallel-size"); with cp_comm_type a2a, each
+    tp rank's heads split over cp (``cp_heads_split``)."""
     from orchestrator.plan.layout import divisors
 
     if runtime != "megatron" or not training.flash_attention:
         return [1]
-    return [c for c in divisors(n) if c == 1 or _splits_for_cp(training.seq_length, c)]
+    return [
+        c
+        for c in divisors(n)
+        if c == 1 or (_splits_for_cp(training.seq_length, c) and cp_heads_split(model, training, tp, c))
+    ]
 
 
 def _splits_for_cp(seq_length: int, cp: int) -> bool:
     return seq_length % (2 * cp) == 0
+
+
+def cp_heads_split(model: ModelSpec, training: TrainingSpec, tp: int, cp: int) -> bool:
+    """Whether cp_comm_type a2a can scatter the heads over the cp ranks: Transformer Engine asserts
+    num_heads % cp_size == 0 for Q and for K, V (the heads of one tp rank; context_parallel.py
+    AttnFuncWithCPAndQKVOA2A.forward: "cp_comm_type='a2a' requires num_heads % cp_size == 0")."""
+    if training.cp_comm_type != "a2a" or cp == 1:
+        return True
+    q_heads, kv_heads = model.num_attention_heads // tp, max(1, model.kv_heads // tp)
+    return q_heads % cp == 0 and kv_heads % cp == 0
 
 
 def uses_tp_overlap(runtime: str, training: TrainingSpec, layout: Layout) -> bool:
@@ -228,10 +280,11 @@ def check_layout(
     order of the steps below: the world size, cp, tp, pp and vpp, the global batch, ZeRO, sp."""
     return [
         *_world_rules(layout, profile),
-        *_cp_rules(layout, training, runtime),
+        *_cp_rules(layout, model, training, runtime),
         *_tp_rules(layout, model, profile),
         *_ep_rules(layout, model, runtime),
         *_pipeline_rules(layout, model, training, runtime),
+        *_recompute_rules(layout, model, runtime),
         *_batch_rules(layout, training),
         *_zero_rules(layout, training, runtime),
         *_sp_rules(layout, training),
@@ -249,8 +302,9 @@ def _world_rules(L: Layout, profile: ClusterProfile) -> list[str]:
     ]
 
 
-def _cp_rules(L: Layout, training: TrainingSpec, runtime: str) -> list[str]:
-    """Context parallelism: the runtime and attention that have it, and the sequence's 2 x cp chunks."""
+def _cp_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime: str) -> list[str]:
+    """Context parallelism: the runtime and attention that have it, the sequence's 2 x cp chunks,
+    and the heads a2a scatters."""
     if L.cp <= 1:
         return []
     r: list[str] = []
@@ -268,6 +322,13 @@ def _cp_rules(L: Layout, training: TrainingSpec, runtime: str) -> list[str]:
         r.append(
             f"seq_length {training.seq_length} is not a multiple of 2 x cp = {2 * L.cp} (Megatron-LM "
             f"splits each sequence into 2 x cp chunks); choose a cp that fits"
+        )
+    if not cp_heads_split(model, training, L.tp, L.cp):
+        r.append(
+            f"cp={L.cp} with training.cp_comm_type a2a scatters each tp rank's heads over the cp ranks, but "
+            f"tp={L.tp} leaves {model.num_attention_heads // L.tp} query and {max(1, model.kv_heads // L.tp)} "
+            f"key/value heads per rank, not multiples of {L.cp} (Transformer Engine's a2a asserts it): "
+            f"choose a cp dividing them or set cp_comm_type p2p"
         )
     return r
 
@@ -365,6 +426,21 @@ def _pipeline_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime
     if L.vpp > 1:
         r += _vpp_rules(L, split, training, runtime)
     return r
+
+
+def _recompute_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
+    """Partial recomputation (recompute_layers): full recomputation only, where the runtime has it."""
+    if L.recompute_layers == 0:
+        return []
+    if L.recompute != "full":
+        return [
+            f"recompute_layers={L.recompute_layers} picks the layers full recomputation reruns (Megatron's "
+            f"--recompute-method block needs --recompute-granularity full); use --recompute full or recompute_layers 0"
+        ]
+    split = stage_split(model.num_layers, L.pp, model.mtp_layers)
+    chunk = split.middle // L.vpp if split is not None and L.vpp else 0
+    problem = _recompute_layers_problem(L.recompute_layers, model, runtime, chunk)
+    return [problem] if problem else []
 
 
 def _vpp_rules(L: Layout, split: StageSplit | None, training: TrainingSpec, runtime: str) -> list[str]:

@@ -6,7 +6,6 @@ nothing is skipped by heuristics. Pure: no I/O.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -38,6 +37,7 @@ from orchestrator.plan.rules import (
     expert_zero_ok,
     interleaving_fits,
     moe_needs_sp,
+    recompute_layer_options,
     sp_options,
     stage_split,
     tp_degrees,
@@ -172,7 +172,7 @@ def enumerate_layouts(
     legal_tp = tp_degrees(model, profile)
     reject(RULE_TP, len([t for t in _options(pins, "tp", divisors(profile.nvlink_domain)) if t not in legal_tp]))
     for tp in _options(pins, "tp", legal_tp):
-        for cp in _options(pins, "cp", cp_degrees(runtime, training, world // tp)):
+        for cp in _options(pins, "cp", cp_degrees(runtime, training, world // tp, model, tp)):
             for pp in _options(pins, "pp", divisors(world // (tp * cp))):
                 split = stage_split(model.num_layers, pp, model.mtp_layers)
                 if split is None:
@@ -206,6 +206,13 @@ def _layouts_at(degrees, split, model, training, runtime, pins, reject) -> list[
     sps = _options(pins, "sequence_parallel", sps)
     inner = len(rcs) * len(sps)
     rc_codes = [AXIS["recompute"].code(rc) for rc in rcs]
+    full_code = AXIS["recompute"].code("full")
+    # recompute_layers: searched under full recomputation (rules.recompute_layer_options), 0 elsewhere.
+    rc_none = [0] if pins.recompute_layers in (None, 0) else []
+
+    def rc_layers(vpp: int) -> list[int]:
+        return recompute_layer_options(model, runtime, split, vpp, pins.recompute_layers)
+
     for mbs in _options(pins, "micro_batch_size", divisors(gbs // dp)):
         gas = gbs // (dp * mbs)
         zeros = zero_stages(runtime, pp, training.precision, gas, pins.zero_stage)
@@ -222,14 +229,24 @@ def _layouts_at(degrees, split, model, training, runtime, pins, reject) -> list[
             elif not expert_zero_ok(model, runtime, degrees["ep"], z):
                 reject(RULE_ZERO_MOE, inner * len(ok_vpps))
         zs = [z for z in wanted if z in zeros and expert_zero_ok(model, runtime, degrees["ep"], z)]
-        combos = np.array(list(itertools.product(ok_vpps, zs, rc_codes, sps)), dtype=np.int64).reshape(-1, 4)
+        combos = np.array(
+            [
+                (vpp, z, rc, n, sp)
+                for vpp in ok_vpps
+                for z in zs
+                for rc in rc_codes
+                for n in (rc_layers(vpp) if rc == full_code else rc_none)
+                for sp in sps
+            ],
+            dtype=np.int64,
+        ).reshape(-1, 5)
         if not len(combos):
             continue
         fixed = dict(degrees, micro_batch_size=mbs, grad_accum_steps=gas)
         block = np.empty((len(combos), len(AXES) + len(_SPLIT_COLUMNS)), dtype=np.int64)
         for i, a in enumerate(AXES):
             block[:, i] = fixed[a.name] if a.name in fixed else 0
-        for j, name in enumerate(("vpp", "zero_stage", "recompute", "sequence_parallel")):
+        for j, name in enumerate(("vpp", "zero_stage", "recompute", "recompute_layers", "sequence_parallel")):
             block[:, _COLUMN[name]] = combos[:, j]
         block[:, len(AXES) :] = (split.first, split.middle, split.last)
         blocks.append(block)

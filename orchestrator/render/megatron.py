@@ -121,9 +121,10 @@ def _parallelism_flags(plan: Plan) -> _Flags:
     yield "--tensor-model-parallel-size", L.tp
     yield "--pipeline-model-parallel-size", L.pp
     if L.cp > 1:
-        # Ring attention over cp ranks (cp_comm_type p2p, Megatron's default, as the cost model has it).
+        # The spec's exchange (training.cp_comm_type; Megatron's default p2p is the ring), as the
+        # cost model charges it (costmodel/evaluate.py _cp_comm).
         yield "--context-parallel-size", L.cp
-        yield "--cp-comm-type", "p2p"
+        yield "--cp-comm-type", t.cp_comm_type
     if plan.spec.model.moe is not None:
         # Megatron-Core carves the expert mesh (etp x ep x expert-dp) out of the attention's
         # tp x cp x dp ranks (core/parallel_state.py); its etp defaults to tp, dsorch's to 1, so
@@ -191,6 +192,12 @@ def _batch_and_recompute_flags(plan: Plan) -> _Flags:
     yield "--global-batch-size", plan.spec.training.global_batch_size
     if L.recompute == "selective":
         yield "--recompute-granularity", "selective"
+    elif L.recompute == "full" and L.recompute_layers:
+        # Partial recomputation: the first N layers of each (virtual) pipeline stage rerun, the rest
+        # keep their activations (core/recompute.py, recompute_method 'block').
+        yield "--recompute-granularity", "full"
+        yield "--recompute-method", "block"
+        yield "--recompute-num-layers", L.recompute_layers
     elif L.recompute == "full":
         yield "--recompute-granularity", "full"
         yield "--recompute-method", "uniform"

@@ -501,6 +501,13 @@ class TrainingSpec(BaseModel):
     # false: a bf16 buffer (2 bytes), --grad-reduce-in-bf16, as Megatron-Core's own
     # DistributedDataParallelConfig defaults to.
     grad_reduce_in_fp32: bool = True
+    # How context parallelism (cp > 1) exchanges the sequence (Megatron-LM --cp-comm-type, default
+    # p2p; Transformer Engine attention/dot_product_attention/context_parallel.py): p2p passes K and
+    # V around the cp ring, each step overlapped with one block of attention (AttnFuncWithCPAndKVP2P);
+    # a2a scatters heads and gathers the sequence with all-to-alls, as DeepSpeed-Ulysses
+    # (AttnFuncWithCPAndQKVOA2A; needs the heads of every tp rank divisible by cp); all_gather gathers
+    # the whole K and V before attention, not overlapped (AttnFuncWithCPAndKVAllGather).
+    cp_comm_type: Literal["p2p", "a2a", "all_gather"] = "p2p"
     # Mixture-of-experts engine options (MoE models only). The token dispatcher
     # (--moe-token-dispatcher-type): alltoall, allgather, or flex with DeepEP (the profile's
     # features.deepep says whether the cluster has it); None picks flex where DeepEP is available,

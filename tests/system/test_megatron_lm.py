@@ -75,13 +75,14 @@ def test_planned_megatron_args_pass_megatron_lm_checks(runner, in_tmp, spec, run
     assert proc.stdout.startswith("PASS"), proc.stdout
 
 
-@pytest.mark.parametrize("extra", [[], ["--recompute", "none", "--zero", "2"]], ids=["distributed-optimizer",
-                                                                                   "megatron-fsdp"])
+@pytest.mark.parametrize("extra", [[], ["--recompute", "none", "--zero", "2"], ["--recompute", "full", "--recompute-layers", "3"]],
+                         ids=["distributed-optimizer", "megatron-fsdp", "partial-recompute"])
 def test_llama3_405b_uneven_interleaved_layout_passes_megatron_lm(runner, in_tmp, extra):
     """TP8 PP16 with the embedding and the loss counted in the split and two virtual stages per rank,
     also as Meta trained it (no recomputation, gradients sharded: Megatron-FSDP optim_grads, with
-    CUDA_DEVICE_MAX_CONNECTIONS unset as launch.sh leaves it): Megatron-LM's own validate_args and
-    TransformerConfig accept exactly what dsorch emits."""
+    CUDA_DEVICE_MAX_CONNECTIONS unset as launch.sh leaves it), and with 3 of each virtual stage's layers
+    recomputed (--recompute-method block): Megatron-LM's own validate_args and TransformerConfig accept
+    exactly what dsorch emits."""
     out = in_tmp / "plan"
     r = plan(runner, "examples/llama3-405b.yaml", "--cluster", "dgx16", "--nodes", "2048", "--runtime", "megatron",
              "--tp", "8", "--pp", "16", "--vpp", "2", "--cp", "1", *extra, "--out", out)

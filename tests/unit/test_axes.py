@@ -28,7 +28,7 @@ from ..conftest import EXAMPLES
 # (128 GPUs = tp8 x cp2 x pp4 x dp2; the expert mesh etp2 x ep4 out of tp8 x cp2 x dp2) for Llama 3
 # 70B made a mixture of eight experts (top 2, each an eighth of the MLP), so that ep and etp apply.
 EVERY_AXIS = Layout(tp=8, sequence_parallel=True, cp=2, ep=4, etp=2, pp=4, vpp=2, dp=2, zero_stage=1,
-                    micro_batch_size=1, grad_accum_steps=256, recompute="selective")
+                    micro_batch_size=1, grad_accum_steps=256, recompute="full", recompute_layers=3)
 DENSE = EXAMPLES / "llama3-70b.yaml"
 
 
@@ -122,18 +122,21 @@ def test_the_regenerate_line_names_every_pin(in_tmp, runner, SPEC):
 
 
 def test_short_form_and_pins_of_a_layout():
-    assert EVERY_AXIS.short() == "tp8+sp cp2 ep4 etp2 pp4 vpp2 dp2 zero1 mbs1 gas256 rc=selective"
-    plain = dataclasses.replace(EVERY_AXIS, sequence_parallel=False, cp=1, vpp=1, ep=1, etp=1)
-    assert plain.short() == "tp8 pp4 dp2 zero1 mbs1 gas256 rc=selective"
+    assert EVERY_AXIS.short() == "tp8+sp cp2 ep4 etp2 pp4 vpp2 dp2 zero1 mbs1 gas256 rc=full/3"
+    plain = dataclasses.replace(EVERY_AXIS, sequence_parallel=False, cp=1, vpp=1, ep=1, etp=1, recompute_layers=0)
+    assert plain.short() == "tp8 pp4 dp2 zero1 mbs1 gas256 rc=full"
     assert Pins.of(EVERY_AXIS).all_pinned() and not Pins(tp=8).all_pinned()
     assert Pins(tp=8, cp=2).words() == ["--tp", "8", "--cp", "2"]
     assert Pins(sequence_parallel=False).words() == ["--no-sp"]
 
 
 def test_old_plan_directories_without_a_later_axis_still_load():
-    """cp, ep and etp came after 0.1: a plan.yaml without them means 1; the axes of 0.1 stay required."""
-    later = ("cp", "ep", "etp")
-    layout = {k: v for k, v in dataclasses.replace(EVERY_AXIS, cp=1, ep=1, etp=1).as_dict().items() if k not in later}
-    assert (PlanLayout(**layout).cp, PlanLayout(**layout).ep, PlanLayout(**layout).etp) == (1, 1, 1)
+    """cp, ep, etp and recompute_layers came after 0.1: a plan.yaml without them means 1 (0: every layer
+    recomputed); the axes of 0.1 stay required."""
+    later = ("cp", "ep", "etp", "recompute_layers")
+    old = dataclasses.replace(EVERY_AXIS, cp=1, ep=1, etp=1, recompute_layers=0)
+    layout = {k: v for k, v in old.as_dict().items() if k not in later}
+    doc = PlanLayout(**layout)
+    assert (doc.cp, doc.ep, doc.etp, doc.recompute_layers) == (1, 1, 1, 0)
     with pytest.raises(pydantic.ValidationError):
         PlanLayout(**{k: v for k, v in layout.items() if k != "tp"})

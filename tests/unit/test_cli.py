@@ -130,7 +130,7 @@ def test_json_output_shape(runner, in_tmp):
     assert r.exit_code == 0
     doc = json.loads(r.output)
     assert set(doc["layout"]) == {"tp", "pp", "dp", "vpp", "zero_stage", "micro_batch_size", "grad_accum_steps",
-                                  "recompute", "sequence_parallel", "cp", "ep", "etp"}
+                                  "recompute", "sequence_parallel", "cp", "ep", "etp", "recompute_layers"}
     assert tuple(doc["memory_gib_per_gpu"]) == MEMORY_KEYS and tuple(doc["time_breakdown_s"]) == TIME_PARTS
     assert {"step_time_s", "tokens_per_s", "mfu"} <= set(doc["predicted"])
     assert doc["layout"]["recompute"] in ("none", "selective", "full")
@@ -158,7 +158,7 @@ def test_everything_pinned_evaluates_exactly_that_layout(runner, in_tmp):
     assert doc["search"]["evaluated"] == 1
     assert doc["layout"] == {"tp": 8, "pp": 2, "dp": 8, "vpp": 1, "zero_stage": 1, "micro_batch_size": 1,
                              "grad_accum_steps": 64, "recompute": "full", "sequence_parallel": True, "cp": 1,
-                             "ep": 1, "etp": 1}
+                             "ep": 1, "etp": 1, "recompute_layers": 0}
 
 
 def test_pinned_layout_that_does_not_fit_says_by_how_much(runner, in_tmp):

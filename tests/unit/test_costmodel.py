@@ -153,9 +153,15 @@ def test_invariants(mt, nodes, runtime):
         states = [evaluate(model, training, profile, runtime, _vary(base, zero_stage=z)) for z in stages]
         for lo, hi in zip(states, states[1:]):
             assert np.all(_states(hi) <= _states(lo) + 1e-6)
-    # ... and in recompute level: none >= selective >= full.
-    acts = [evaluate(model, training, profile, runtime, _vary(c, recompute=r)).memory.activations for r in (0, 1, 2)]
+    # ... and in recompute level: none >= selective >= full (every layer) ...
+    acts = [
+        evaluate(model, training, profile, runtime, _vary(c, recompute=r, recompute_layers=0)).memory.activations
+        for r in (0, 1, 2)
+    ]
     assert np.all(acts[0] >= acts[1] - 1e-6) and np.all(acts[1] >= acts[2] - 1e-6)
+    # ... and full recomputation of one layer per stage lies between none and full.
+    one = evaluate(model, training, profile, runtime, _vary(c, recompute=2, recompute_layers=1)).memory.activations
+    assert np.all(acts[0] >= one - 1e-6) and np.all(one >= acts[2] - 1e-6)
 
 
 @settings(max_examples=25, deadline=None)
@@ -168,7 +174,9 @@ def test_activation_memory_monotone_in_micro_batch(mt, runtime):
         return
     ev = evaluate(model, training, profile, runtime, c)
     # Group by everything except the micro-batch size; activations must not decrease as it grows.
-    key = np.stack([c.tp, c.cp, c.pp, c.vpp, c.zero_stage, c.recompute, c.sequence_parallel.astype(int)], axis=1)
+    key = np.stack(
+        [c.tp, c.cp, c.pp, c.vpp, c.zero_stage, c.recompute, c.recompute_layers, c.sequence_parallel.astype(int)], axis=1
+    )
     for k in np.unique(key, axis=0):
         idx = np.flatnonzero((key == k).all(axis=1))
         idx = idx[np.argsort(c.micro_batch_size[idx])]
@@ -258,7 +266,8 @@ def test_engine_overlaps_follow_the_runtime():
 
     spec, _ = load_spec(EXAMPLES / "llama3-70b.yaml")
     profile = _profile(4)
-    pins = dict(tp=8, pp=2, dp=2, micro_batch_size=1, vpp=1, zero_stage=1, recompute="full", sequence_parallel=True)
+    pins = dict(tp=8, pp=2, dp=2, micro_batch_size=1, vpp=1, zero_stage=1, recompute="full", recompute_layers=0,
+                sequence_parallel=True)
     c, ds = _one(spec.model, spec.training, profile, "deepspeed", **pins)
     # DeepSpeed's pipeline engine reduces after the flush: nothing of the reduction is hidden.
     assert float(ds.time.dp_comm[0]) == pytest.approx(float(ds.dp_comm_total[0]))

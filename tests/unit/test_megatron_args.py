@@ -142,6 +142,14 @@ def test_full_recompute_with_method_and_layers_is_valid():
     assert check_megatron_args(flags, 256) == []
 
 
+def test_block_recompute_of_some_layers_is_valid_up_to_a_stage():
+    flags = _with(recompute_granularity="full", recompute_method="block", recompute_num_layers="3")
+    assert check_megatron_args(flags, 256) == []
+    per_rank = int(dict(flags)["--num-layers"]) // int(dict(flags)["--pipeline-model-parallel-size"])
+    too_many = _with(recompute_granularity="full", recompute_method="block", recompute_num_layers=str(per_rank + 1))
+    _one_error(check_megatron_args(too_many, 256), f"exceeds the {per_rank} layers per pipeline rank")
+
+
 def test_nargs_values_are_checked_per_token():
     assert _check(rampup_batch_size="32 32 1000") == []
     _one_error(_check(rampup_batch_size="32 32"), "--rampup-batch-size", "exactly 3 values")
