@@ -59,6 +59,12 @@ ENTRIES = [
      "fixed": {"attention": 0.6}, "borrow": "megatron/h100-sxm5-ndr"},
     {"engine": "deepspeed-zero3", "hardware": "a100-sxm4-hdr",
      "free": ("gemm", "attention", "hbm", "dp_overlap", "zero3_stall_us"), "borrow": "megatron/a100-sxm4-hdr"},
+    # DeepSpeed's pipeline engine (the deepspeed runtime at pp > 1): GLM-130B on 768 A100 and the rebase README's
+    # two 8-GPU rows. Its structure (blocking p2p, the TP all-gathers of partitioned activations, the reduction
+    # after the flush: costmodel/pipe_schedule.py) is fixed by DeepSpeed's code; three runs fit one rate, the
+    # GEMMs', the rest is ZeRO-3's on the same GPUs (the same PyTorch-side kernels) and Megatron's links.
+    {"engine": "deepspeed-pipeline", "hardware": "a100-sxm4-hdr", "free": ("gemm",),
+     "borrow": "deepspeed-zero3/a100-sxm4-hdr"},
     # Five runs: attention stays Megatron's (at its floor there already).
     {"engine": "deepspeed-zero3", "hardware": "h100-sxm5-ndr",
      "free": ("gemm", "hbm", "dp_overlap", "zero3_stall_us"), "borrow": "megatron/h100-sxm5-ndr"},
@@ -91,8 +97,9 @@ HEADER = """\
 #     python scripts/fit_calibration.py
 # from published runs: Megatron-LM (published_runs.yaml, evaluated as calibration_sets.yaml says) for
 # the megatron engine, PyTorch FSDP FULL_SHARD (published_runs_fsdp.yaml) and DeepSpeed's own ZeRO-3
-# (published_runs_deepspeed.yaml) for deepspeed-zero3, and the Megatron-Core / Megatron-Bridge MoE and
-# recent dense runs on H100, GB200 NVL72 and GB300 NVL72 (published_runs_moe.yaml) for megatron.
+# (published_runs_deepspeed.yaml) for deepspeed-zero3, DeepSpeed's pipeline engine (the same file, pp > 1) for
+# deepspeed-pipeline, and the Megatron-Core / Megatron-Bridge MoE and recent dense runs on H100, GB200 NVL72
+# and GB300 NVL72 (published_runs_moe.yaml) for megatron.
 # `stages` says which rows fitted which values (dense runs, then MoE runs with the dense values
 # fixed). `covers` and `measured_gpus` say what the runs used; a layout or GPU beyond them is outside
 # the fitted domain. ep_overlap is fitted nowhere (no published run overlaps the expert all-to-all):
@@ -101,9 +108,9 @@ HEADER = """\
 #
 # Resolution (orchestrator/costmodel/calibration.py): a profile's own `efficiency` values win;
 # then this engine's entry for the profile's gpu.name (and inter_node.kind); then an entry of the
-# engine it borrows from (deepspeed below ZeRO-3 has no published runs of its own yet: it borrows
-# deepspeed-zero3's, the same PyTorch kernels), which makes the prediction "outside the fitted
-# domain"; then `default`. `step_time_error` is the fit's residual on the entry's own rows, and
+# engine it borrows from (deepspeed below ZeRO-3 without a pipeline has no published runs of its own
+# yet: it borrows deepspeed-zero3's, the same PyTorch kernels; so does deepspeed-pipeline on a GPU
+# none of its runs used), which makes the prediction "outside the fitted domain"; then `default`. `step_time_error` is the fit's residual on the entry's own rows, and
 # held out (each run predicted by a fit without it, `held_out_errors` per run): the largest
 # held-out error is the interval every prediction made with the entry carries.
 """
@@ -295,9 +302,12 @@ def main() -> None:
     for spec in ENTRIES:
         fitted[entry_id(spec)] = fit_entry(spec, rows, fitted, args.iters)
     entries = [entry_doc(spec, fitted[entry_id(spec)]) for spec in ENTRIES]
-    # Unknown hardware: the less favourable of the fitted values, and the larger of the errors.
+    # Unknown hardware: the less favourable of the fitted values, and the larger of the errors. The
+    # pipeline engine's GEMM rate is its own (DeepSpeed's pipeline path), not the hardware's: an
+    # unknown GPU takes the kernel engines' values, as it did before that entry existed.
     worse = {f: (max if f in ("zero3_stall_us", "moe_layer_us") else min) for f in FIELDS}
-    default = {f: worse[f](e["efficiency"][f] for e in entries) for f in FIELDS}
+    kernels = [e for e in entries if e["engine"] != "deepspeed-pipeline"]
+    default = {f: worse[f](e["efficiency"][f] for e in kernels) for f in FIELDS}
     doc = {"version": 2,
            "memory_error": memory_doc(rows),
            "default": {"efficiency": default,

@@ -191,7 +191,7 @@ def _run_row(r: dict, base: ClusterProfile, recompute: str, note: str = "") -> R
         sequence_parallel=L["sp"],
     )
     runtime = r.get("runtime", "deepspeed")
-    engine = str(engine_of(runtime, L["zero"]).item())
+    engine = str(engine_of(runtime, L["zero"], L["pp"]).item())
     return Row(
         r["id"],
         ModelSpec(**r["model"]),

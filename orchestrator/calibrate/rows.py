@@ -80,7 +80,7 @@ def predicted_peak_gib(row: Row) -> float:
 
 def row_engine(row: Row) -> str:
     """The calibration engine of a row (its layout is pinned to one ZeRO stage or runtime)."""
-    return str(engine_of(row.runtime, row.pins.zero_stage or 0).item())
+    return str(engine_of(row.runtime, row.pins.zero_stage or 0, row.pins.pp or 1).item())
 
 
 @dataclass

@@ -9,7 +9,9 @@ that engine on that hardware:
 * ``megatron``: Megatron-LM / Megatron-Core (the megatron runtime);
 * ``deepspeed-zero3``: sharded data parallelism, DeepSpeed ZeRO-3 and PyTorch FSDP FULL_SHARD
   (the deepspeed runtime at zero_stage 3);
-* ``deepspeed``: DeepSpeed's ZeRO-0/1/2 and pipeline engine (the deepspeed runtime below ZeRO-3).
+* ``deepspeed``: DeepSpeed's ZeRO-0/1/2 without a pipeline (the deepspeed runtime below ZeRO-3);
+* ``deepspeed-pipeline``: DeepSpeed's PipelineEngine (the deepspeed runtime with pp > 1), fitted on
+  published runs of that engine (Megatron-DeepSpeed with Megatron-style TP).
 
 Resolution, field by field, first hit wins:
 
@@ -50,23 +52,27 @@ FIELDS = (
     "moe_layer_us",
 )
 TABLE_FILE = "calibration.yaml"
-ENGINE_NAMES = ("megatron", "deepspeed-zero3", "deepspeed")
+ENGINE_NAMES = ("megatron", "deepspeed-zero3", "deepspeed", "deepspeed-pipeline")
 # Where an engine without data of its own takes its kernel efficiencies from: DeepSpeed below
 # ZeRO-3 runs the same PyTorch kernels (dsorch's entrypoint) as its ZeRO-3, and ZeRO-3/FSDP the
 # same GEMMs as Megatron-LM on a GPU neither has been measured on.
 BORROWS = {
     "deepspeed": ("deepspeed-zero3", "megatron"),
+    # The pipeline engine on a GPU none of its runs used: the entrypoint's kernels, as below ZeRO-3.
+    "deepspeed-pipeline": ("deepspeed-zero3", "megatron"),
     "deepspeed-zero3": ("megatron",),
     "megatron": ("deepspeed-zero3",),
 }
 
 
-def engine_of(runtime: str, zero_stage) -> np.ndarray:
-    """The calibration engine of each layout (an array of names)."""
+def engine_of(runtime: str, zero_stage, pp=1) -> np.ndarray:
+    """The calibration engine of each layout (an array of names): the deepspeed runtime runs
+    DeepSpeed's PipelineEngine whenever pp > 1 (train/entry.py), ZeRO-3 never with a pipeline."""
     z = np.asarray(zero_stage)
     if runtime == "megatron":
         return np.full(z.shape, "megatron", dtype=object)
-    return np.where(z >= 3, "deepspeed-zero3", "deepspeed").astype(object)
+    pipe = np.broadcast_to(np.asarray(pp), z.shape) > 1
+    return np.where(z >= 3, "deepspeed-zero3", np.where(pipe, "deepspeed-pipeline", "deepspeed")).astype(object)
 
 
 @dataclass(frozen=True)
@@ -288,24 +294,23 @@ def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table:
     )
 
 
-def per_layout(profile: ClusterProfile, runtime: str, zero_stage) -> tuple[dict[str, np.ndarray], dict[str, Resolved]]:
+def per_layout(
+    profile: ClusterProfile, runtime: str, zero_stage, pp=None
+) -> tuple[dict[str, np.ndarray], dict[str, Resolved]]:
     """The efficiencies of each layout (arrays over layouts, for the vectorized model) and the
-    Resolved of each engine present: the deepspeed runtime mixes two engines (ZeRO-3 and below)."""
+    Resolved of each engine present: the deepspeed runtime mixes three engines (ZeRO-3, the
+    pipeline engine, and ZeRO-0/1/2 without a pipeline). Without ``pp`` every engine a layout of
+    the runtime at those ZeRO stages may use is resolved (a caller then picks with ``engine_of``)."""
     z = np.asarray(zero_stage)
-    if runtime == "megatron":
-        below, zero3 = np.ones(z.shape, dtype=bool), np.zeros(z.shape, dtype=bool)
-        present = {"megatron"}
-    else:
-        zero3 = z >= 3
-        below = ~zero3
-        present = {e for e, mask in (("deepspeed", below), ("deepspeed-zero3", zero3)) if mask.any()}
-    resolved = {e: resolve_efficiency(profile, e) for e in sorted(present or {engine_of(runtime, 0).item()})}
-    low = "megatron" if runtime == "megatron" else "deepspeed"
+    names = engine_of(runtime, z, 1 if pp is None else pp)
+    present = set(names.ravel().tolist()) or {str(engine_of(runtime, 0).item())}
+    if pp is None and "deepspeed" in present:
+        present.add("deepspeed-pipeline")
+    resolved = {e: resolve_efficiency(profile, e) for e in sorted(present)}
     arrays = {}
     for f in FIELDS:
         values = np.zeros(z.shape, dtype=np.float64)
-        for e, mask in ((low, below), ("deepspeed-zero3", zero3)):
-            if e in resolved:
-                values[mask] = getattr(resolved[e], f)
+        for e in resolved:
+            values[names == e] = getattr(resolved[e], f)
         arrays[f] = values
     return arrays, resolved

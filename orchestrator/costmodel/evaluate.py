@@ -24,7 +24,9 @@ Time model (per optimizer step, on the slowest pipeline stage):
                 (pp-1)/(m*vpp) of m micro-batch times);
   pp_comm       point-to-point activations b*s*h (b*s*h/t with SP or Megatron's scatter/gather)
                 per micro-batch and chunk, forward and backward, over InfiniBand when
-                neighbouring stages sit on other nodes;
+                neighbouring stages sit on other nodes; DeepSpeed's pipeline engine as its
+                TrainSchedule runs (costmodel/pipe_schedule.py): blocking transfers on the critical
+                path, the TP all-gathers of partitioned activations, the tied-embedding all-reduce;
   dp_comm       gradient reduction, hierarchical when the group spans nodes: ring inside the node
                 over NVLink, then across nodes over each GPU's share of the node's NICs carrying
                 1/k of the bytes (k = group members per node); ZeRO-3 gathers weights each
@@ -1163,9 +1165,58 @@ def _pp_comm(x: _Inputs, links: _Links) -> np.ndarray:
     p2p_bw = np.where(cross, links.ib, links.nvlink)
     p2p_lat = np.where(cross, links.ib_latency, links.nvlink_latency)
     p2p_bytes = np.where(x.sequence_parallel | eng.p2p_scatter_gather, T * h / tp, T * h) * e
+    if x.runtime == "deepspeed":
+        return np.where(pp > 1, _deepspeed_pipe(x, links, p2p_bytes, p2p_bw, p2p_lat), 0.0)
     # Overlapped sends (interleaved schedule) leave only the fill and drain ones exposed.
     sends = np.where(eng.p2p_overlap & (vpp > 1), pp - 1, x.grad_accum_steps * vpp + pp - 1)
     return np.where(pp > 1, 2 * sends * (p2p_bytes / p2p_bw + p2p_lat), 0.0)
+
+
+def _deepspeed_pipe(x: _Inputs, links: _Links, p2p_bytes, p2p_bw, p2p_lat) -> np.ndarray:
+    """What DeepSpeed's PipelineEngine adds to the compute and the bubble per step, as its
+    TrainSchedule runs (costmodel/pipe_schedule.py, DeepSpeed 0.19 runtime/pipe/engine.py):
+
+    * blocking point-to-point: ``exposed_transfers(pp, m)`` transfers on the critical path, each
+      the message (b*s*h/t: pipe_partitioned sends each tp rank's slice, SP's output is already
+      one; a small meta tensor goes first with pipe_partitioned: _exec_send_activations sends every
+      element of the tuple) and one latency per message;
+    * per micro-batch on the busiest stage (so ``m + pp - 1`` times, like the compute): the TP
+      all-gathers that rebuild partitioned activations and gradients (``partition_gathers``) over
+      NVLink, and the two copies of the received activation (_exec_recv_activations clones the
+      buffer, _exec_forward_pass clones its inputs), read and written at HBM bandwidth;
+    * after the flush: the tied embedding's gradient all-reduced between the first and the last
+      stage (_exec_reduce_tied_grads; fp32 under the BF16 optimizer, whose ``_hp_grad`` it reduces),
+      and the three scalar collectives every stage waits for: the gradient norm over the
+      model-parallel group (the ZeRO optimizer's ``_model_parallel_all_reduce``), the loss over the
+      data-parallel group and its broadcast over the pipe (_aggregate_total_loss), latency only.
+
+    The data-parallel reduction after the flush is ``_dp_comm``'s (not overlapped: ReduceGrads is
+    an instruction of its own after the last backward, the engine's ``dp_overlap_with_pp`` false)."""
+    from orchestrator.costmodel.pipe_schedule import exposed_transfers, partition_gathers
+
+    tp, pp, m = x.tp, x.pp, x.grad_accum_steps
+    T, h, e = x.s_local * x.micro_batch_size, float(x.model.hidden_size), float(x.act_bytes)
+    partitioned = (tp > 1) & ~x.sequence_parallel
+    transfer = p2p_bytes / p2p_bw + np.where(partitioned, 2.0, 1.0) * p2p_lat
+    hbm = x.profile.gpu.hbm_bandwidth_gbps * 1e9 * x.eff.hbm
+    gather = _ring_time(T * h * e, tp, links.nvlink, links.nvlink_latency, 1.0)
+    per_mb = np.where(partitioned, partition_gathers(pp) * gather, 0.0) + 2 * 2 * p2p_bytes / hbm
+    domain = x.profile.nvlink_domain
+    far = (tp * x.dpc * (pp - 1) >= domain) & (x.profile.world_size > domain)
+    tied = 0.0
+    if x.model.tied_embeddings:
+        grad_b = np.where(_bf16_optimizer(x), x.grad_b, x.comm_grad_b)
+        nbytes = float(x.model.vocab_size) * h / tp * grad_b
+        tied = _ring_time(
+            nbytes,
+            2.0,
+            np.where(far, links.ib, links.nvlink),
+            np.where(far, links.ib_latency, links.nvlink_latency),
+            2.0,
+        )
+    hops = lambda n: np.ceil(np.log2(np.maximum(n, 1.0)))  # noqa: E731  (a tree of scalars)
+    scalars = (2 * hops(pp * tp) + 2 * hops(x.dpc) + hops(pp)) * np.where(far, links.ib_latency, links.nvlink_latency)
+    return exposed_transfers(pp, m) * transfer + (m + pp - 1) * per_mb + tied + scalars
 
 
 def _sharded_collectives(x: _Inputs, links: _Links, params, group, stride) -> np.ndarray:
@@ -1493,7 +1544,7 @@ def evaluate(
     ``efficiency`` overrides the profile's resolved efficiencies and ``engine`` the runtime's
     overlap settings (calibration uses both); plain callers pass neither.
     """
-    eff = _rates(per_layout(profile, runtime, c.zero_stage)[0] if efficiency is None else efficiency.values())
+    eff = _rates(per_layout(profile, runtime, c.zero_stage, c.pp)[0] if efficiency is None else efficiency.values())
     eng = runtime_engine(runtime, training) if engine is None else engine
     x = _inputs(model, training, profile, runtime, c, eff, eng)
     mem = _memory(x)

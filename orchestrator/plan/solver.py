@@ -290,7 +290,7 @@ def _confidence(resolved, runtime: str, model: ModelSpec, training: TrainingSpec
     eng = runtime_engine(runtime, training)
 
     def of(L: Layout) -> tuple[float | None, str]:
-        r = resolved[str(engine_of(runtime, L.zero_stage).item())]
+        r = resolved[str(engine_of(runtime, L.zero_stage, L.pp).item())]
         beyond = r.beyond(
             L.tp,
             L.pp,

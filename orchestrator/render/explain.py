@@ -62,7 +62,9 @@ def ranked_layouts(plan: Plan) -> list[Ranked]:
 
 def _chosen_efficiency(plan: Plan):
     """The efficiencies the chosen layout was predicted with (its engine's calibration entry)."""
-    return resolve_efficiency(plan.profile, str(engine_of(plan.runtime, plan.chosen.layout.zero_stage).item()))
+    return resolve_efficiency(
+        plan.profile, str(engine_of(plan.runtime, plan.chosen.layout.zero_stage, plan.chosen.layout.pp).item())
+    )
 
 
 def _model_error(plan: Plan) -> tuple[float | None, float | None, str | None]:

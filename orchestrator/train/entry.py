@@ -75,6 +75,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="after the first step, write each rank's bytes of weights, gradients and optimizer "
         "state, counted tensor by tensor, to DIR/census-rankN.json (train/census.py)",
     )
+    p.add_argument(
+        "--schedule-census",
+        default=None,
+        metavar="DIR",
+        help="with pp > 1, write each rank's executed pipeline instructions and communication calls, "
+        "timed, to DIR/schedule-rankN.json after every step (train/schedule_census.py)",
+    )
     # Fault injection for the resume test: SIGKILL rank 0 right after this step is logged.
     p.add_argument("--fail-after-step", type=int, default=None, help=argparse.SUPPRESS)
     # Test pacing for the time-limit test: a floor on the seconds per step, so that how many steps
@@ -283,6 +290,10 @@ class Trainer:
             from orchestrator.train.census import census_before_second_step
 
             census_before_second_step(engine, Path(args.memory_census), denv.rank, grid.get_stage_id())
+        if args.schedule_census and plan.layout.pp > 1:
+            from orchestrator.train.schedule_census import record_schedule
+
+            record_schedule(engine, Path(args.schedule_census), denv.rank)
 
     def step(self, step: int) -> bool:
         """Run step ``step`` (0-based) and its bookkeeping; False when a stop request ends the run

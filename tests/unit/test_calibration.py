@@ -42,14 +42,16 @@ def test_step_time_error_on_published_runs(errors):
     from orchestrator.calibrate.published import moe_rows
 
     moe_file = {r.id for r in moe_rows()}
-    assert len(errors) == 19 + 13 + 1 + len(moe_file)  # Megatron-LM, FSDP, DeepSpeed, MoE file
+    # Megatron-LM, FSDP, DeepSpeed (ZeRO-3 once, its pipeline engine twice), MoE file
+    assert len(errors) == 19 + 13 + 1 + 2 + len(moe_file)
     assert len(moe_file) == 13
     dense_sets = [e for e in errors if e.id not in moe_file]
     s = error_summary(dense_sets)
     assert s["mean"] <= 0.05 and s["max"] <= 0.10, s
     entries = {e.hardware for e in errors}
     assert entries == {"megatron/a100-sxm4-hdr", "megatron/h100-sxm5-ndr", "deepspeed-zero3/a100-sxm4-hdr",
-                       "deepspeed-zero3/h100-sxm5-ndr", "megatron/gb200-nvl72", "megatron/gb300-nvl72"}
+                       "deepspeed-zero3/h100-sxm5-ndr", "megatron/gb200-nvl72", "megatron/gb300-nvl72",
+                       "deepspeed-pipeline/a100-sxm4-hdr"}
     for hw in entries:
         sub = error_summary([e for e in dense_sets if e.hardware == hw])
         assert sub["mean"] <= 0.05 and sub["max"] <= 0.10, (hw, sub)
@@ -340,8 +342,11 @@ def test_deepspeed_runs_found_are_sourced_and_used_or_explained():
         if run["use"] == "none":
             assert len(run["reason"]) > 20, run["id"]
         else:
-            assert (run["model"]["num_layers"], run["model"]["hidden_size"]) != (105, 20480), run["id"]
-    used = [r for r in all_published_rows() if r.id.startswith("ds-")]
+            # MT-NLG 530B, BLOOM-176B and GPT-NeoX-20B shapes: reserved for evaluation.
+            shape = (run["model"]["num_layers"], run["model"]["hidden_size"])
+            assert shape not in ((105, 20480), (70, 14336), (44, 6144)), run["id"]
+    ids = {r["id"] for r in doc["runs"]}
+    used = [r for r in all_published_rows() if r.id in ids]
     assert [r.id for r in used] == [r["id"] for r in doc["runs"] if r["use"] == "fit"]
 
 
@@ -541,3 +546,24 @@ def test_published_moe_layouts_are_expressible():
         if len(cand) == 0:
             refused[row.id] = why
     assert not refused, refused
+
+
+def test_deepspeed_pipeline_entry_exists_and_resolves():
+    """The deepspeed runtime at pp > 1 is DeepSpeed's PipelineEngine: its own entry on A100, fitted
+    only on published pipeline-engine runs (published_runs_deepspeed.yaml, use: fit, pp > 1), with
+    its held-out figures; on a GPU none of them used it borrows, outside the fitted domain."""
+    from orchestrator.costmodel.calibration import engine_of
+
+    assert engine_of("deepspeed", [0, 1, 1, 3], [1, 2, 8, 1]).tolist() == [
+        "deepspeed", "deepspeed-pipeline", "deepspeed-pipeline", "deepspeed-zero3"]
+    assert engine_of("megatron", [1], [8]).tolist() == ["megatron"]
+    a100 = load_profile("dgx-a100-80gb-hdr").profile
+    pipe = resolve_efficiency(a100, "deepspeed-pipeline")
+    assert pipe.entry == "deepspeed-pipeline/a100-sxm4-hdr" and pipe.domain == "fitted"
+    assert pipe.held_out_max is not None and pipe.rows is not None and pipe.rows >= 2
+    entry = next(e for e in calibration_table()["entries"] if e["id"] == pipe.entry)
+    runs = yaml.safe_load((EXAMPLES.parent / "orchestrator/costmodel/published_runs_deepspeed.yaml").read_text())["runs"]
+    fitted = {r["id"] for r in runs if r["use"] == "fit" and r["layout"]["pp"] > 1}
+    assert set(entry["held_out_errors"]) == fitted
+    h100 = resolve_efficiency(load_profile("dgx16").profile, "deepspeed-pipeline")
+    assert h100.domain == "borrowed" and h100.interval is None
