@@ -432,6 +432,8 @@ def _recompute_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
     """Partial recomputation (recompute_layers): full recomputation only, where the runtime has it."""
     if L.recompute_layers == 0:
         return []
+    if runtime != "megatron":
+        return [_recompute_layers_problem(L.recompute_layers, model, runtime, 0) or ""]
     if L.recompute != "full":
         return [
             f"recompute_layers={L.recompute_layers} picks the layers full recomputation reruns (Megatron's "
