@@ -7,6 +7,7 @@ refuses it."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -21,7 +22,7 @@ from orchestrator.plan.rules import check_layout
 from orchestrator.plan.solver import candidates_of, search
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import load_spec
-from orchestrator.validate.megatron import parse_args_lines
+from orchestrator.validate.megatron import check_megatron_args, parse_args_lines
 
 from ..conftest import EXAMPLES
 
@@ -59,9 +60,28 @@ def test_step_time_rises_with_cp_on_one_node():
 def test_explain_shows_the_exchange(runner):
     r = runner.invoke(
         main,
-        ["plan", str(EXAMPLES / "llama3-8b.yaml"), "--cluster", "dgx16", "--nodes", "1", "--runtime", "megatron",
-         "--tp", "1", "--pp", "1", "--recompute", "full", "--recompute-layers", "0", "--cp", "2", "--explain",
-         "--no-write"],
+        [
+            "plan",
+            str(EXAMPLES / "llama3-8b.yaml"),
+            "--cluster",
+            "dgx16",
+            "--nodes",
+            "1",
+            "--runtime",
+            "megatron",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--recompute",
+            "full",
+            "--recompute-layers",
+            "0",
+            "--cp",
+            "2",
+            "--explain",
+            "--no-write",
+        ],
         catch_exceptions=False,
     )
     assert r.exit_code == 0, r.output
@@ -88,7 +108,10 @@ def _hand(model, training, profile, L: Layout, kind: str) -> float:
     hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * eff["hbm"]
     peak = profile.gpu.peak_tflops.bf16 * 1e12
     # FlashAttention's causal half of this rank's s/cp queries against all s keys, plus Q, K, V, O.
-    att_f = 0.5 * 4 * mbs * (a / tp) * (s / cp) * s * d / (peak * eff["attention"]) + T * (2 * h + 2 * kv * d) / tp * e / hbm
+    att_f = (
+        0.5 * 4 * mbs * (a / tp) * (s / cp) * s * d / (peak * eff["attention"])
+        + T * (2 * h + 2 * kv * d) / tp * e / hbm
+    )
     att_b = 2.5 * att_f
     if kind == "p2p":
         fwd = (cp - 1) * max(0.0, kv_b / bw + lat - att_f / cp) + cp * CP_STEP_OVERHEAD_S
@@ -111,8 +134,18 @@ def _hand(model, training, profile, L: Layout, kind: str) -> float:
 def test_each_exchange_matches_its_arithmetic(kind, recompute, mbs):
     model, training = _spec(cp_comm_type=kind)
     profile = _one_node()
-    L = Layout(tp=1, pp=1, dp=2, vpp=1, zero_stage=1, micro_batch_size=mbs, grad_accum_steps=512 // (2 * mbs),
-               recompute=recompute, sequence_parallel=False, cp=4)
+    L = Layout(
+        tp=1,
+        pp=1,
+        dp=2,
+        vpp=1,
+        zero_stage=1,
+        micro_batch_size=mbs,
+        grad_accum_steps=512 // (2 * mbs),
+        recompute=recompute,
+        sequence_parallel=False,
+        cp=4,
+    )
     assert check_layout(L, model, training, profile, "megatron") == []
     ev = evaluate(model, training, profile, "megatron", candidates_of(model, [L]))
     assert float(ev.time.cp_comm[0]) == pytest.approx(_hand(model, training, profile, L, kind), rel=1e-9)
@@ -123,8 +156,18 @@ def test_the_ring_shows_when_a_block_is_shorter_than_its_transfer():
     transfer (~ s/cp), so the p2p ring is partly exposed, and more so than the blocks alone."""
     model, training = _spec(seq_length=512)
     profile = _one_node()
-    L = Layout(tp=1, pp=1, dp=1, vpp=1, zero_stage=1, micro_batch_size=1, grad_accum_steps=512,
-               recompute="none", sequence_parallel=False, cp=8)
+    L = Layout(
+        tp=1,
+        pp=1,
+        dp=1,
+        vpp=1,
+        zero_stage=1,
+        micro_batch_size=1,
+        grad_accum_steps=512,
+        recompute="none",
+        sequence_parallel=False,
+        cp=8,
+    )
     ev = evaluate(model, training, profile, "megatron", candidates_of(model, [L]))
     hand = _hand(model, training, profile, L, "p2p")
     assert float(ev.time.cp_comm[0]) == pytest.approx(hand, rel=1e-9)
@@ -136,11 +179,29 @@ def test_the_ring_shows_when_a_block_is_shorter_than_its_transfer():
 
 
 def test_cp_comm_type_reaches_the_flags_and_a2a_needs_divisible_heads(runner, in_tmp):
-    text = (EXAMPLES / "llama3-8b.yaml").read_text().replace("  precision: bf16", "  precision: bf16\n  cp_comm_type: a2a")
+    text = (
+        (EXAMPLES / "llama3-8b.yaml").read_text().replace("  precision: bf16", "  precision: bf16\n  cp_comm_type: a2a")
+    )
     (in_tmp / "s.yaml").write_text(text)
     out = in_tmp / "p"
-    args = ["plan", str(in_tmp / "s.yaml"), "--cluster", "dgx16", "--nodes", "1", "--runtime", "megatron",
-            "--tp", "2", "--pp", "1", "--cp", "4", "--out", str(out)]
+    args = [
+        "plan",
+        str(in_tmp / "s.yaml"),
+        "--cluster",
+        "dgx16",
+        "--nodes",
+        "1",
+        "--runtime",
+        "megatron",
+        "--tp",
+        "2",
+        "--pp",
+        "1",
+        "--cp",
+        "4",
+        "--out",
+        str(out),
+    ]
     r = runner.invoke(main, args, catch_exceptions=False)
     assert r.exit_code == 0, r.output
     flags = dict(parse_args_lines((out / "megatron_args.txt").read_text()))
@@ -148,8 +209,103 @@ def test_cp_comm_type_reaches_the_flags_and_a2a_needs_divisible_heads(runner, in
     model, training = _spec(cp_comm_type="a2a")
     # tp 8 (one node) x cp 2 is 16 GPUs: on two nodes, 1 kv head per tp rank cannot split over cp 2.
     two = load_profile("dgx16").profile.resized(nodes=2)
-    L2 = Layout(tp=8, pp=1, dp=1, vpp=1, zero_stage=1, micro_batch_size=1, grad_accum_steps=512,
-                recompute="full", sequence_parallel=False, cp=2)
+    L2 = Layout(
+        tp=8,
+        pp=1,
+        dp=1,
+        vpp=1,
+        zero_stage=1,
+        micro_batch_size=1,
+        grad_accum_steps=512,
+        recompute="full",
+        sequence_parallel=False,
+        cp=2,
+    )
     msgs = check_layout(L2, model, training, two, "megatron")
     assert any("cp_comm_type a2a" in m and "key/value heads" in m for m in msgs), msgs
     assert check_layout(L2, model, training.model_copy(update={"cp_comm_type": "p2p"}), two, "megatron") == []
+
+
+def test_hierarchical_a2a_p2p_is_a2a_inside_a_node_and_the_ring_across():
+    """a2a+p2p on two nodes, tp 2 x cp 8: all-to-alls among the 4 cp ranks of a node (NVLink), the p2p
+    ring over the 2 nodes (the GPU's share of the NICs), each with the bytes of this rank's chunks."""
+    model, training = _spec(cp_comm_type="a2a+p2p")
+    profile = load_profile("dgx16").profile.resized(nodes=2)
+    L = Layout(
+        tp=2,
+        pp=1,
+        dp=1,
+        vpp=1,
+        zero_stage=1,
+        micro_batch_size=1,
+        grad_accum_steps=512,
+        recompute="none",
+        sequence_parallel=False,
+        cp=8,
+    )
+    assert check_layout(L, model, training, profile, "megatron") == []
+    ev = evaluate(model, training, profile, "megatron", candidates_of(model, [L]))
+    eff = {k: float(np.ravel(v)[0]) for k, v in per_layout(profile, "megatron", np.array([1]))[0].items()}
+    s, h, kvd, e = training.seq_length, model.hidden_size, model.kv_heads * model.head_dim, 2.0
+    T = s / 8
+    q_b = o_b = T * h / 2 * e
+    kv_b = 2 * T * kvd / 2 * e
+    nv = profile.intra_node.bandwidth_gbps * 1e9 / 2 * eff["intra_node_comm"]
+    nv_lat = profile.intra_node.latency_us * 1e-6
+    ib = profile.inter_node.bandwidth_gbps / 8 * 1e9 * profile.inter_node.nics_per_node / 8 * eff["inter_node_comm"]
+    ib_lat = profile.inter_node.latency_us * 1e-6
+    hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * eff["hbm"]
+    moved = q_b + kv_b + o_b
+    a2a = 3 / 4 * moved / nv + 4 * nv_lat + 2 * moved / hbm  # each way
+    peak = profile.gpu.peak_tflops.bf16 * 1e12
+    a = model.num_attention_heads
+    att_f = 0.5 * 4 * (a / 2) * T * s * model.head_dim / (peak * eff["attention"]) + T * (2 * h + 2 * kvd) / 2 * e / hbm
+    att_b = 2.5 * att_f
+    r = 2  # ring of two nodes: one transfer forward; backward the KV and the dK/dV (2 - 2 middle steps: none)
+    fwd = (r - 1) * max(0.0, kv_b / ib + ib_lat - att_f / r) + r * CP_STEP_OVERHEAD_S
+    fwd += ((r - 1) * (q_b + o_b) + r * (o_b / e) * (e + 8)) / hbm
+    bwd = 2 * max(0.0, kv_b / ib + ib_lat - att_b / r) + r * CP_STEP_OVERHEAD_S
+    bwd += ((r - 1) * 2 * (q_b + o_b) + r * 3 * (q_b + kv_b)) / hbm
+    hand = 512 * model.num_layers * (fwd + bwd + 2 * a2a)
+    assert float(ev.time.cp_comm[0]) == pytest.approx(hand, rel=1e-9)
+    # On one node there is no ring to build: refused, pointing at a2a or p2p.
+    one = dataclasses.replace(L, cp=4)
+    msgs = check_layout(one, model, training, _one_node(), "megatron")
+    assert any("a2a+p2p needs the cp ranks to span NVLink domains" in m for m in msgs), msgs
+
+
+def test_hierarchical_sizes_reach_the_flags(runner, in_tmp):
+    text = (
+        (EXAMPLES / "llama3-8b.yaml")
+        .read_text()
+        .replace("  precision: bf16", "  precision: bf16\n  cp_comm_type: a2a+p2p")
+    )
+    (in_tmp / "s.yaml").write_text(text)
+    out = in_tmp / "p"
+    r = runner.invoke(
+        main,
+        [
+            "plan",
+            str(in_tmp / "s.yaml"),
+            "--cluster",
+            "dgx16",
+            "--nodes",
+            "2",
+            "--runtime",
+            "megatron",
+            "--tp",
+            "2",
+            "--pp",
+            "1",
+            "--cp",
+            "8",
+            "--out",
+            str(out),
+        ],
+        catch_exceptions=False,
+    )
+    assert r.exit_code == 0, r.output
+    flags = parse_args_lines((out / "megatron_args.txt").read_text())
+    d = dict(flags)
+    assert d["--cp-comm-type"] == "a2a+p2p" and d["--hierarchical-context-parallel-sizes"] == "4 2"
+    assert check_megatron_args(flags, 16) == []
