@@ -93,9 +93,23 @@ def test_explain_shows_the_exchange(runner):
     assert float(numbers[names.index("CP_comm")]) > 0.0
 
 
+def _p2p(n, kv_b, q_b, o_b, bw, lat, att_f, att_b, hbm, e):
+    """(forward, backward) exposed seconds of a p2p ring of n ranks, per layer and micro-batch."""
+    fwd = (n - 1) * max(0.0, kv_b / bw + lat - att_f / n) + n * CP_STEP_OVERHEAD_S
+    fwd += ((n - 1) * (q_b + o_b) + n * (o_b / e) * (e + 8)) / hbm
+    bwd = 2 * max(0.0, kv_b / bw + lat - att_b / n) + (n - 2) * max(0.0, 2 * kv_b / bw + lat - att_b / n)
+    bwd += n * CP_STEP_OVERHEAD_S + ((n - 1) * 2 * (q_b + o_b) + n * 3 * (q_b + kv_b)) / hbm
+    return fwd, bwd
+
+
+def _a2a(n, moved, bw, lat, hbm):
+    return (n - 1) / n * moved / bw + 4 * lat + 2 * moved / hbm
+
+
 def _hand(model, training, profile, L: Layout, kind: str) -> float:
     """Exposed seconds per step of the cp exchange, written out from Transformer Engine's
-    context_parallel.py (one node: the cp group talks over NVLink)."""
+    context_parallel.py: inside a node the cp group talks over NVLink; a2a+p2p's ring crosses nodes
+    on the GPU's share of the NICs (its a2a level: the 4 cp ranks of a node at tp 2)."""
     eff = {k: float(np.ravel(v)[0]) for k, v in per_layout(profile, "megatron", np.array([L.zero_stage]))[0].items()}
     s, cp, tp, mbs = training.seq_length, L.cp, L.tp, L.micro_batch_size
     h, a, kv, d = model.hidden_size, model.num_attention_heads, model.kv_heads, model.head_dim
@@ -105,6 +119,8 @@ def _hand(model, training, profile, L: Layout, kind: str) -> float:
     kv_b = 2 * T * kv * d / tp * e
     bw = profile.intra_node.bandwidth_gbps * 1e9 / 2 * eff["intra_node_comm"]
     lat = profile.intra_node.latency_us * 1e-6
+    ib = profile.inter_node.bandwidth_gbps / 8 * 1e9 * profile.inter_node.nics_per_node / 8 * eff["inter_node_comm"]
+    ib_lat = profile.inter_node.latency_us * 1e-6
     hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * eff["hbm"]
     peak = profile.gpu.peak_tflops.bf16 * 1e12
     # FlashAttention's causal half of this rank's s/cp queries against all s keys, plus Q, K, V, O.
@@ -114,13 +130,13 @@ def _hand(model, training, profile, L: Layout, kind: str) -> float:
     )
     att_b = 2.5 * att_f
     if kind == "p2p":
-        fwd = (cp - 1) * max(0.0, kv_b / bw + lat - att_f / cp) + cp * CP_STEP_OVERHEAD_S
-        fwd += ((cp - 1) * (q_b + o_b) + cp * (o_b / e) * (e + 8)) / hbm
-        bwd = 2 * max(0.0, kv_b / bw + lat - att_b / cp) + (cp - 2) * max(0.0, 2 * kv_b / bw + lat - att_b / cp)
-        bwd += cp * CP_STEP_OVERHEAD_S + ((cp - 1) * 2 * (q_b + o_b) + cp * 3 * (q_b + kv_b)) / hbm
+        fwd, bwd = _p2p(cp, kv_b, q_b, o_b, bw, lat, att_f, att_b, hbm, e)
     elif kind == "a2a":
-        moved = q_b + kv_b + o_b
-        fwd = bwd = (cp - 1) / cp * moved / bw + 4 * lat + 2 * moved / hbm
+        fwd = bwd = _a2a(cp, q_b + kv_b + o_b, bw, lat, hbm)
+    elif kind == "a2a+p2p":
+        inner = 8 // tp
+        fwd, bwd = _p2p(cp // inner, kv_b, q_b, o_b, ib, ib_lat, att_f, att_b, hbm, e)
+        fwd, bwd = fwd + _a2a(inner, q_b + kv_b + o_b, bw, lat, hbm), bwd + _a2a(inner, q_b + kv_b + o_b, bw, lat, hbm)
     else:
         gather = (cp - 1) * kv_b / bw + 2 * (cp - 1) * lat
         fwd = gather + 2 * cp * kv_b / hbm + 2 * CP_STEP_OVERHEAD_S
@@ -245,29 +261,7 @@ def test_hierarchical_a2a_p2p_is_a2a_inside_a_node_and_the_ring_across():
     )
     assert check_layout(L, model, training, profile, "megatron") == []
     ev = evaluate(model, training, profile, "megatron", candidates_of(model, [L]))
-    eff = {k: float(np.ravel(v)[0]) for k, v in per_layout(profile, "megatron", np.array([1]))[0].items()}
-    s, h, kvd, e = training.seq_length, model.hidden_size, model.kv_heads * model.head_dim, 2.0
-    T = s / 8
-    q_b = o_b = T * h / 2 * e
-    kv_b = 2 * T * kvd / 2 * e
-    nv = profile.intra_node.bandwidth_gbps * 1e9 / 2 * eff["intra_node_comm"]
-    nv_lat = profile.intra_node.latency_us * 1e-6
-    ib = profile.inter_node.bandwidth_gbps / 8 * 1e9 * profile.inter_node.nics_per_node / 8 * eff["inter_node_comm"]
-    ib_lat = profile.inter_node.latency_us * 1e-6
-    hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * eff["hbm"]
-    moved = q_b + kv_b + o_b
-    a2a = 3 / 4 * moved / nv + 4 * nv_lat + 2 * moved / hbm  # each way
-    peak = profile.gpu.peak_tflops.bf16 * 1e12
-    a = model.num_attention_heads
-    att_f = 0.5 * 4 * (a / 2) * T * s * model.head_dim / (peak * eff["attention"]) + T * (2 * h + 2 * kvd) / 2 * e / hbm
-    att_b = 2.5 * att_f
-    r = 2  # ring of two nodes: one transfer forward; backward the KV and the dK/dV (2 - 2 middle steps: none)
-    fwd = (r - 1) * max(0.0, kv_b / ib + ib_lat - att_f / r) + r * CP_STEP_OVERHEAD_S
-    fwd += ((r - 1) * (q_b + o_b) + r * (o_b / e) * (e + 8)) / hbm
-    bwd = 2 * max(0.0, kv_b / ib + ib_lat - att_b / r) + r * CP_STEP_OVERHEAD_S
-    bwd += ((r - 1) * 2 * (q_b + o_b) + r * 3 * (q_b + kv_b)) / hbm
-    hand = 512 * model.num_layers * (fwd + bwd + 2 * a2a)
-    assert float(ev.time.cp_comm[0]) == pytest.approx(hand, rel=1e-9)
+    assert float(ev.time.cp_comm[0]) == pytest.approx(_hand(model, training, profile, L, "a2a+p2p"), rel=1e-9)
     # On one node there is no ring to build: refused, pointing at a2a or p2p.
     one = dataclasses.replace(L, cp=4)
     msgs = check_layout(one, model, training, _one_node(), "megatron")
