@@ -30,11 +30,12 @@ Time model (per optimizer step, on the slowest pipeline stage):
                 1/k of the bytes (k = group members per node); ZeRO-3 gathers weights each
                 micro-batch (3(d-1)/d, ZeRO paper Sec. 7); minus the part hidden behind compute
                 where the engine overlaps it (``dp_overlap``);
-  cp_comm       context parallelism (ring attention, Liu et al. 2023; Megatron-LM's default
-                cp_comm_type p2p): every layer passes each rank's K and V chunk around the cp ring,
-                cp - 1 steps forward and twice that volume backward (K, V and their gradients),
-                each step overlapped with one block of attention; only what exceeds the layer's
-                attention time is exposed;
+  cp_comm       context parallelism as Transformer Engine runs it (training.cp_comm_type): the
+                p2p ring (Megatron-LM's default) passes each rank's K and V chunk on, cp - 1 steps
+                forward and K, V and their gradients backward, each step's transfer exposed only
+                beyond one block (1/cp) of the attention; a2a's all-to-alls and all_gather's gathers
+                are exposed; every ring step adds its launches and the partial outputs' correction
+                traffic; recomputation runs the forward exchange again;
   optimizer     Adam reads and writes ~34 bytes per local parameter at HBM bandwidth x ``hbm``.
 
 Context parallelism (cp) splits every sequence over cp ranks: per rank, s/cp tokens of every
