@@ -32,11 +32,12 @@ Time model (per optimizer step, on the slowest pipeline stage):
                 1/k of the bytes (k = group members per node); ZeRO-3 gathers weights each
                 micro-batch (3(d-1)/d, ZeRO paper Sec. 7); minus the part hidden behind compute
                 where the engine overlaps it (``dp_overlap``);
-  cp_comm       context parallelism (ring attention, Liu et al. 2023; Megatron-LM's default
-                cp_comm_type p2p): every layer passes each rank's K and V chunk around the cp ring,
-                cp - 1 steps forward and twice that volume backward (K, V and their gradients),
-                each step overlapped with one block of attention; only what exceeds the layer's
-                attention time is exposed;
+  cp_comm       context parallelism as Transformer Engine runs it (training.cp_comm_type): the
+                p2p ring (Megatron-LM's default) passes each rank's K and V chunk on, cp - 1 steps
+                forward and K, V and their gradients backward, each step's transfer exposed only
+                beyond one block (1/cp) of the attention; a2a's all-to-alls and all_gather's gathers
+                are exposed; every ring step adds its launches and the partial outputs' correction
+                traffic; recomputation runs the forward exchange again;
   optimizer     Adam reads and writes ~34 bytes per local parameter at HBM bandwidth x ``hbm``.
 
 Context parallelism (cp) splits every sequence over cp ranks: per rank, s/cp tokens of every
@@ -1322,7 +1323,7 @@ class _CpPass:
     backward: np.ndarray
 
 
-def _cp_p2p(x: _Inputs, comp: _Compute, kv_b, q_b, o_b, one_way, hbm) -> _CpPass:
+def _cp_p2p(x: _Inputs, comp: _Compute, cp, kv_b, q_b, o_b, one_way, hbm) -> _CpPass:
     """cp_comm_type p2p (AttnFuncWithCPAndKVP2P): cp steps each way, every step the attention of this
     rank's queries against one rank's K and V chunk. The load-balanced causal split (each rank holds
     chunks i and 2cp-1-i of 2cp: get_batch_on_this_cp_rank) gives every step the same work (the
@@ -1333,8 +1334,8 @@ def _cp_p2p(x: _Inputs, comp: _Compute, kv_b, q_b, o_b, one_way, hbm) -> _CpPass
     beyond its block, the step's launches (CP_STEP_OVERHEAD_S), and the traffic the split adds at HBM
     bandwidth: every further step reads Q and writes a partial output (forward; Q, O, dO read and a
     partial dQ written backward), which the fp32 output correction reads back into its accumulator
-    (read partial, read and write fp32 accumulator per step), and dQ, dK, dV accumulate per step."""
-    cp = x.cp
+    (read partial, read and write fp32 accumulator per step), and dQ, dK, dV accumulate per step.
+    ``cp``: the ring's ranks (all of cp, or the outer level of a2a+p2p)."""
     block_f, block_b = comp.attention_forward_mb / cp, comp.attention_backward_mb / cp
     o_elems = o_b / float(x.act_bytes)
     forward = (
@@ -1351,14 +1352,15 @@ def _cp_p2p(x: _Inputs, comp: _Compute, kv_b, q_b, o_b, one_way, hbm) -> _CpPass
     return _CpPass(forward=forward, backward=backward)
 
 
-def _cp_a2a(x: _Inputs, kv_b, q_b, o_b, bw, lat, hbm) -> _CpPass:
+def _cp_a2a(n, kv_b, q_b, o_b, bw, lat, hbm) -> _CpPass:
     """cp_comm_type a2a (AttnFuncWithCPAndQKVOA2A, DeepSpeed-Ulysses): all-to-alls of Q, K and V
     before the attention (heads scattered, the sequence gathered) and of the output after it;
     backward, of dO before and of dQ, dK, dV after (flash_attn_a2a_communicate). Each rank keeps
     1/cp of what it holds and sends the rest; nothing overlaps the attention, which runs once on the
     whole sequence with a/cp heads (no shorter blocks). Each all-to-all's input is reordered into and
-    out of the chunk order (reorder_seq_chunks_for_a2a_*: read and write at HBM)."""
-    share = (x.cp - 1) / x.cp
+    out of the chunk order (reorder_seq_chunks_for_a2a_*: read and write at HBM). ``n``: the group's
+    ranks (all of cp, or the inner level of a2a+p2p)."""
+    share = (n - 1) / n
     moved = q_b + kv_b + o_b
     one_pass = share * moved / bw + 4 * lat + 2 * moved / hbm
     return _CpPass(forward=one_pass, backward=one_pass)
@@ -1374,6 +1376,15 @@ def _cp_all_gather(x: _Inputs, kv_b, bw, lat, hbm) -> _CpPass:
     reorder = 2 * cp * kv_b / hbm
     forward = gather + reorder + 2 * CP_STEP_OVERHEAD_S
     return _CpPass(forward=forward, backward=2 * gather + reorder + 2 * CP_STEP_OVERHEAD_S)
+
+
+def cp_a2a_size(domain, tp, cp):
+    """The inner (all-to-all) level of cp_comm_type a2a+p2p, arrays or scalars: the cp ranks of one
+    NVLink domain (the cp group strides over tp ranks): the greatest common divisor of cp and the cp
+    ranks a domain holds, so that --hierarchical-context-parallel-sizes a cp/a multiply to cp as
+    Megatron's validate_args asserts."""
+    fit = np.maximum(1, np.asarray(domain) // np.asarray(tp, dtype=np.int64))
+    return np.gcd(np.asarray(cp, dtype=np.int64), fit)[()]
 
 
 def _attention_forward_passes(x: _Inputs) -> np.ndarray:
@@ -1403,11 +1414,21 @@ def _cp_comm(x: _Inputs, links: _Links, comp: _Compute) -> np.ndarray:
     hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * x.eff.hbm
     kind = x.training.cp_comm_type
     if kind == "a2a":
-        per = _cp_a2a(x, kv_b, q_b, o_b, bw, lat, hbm)
+        per = _cp_a2a(cp, kv_b, q_b, o_b, bw, lat, hbm)
     elif kind == "all_gather":
         per = _cp_all_gather(x, kv_b, bw, lat, hbm)
+    elif kind == "a2a+p2p":
+        # Hierarchical (TE's a2a+p2p, Megatron --hierarchical-context-parallel-sizes a r): all-to-alls
+        # over the a cp ranks of one NVLink domain, then the p2p ring over the r = cp/a domains on the
+        # NICs; after the all-to-all a rank holds a x s/cp tokens of 1/a of its heads, so its K, V,
+        # Q and output chunks have the bytes they had, and a ring step is 1/r of the attention.
+        a = cp_a2a_size(domain, tp, cp)
+        r = cp / a
+        inner = _cp_a2a(a, kv_b, q_b, o_b, links.nvlink, links.nvlink_latency, hbm)
+        ring = _cp_p2p(x, comp, r, kv_b, q_b, o_b, lambda nbytes: nbytes / links.ib + links.ib_latency, hbm)
+        per = _CpPass(forward=inner.forward + ring.forward, backward=inner.backward + ring.backward)
     else:
-        per = _cp_p2p(x, comp, kv_b, q_b, o_b, lambda nbytes: nbytes / bw + lat, hbm)
+        per = _cp_p2p(x, comp, cp, kv_b, q_b, o_b, lambda nbytes: nbytes / bw + lat, hbm)
     layer = _attention_forward_passes(x) * per.forward + per.backward
     return np.where(cp > 1, x.grad_accum_steps * x.stage_layers * layer, 0.0)
 

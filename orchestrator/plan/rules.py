@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.costmodel.evaluate import cp_a2a_size
 from orchestrator.plan.layout import Layout
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
@@ -151,13 +152,13 @@ def _recompute_layers_problem(n: int, model: ModelSpec, runtime: str, chunk: int
     return None
 
 
-def cp_degrees(runtime: str, training: TrainingSpec, n: int, model: ModelSpec, tp: int) -> list[int]:
+def cp_degrees(runtime: str, training: TrainingSpec, n: int, model: ModelSpec, tp: int, domain: int) -> list[int]:
     """Context-parallel degrees among the divisors of ``n`` (GPUs left after tp): Megatron-LM only
     (the bundled entrypoint has no ring attention), its fused attention only (the local attention
     asserts context_parallel_size == 1: core/transformer/dot_product_attention.py), and the
     sequence must split into 2 x cp chunks for the load-balanced causal split (validate_args:
-    "seq-length should be a multiple of 2 * context-parallel-size"); with cp_comm_type a2a, each
-    tp rank's heads split over cp (``cp_heads_split``)."""
+    "seq-length should be a multiple of 2 * context-parallel-size"); and the exchange's own needs
+    (``cp_exchange_problem``)."""
     from orchestrator.plan.layout import divisors
 
     if runtime != "megatron" or not training.flash_attention:
@@ -165,7 +166,8 @@ def cp_degrees(runtime: str, training: TrainingSpec, n: int, model: ModelSpec, t
     return [
         c
         for c in divisors(n)
-        if c == 1 or (_splits_for_cp(training.seq_length, c) and cp_heads_split(model, training, tp, c))
+        if c == 1
+        or (_splits_for_cp(training.seq_length, c) and cp_exchange_problem(model, training, tp, c, domain) is None)
     ]
 
 
@@ -173,14 +175,30 @@ def _splits_for_cp(seq_length: int, cp: int) -> bool:
     return seq_length % (2 * cp) == 0
 
 
-def cp_heads_split(model: ModelSpec, training: TrainingSpec, tp: int, cp: int) -> bool:
-    """Whether cp_comm_type a2a can scatter the heads over the cp ranks: Transformer Engine asserts
-    num_heads % cp_size == 0 for Q and for K, V (the heads of one tp rank; context_parallel.py
-    AttnFuncWithCPAndQKVOA2A.forward: "cp_comm_type='a2a' requires num_heads % cp_size == 0")."""
-    if training.cp_comm_type != "a2a" or cp == 1:
-        return True
+def cp_exchange_problem(model: ModelSpec, training: TrainingSpec, tp: int, cp: int, domain: int) -> str | None:
+    """Why training.cp_comm_type cannot run at this tp and cp, or None. a2a scatters each tp rank's
+    heads over the cp ranks (a2a+p2p over its inner level): Transformer Engine asserts num_heads %
+    cp_size == 0 for Q and for K, V (context_parallel.py AttnFuncWithCPAndQKVOA2A.forward). a2a+p2p
+    is hierarchical: both levels must have more than one rank (costmodel cp_a2a_size), else it is
+    plain a2a or p2p."""
+    kind = training.cp_comm_type
+    if cp == 1 or kind not in ("a2a", "a2a+p2p"):
+        return None
+    group = cp if kind == "a2a" else int(cp_a2a_size(domain, tp, cp))
+    if kind == "a2a+p2p" and group in (1, cp):
+        return (
+            f"cp={cp} with training.cp_comm_type a2a+p2p needs the cp ranks to span NVLink domains with more than "
+            f"one in each (tp={tp} leaves {group} in a domain of {domain}): use cp_comm_type "
+            f"{'a2a or p2p' if group == cp else 'p2p'}"
+        )
     q_heads, kv_heads = model.num_attention_heads // tp, max(1, model.kv_heads // tp)
-    return q_heads % cp == 0 and kv_heads % cp == 0
+    if q_heads % group or kv_heads % group:
+        return (
+            f"cp={cp} with training.cp_comm_type {kind} scatters each tp rank's heads over {group} ranks, but "
+            f"tp={tp} leaves {q_heads} query and {kv_heads} key/value heads per rank, not multiples of {group} "
+            f"(Transformer Engine's a2a asserts it): choose a cp dividing them or set cp_comm_type p2p"
+        )
+    return None
 
 
 def uses_tp_overlap(runtime: str, training: TrainingSpec, layout: Layout) -> bool:
@@ -280,7 +298,7 @@ def check_layout(
     order of the steps below: the world size, cp, tp, pp and vpp, the global batch, ZeRO, sp."""
     return [
         *_world_rules(layout, profile),
-        *_cp_rules(layout, model, training, runtime),
+        *_cp_rules(layout, model, training, runtime, profile.nvlink_domain),
         *_tp_rules(layout, model, profile),
         *_ep_rules(layout, model, runtime),
         *_pipeline_rules(layout, model, training, runtime),
@@ -302,7 +320,7 @@ def _world_rules(L: Layout, profile: ClusterProfile) -> list[str]:
     ]
 
 
-def _cp_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime: str) -> list[str]:
+def _cp_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime: str, domain: int) -> list[str]:
     """Context parallelism: the runtime and attention that have it, the sequence's 2 x cp chunks,
     and the heads a2a scatters."""
     if L.cp <= 1:
@@ -323,14 +341,8 @@ def _cp_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime: str)
             f"seq_length {training.seq_length} is not a multiple of 2 x cp = {2 * L.cp} (Megatron-LM "
             f"splits each sequence into 2 x cp chunks); choose a cp that fits"
         )
-    if not cp_heads_split(model, training, L.tp, L.cp):
-        r.append(
-            f"cp={L.cp} with training.cp_comm_type a2a scatters each tp rank's heads over the cp ranks, but "
-            f"tp={L.tp} leaves {model.num_attention_heads // L.tp} query and {max(1, model.kv_heads // L.tp)} "
-            f"key/value heads per rank, not multiples of {L.cp} (Transformer Engine's a2a asserts it): "
-            f"choose a cp dividing them or set cp_comm_type p2p"
-        )
-    return r
+    exchange = cp_exchange_problem(model, training, L.tp, L.cp, domain)
+    return r + ([exchange] if exchange else [])
 
 
 def _tp_rules(L: Layout, model: ModelSpec, profile: ClusterProfile) -> list[str]:
@@ -432,6 +444,8 @@ def _recompute_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
     """Partial recomputation (recompute_layers): full recomputation only, where the runtime has it."""
     if L.recompute_layers == 0:
         return []
+    if runtime != "megatron":
+        return [_recompute_layers_problem(L.recompute_layers, model, runtime, 0) or ""]
     if L.recompute != "full":
         return [
             f"recompute_layers={L.recompute_layers} picks the layers full recomputation reruns (Megatron's "

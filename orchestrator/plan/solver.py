@@ -172,7 +172,7 @@ def enumerate_layouts(
     legal_tp = tp_degrees(model, profile)
     reject(RULE_TP, len([t for t in _options(pins, "tp", divisors(profile.nvlink_domain)) if t not in legal_tp]))
     for tp in _options(pins, "tp", legal_tp):
-        for cp in _options(pins, "cp", cp_degrees(runtime, training, world // tp, model, tp)):
+        for cp in _options(pins, "cp", cp_degrees(runtime, training, world // tp, model, tp, profile.nvlink_domain)):
             for pp in _options(pins, "pp", divisors(world // (tp * cp))):
                 split = stage_split(model.num_layers, pp, model.mtp_layers)
                 if split is None:

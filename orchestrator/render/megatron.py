@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from orchestrator.costmodel.evaluate import RECOMPUTE_CODES, ep_overlap_applies, token_dispatcher
+from orchestrator.costmodel.evaluate import RECOMPUTE_CODES, cp_a2a_size, ep_overlap_applies, token_dispatcher
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.make import Plan
 from orchestrator.plan.rules import stage_split, uses_megatron_fsdp, uses_tp_overlap
@@ -125,6 +125,9 @@ def _parallelism_flags(plan: Plan) -> _Flags:
         # cost model charges it (costmodel/evaluate.py _cp_comm).
         yield "--context-parallel-size", L.cp
         yield "--cp-comm-type", t.cp_comm_type
+        if t.cp_comm_type == "a2a+p2p":
+            inner = int(cp_a2a_size(plan.profile.nvlink_domain, L.tp, L.cp))
+            yield "--hierarchical-context-parallel-sizes", f"{inner} {L.cp // inner}"
     if plan.spec.model.moe is not None:
         # Megatron-Core carves the expert mesh (etp x ep x expert-dp) out of the attention's
         # tp x cp x dp ranks (core/parallel_state.py); its etp defaults to tp, dsorch's to 1, so

@@ -506,8 +506,9 @@ class TrainingSpec(BaseModel):
     # V around the cp ring, each step overlapped with one block of attention (AttnFuncWithCPAndKVP2P);
     # a2a scatters heads and gathers the sequence with all-to-alls, as DeepSpeed-Ulysses
     # (AttnFuncWithCPAndQKVOA2A; needs the heads of every tp rank divisible by cp); all_gather gathers
-    # the whole K and V before attention, not overlapped (AttnFuncWithCPAndKVAllGather).
-    cp_comm_type: Literal["p2p", "a2a", "all_gather"] = "p2p"
+    # the whole K and V before attention, not overlapped (AttnFuncWithCPAndKVAllGather); a2a+p2p runs
+    # a2a among the cp ranks of one NVLink domain and the p2p ring across domains (hierarchical CP).
+    cp_comm_type: Literal["p2p", "a2a", "all_gather", "a2a+p2p"] = "p2p"
     # Mixture-of-experts engine options (MoE models only). The token dispatcher
     # (--moe-token-dispatcher-type): alltoall, allgather, or flex with DeepEP (the profile's
     # features.deepep says whether the cluster has it); None picks flex where DeepEP is available,

@@ -127,3 +127,13 @@ def test_rendered_as_megatron_block_flags(runner, in_tmp):
     assert (d["--recompute-granularity"], d["--recompute-method"], d["--recompute-num-layers"]) == ("full", "block", "5")
     assert check_megatron_args(flags, 256) == []
     assert "rc=full/5" in r.output
+
+
+def test_a_pin_the_runtime_cannot_run_says_why(runner):
+    r = runner.invoke(
+        main,
+        ["plan", str(EXAMPLES / "llama3-8b.yaml"), "--cluster", "dgx16", "--nodes", "1", "--recompute-layers", "3",
+         "--no-write"],
+        catch_exceptions=False,
+    )
+    assert r.exit_code == 2 and "bundled DeepSpeed entrypoint checkpoints every decoder layer" in r.output, r.output
