@@ -20,7 +20,9 @@ from orchestrator.calibrate.rows import (
 
 
 def _to_unit(x: float, lo: float, hi: float) -> float:
-    u = min(max((x - lo) / (hi - lo), 1e-4), 1 - 1e-4)
+    # A start at a bound (a value borrowed from an entry whose fit ended there) sits where the logistic
+    # is flat: clamped to 1 % inside, the simplex's steps still move it.
+    u = min(max((x - lo) / (hi - lo), 1e-2), 1 - 1e-2)
     return math.log(u / (1 - u))
 
 

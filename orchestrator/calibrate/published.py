@@ -237,10 +237,8 @@ FLEX_MODELS = ("qwen3_30b_a3b", "qwen3_235b_a22b", "deepseek_v3")
 # Transformer Engine FP8 as Megatron-Bridge's precision presets set it (src/megatron/bridge/training/
 # mixed_precision.py): fp8_cs = bf16_with_fp8_current_scaling_mixed (fp8 "hybrid", recipe
 # "tensorwise"); fp8_mx = bf16_with_mxfp8_mixed (fp8 "e4m3", recipe "mxfp8", blocks of 32 values with
-# one E8M0 scale). The cost model runs both at the FP8 GEMM rate (peak_tflops.fp8): MXFP8's block
-# scaling is taken as costing nothing beyond that, and Row.fp8_recipe lets the fit's tables tell
-# the MXFP8 rows apart.
-FP8: dict[str, tuple[Literal["hybrid", "e4m3"], str]] = {
+# one E8M0 scale), the recipe each row's training.fp8_recipe carries.
+FP8: dict[str, tuple[Literal["hybrid", "e4m3"], Literal["tensorwise", "mxfp8"]]] = {
     "fp8_cs": ("hybrid", "tensorwise"),
     "fp8_mx": ("e4m3", "mxfp8"),
     # The 26.04 H100 row prints "FP8" without a recipe; its preset (recipe_crossref) is FP8_CS.
@@ -400,6 +398,7 @@ def moe_training(run: dict) -> tuple[TrainingSpec, str | None]:
         global_batch_size=int(t["global_batch_size"]),
         precision="bf16",
         fp8=fp8,
+        fp8_recipe=recipe or "delayed",
         tp_comm_overlap=bridge,
         **moe,
     )
@@ -491,7 +490,6 @@ def moe_row(run: dict, profile_loader=load_profile) -> Row:
         math.nan if step is None else float(step),
         engine,
         hardware=f"megatron/{hardware}",
-        fp8_recipe=recipe,
     )
 
 

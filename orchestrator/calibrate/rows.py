@@ -37,6 +37,7 @@ BOUNDS = {
     "grouped_gemm": (0.1, 0.95),
     "moe_layer_us": (0.0, 20_000.0),
     "ep_overlap": (0.0, 1.0),
+    "fp8_gemm": (0.3, 1.0),
 }
 # CPU ranks (gloo profiles such as `local`) sit far below datacenter-GPU figures against their
 # stated peak: still fractions in (0, 1], with a floor low enough for them.
@@ -56,10 +57,11 @@ class Row:
     measured_peak_gib: float | None = None
     hardware: str | None = None  # calibration entry id (published rows)
     note: str = ""
-    # Transformer Engine's FP8 scaling recipe where the run used FP8 GEMMs: "tensorwise" (per-tensor
-    # current scaling) or "mxfp8" (MXFP8 blocks of 32 with E8M0 scales). The cost model runs both
-    # at the FP8 GEMM rate; the fit and its tables tell them apart by this.
-    fp8_recipe: str | None = None
+
+    @property
+    def fp8_recipe(self) -> str | None:
+        """Transformer Engine's FP8 scaling recipe where the run used FP8 GEMMs (training.fp8_recipe)."""
+        return self.training.fp8_recipe if self.training.fp8 is not None else None
 
 
 def predicted_peak_gib(row: Row) -> float:

@@ -50,6 +50,7 @@ FIELDS = (
     "grouped_gemm",
     "ep_overlap",
     "moe_layer_us",
+    "fp8_gemm",
 )
 TABLE_FILE = "calibration.yaml"
 ENGINE_NAMES = ("megatron", "deepspeed-zero3", "deepspeed", "deepspeed-pipeline")
@@ -90,6 +91,7 @@ class Resolved:
     grouped_gemm: float
     ep_overlap: float
     moe_layer_us: float
+    fp8_gemm: float
     sources: tuple[tuple[str, str], ...]  # (field, "profile" | "calibration:<entry id>" | "default")
     entry: str | None  # the calibration entry used for the GPU, if any
     # Step-time error of the model on the entry's calibration set (fractions), for "within error".

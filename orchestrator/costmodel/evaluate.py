@@ -18,8 +18,10 @@ Time model (per optimizer step, on the slowest pipeline stage):
                 cross-entropy) at HBM bandwidth; recomputation adds forward passes;
   tp_comm       4 ring all-reduces (or reduce-scatter + all-gather with SP, same volume) of
                 b*s*h per layer and micro-batch, 6 with full recompute (Narayanan et al. 2021,
-                Sec. 4: 8bsh(t-1)/t bytes per layer per device), over NVLink with latency; the
-                part the engine hides behind GEMMs (``tp_overlap``) is not counted;
+                Sec. 4: 8bsh(t-1)/t bytes per layer per device), over NVLink with latency; with
+                Megatron-Core's --tp-comm-overlap each collective hides behind the GEMM Transformer
+                Engine's userbuffers pair it with, and only what exceeds that GEMM, the pipelined
+                reduce-scatter's last split and ring latency stay exposed (``_ub_exposed``);
   bubble        (pp-1)/vpp micro-batch times (Narayanan et al. 2021, Sec. 2.2: bubble fraction
                 (pp-1)/(m*vpp) of m micro-batch times);
   pp_comm       point-to-point activations b*s*h (b*s*h/t with SP or Megatron's scatter/gather)
@@ -44,8 +46,10 @@ Context parallelism (cp) splits every sequence over cp ranks: per rank, s/cp tok
 activation, GEMM and message, the attention of its s/cp queries against the whole (causal,
 load-balanced) sequence, and the weights replicated, so gradients reduce and the distributed
 optimizer shards over dp x cp (Megatron's dp-cp group: core/distributed/distributed_data_parallel.py).
-FP8 (training.fp8) runs the transformer layers' GEMMs at the profile's FP8 peak (Transformer
-Engine; attention and the output layer stay bf16) and adds the casts' HBM traffic.
+FP8 (training.fp8) runs the transformer layers' linear and expert GEMMs at the profile's FP8 peak x
+the bf16 GEMM efficiency x ``fp8_gemm`` (Transformer Engine; attention, the router and the output
+layer stay bf16), adds the quantizations' HBM traffic per recipe (training.fp8_recipe:
+``FP8_CAST_BYTES``) and all-gathers TP activations in FP8 under userbuffers.
 """
 
 from __future__ import annotations
@@ -836,19 +840,21 @@ def _roofline(x: _Inputs) -> _Roofline:
     peak = _peak_flops(x.profile, x.training.precision)
     flop_rate = peak * x.eff.gemm
     fp8 = x.training.fp8 is not None
-    # The layers' linear GEMMs in FP8 (Transformer Engine's Linear modules); attention and the output
-    # layer stay in bf16. Their fraction of peak is bf16's: no published FP8 run was fitted.
+    # The layers' linear GEMMs in FP8 (Transformer Engine's Linear modules, and the experts' grouped
+    # GEMMs); attention (DotProductAttention without fp8_dpa), the output layer (Megatron-Core builds
+    # it as a tensor-parallel linear outside the fp8 autocast of the layers) and the router stay in
+    # bf16. An FP8 GEMM reaches ``fp8_gemm`` of the bf16 GEMM's fraction of peak.
     fp8_peak = fp8_peak_flops(x.profile)
     if fp8 and fp8_peak is None:  # rules.check_training refuses this before planning
         raise ValueError(f"training.fp8 needs gpu.peak_tflops.fp8 in profile '{x.profile.name}'")
     return _Roofline(
         peak=peak,
         flop_rate=flop_rate,
-        layer_rate=fp8_peak * x.eff.gemm if fp8 else flop_rate,
+        layer_rate=fp8_peak * x.eff.gemm * x.eff.fp8_gemm if fp8 else flop_rate,
         hbm=x.profile.gpu.hbm_bandwidth_gbps * 1e9 * x.eff.hbm,
         act_bytes=float(x.act_bytes),
         fp8=fp8,
-        grouped_rate=(fp8_peak if fp8 else peak) * x.eff.grouped_gemm,
+        grouped_rate=(fp8_peak * x.eff.fp8_gemm if fp8 else peak) * x.eff.grouped_gemm,
     )
 
 
@@ -913,17 +919,65 @@ def _elementwise_forward(x: _Inputs, roof: _Roofline, f: float | np.ndarray | No
     replicated = (2 * 2 * h + 2 * 3 * h) * e + (2 * h if training.hidden_dropout > 0 else 0.0)
     rotary = 2 * (h + kv_dim) * e if model.position_embedding == "rope" else 0.0
     sharded = ((3 * f if swiglu else 2 * f) * e + rotary) / tp
-    # FP8: every linear layer casts its input forward and its output gradient backward (read 16-bit,
-    # write 8-bit), counted with the forward's element-wise traffic.
-    fp8_cast = (
-        3.0 * ((h + h + h + f) + ((h + 2 * kv_dim) / tp + h + (2 * f if swiglu else f) / tp + h)) if roof.fp8 else 0.0
-    )
     T = x.s_local * x.micro_batch_size
-    return T * (np.where(x.sequence_parallel, replicated / tp, replicated) + sharded + fp8_cast / 2) / roof.hbm
+    return T * (np.where(x.sequence_parallel, replicated / tp, replicated) + sharded) / roof.hbm
 
 
-def _attention_gemms(x: _Inputs, roof: _Roofline, T) -> _Work:
-    """One layer's attention projections per micro-batch (column-parallel in, row-parallel out)."""
+# Bytes per element of Transformer Engine's FP8 quantization of a 16-bit tensor, per recipe: read it
+# and write the row-wise and the column-wise (transposed, for dgrad and wgrad) FP8 copies, 2 + 1 + 1
+# (Hopper's FP8 GEMMs take only TN operands; MXFP8's scales run along K, so both copies there too);
+# current scaling ("tensorwise") first reads the tensor once more for its amax, since the scale must
+# be known before any element is cast. Delayed scaling takes its scale from past steps and fuses
+# the amax into the cast. Block scales (blockwise, mxfp8) are local to the block: one pass.
+FP8_CAST_BYTES = {"delayed": 4.0, "tensorwise": 6.0, "blockwise": 4.0, "mxfp8": 4.0}
+# ... of a LayerNorm/RMSNorm output that feeds a linear layer (TE LayerNormLinear): delayed scaling
+# quantizes inside the norm kernel (csrc/extensions/normalization.cpp: Impl::FULLY_FUSED for
+# Float8Quantizer), current scaling computes the amax in the norm and then casts
+# (FUSED_NORM_AMAX_FP8), MXFP8 norms then casts (UNFUSED unless NVTE_NORM_FWD_USE_CUDNN).
+FP8_NORM_CAST_BYTES = {"delayed": 0.0, "tensorwise": 4.0, "blockwise": 4.0, "mxfp8": 4.0}
+
+
+def _fp8_casts(x: _Inputs, roof: _Roofline, norm_fed, cast) -> np.ndarray:
+    """Seconds of one layer's FP8 quantizations per micro-batch, forward and backward, as a third
+    (the layer charges its forward element-wise work three times: forward, twice backward).
+    ``norm_fed``: widths per token of the linear inputs a norm produces; ``cast``: of the other
+    quantized tensors (the remaining linear inputs forward, the output gradients backward)."""
+    recipe = x.training.fp8_recipe
+    per_token = norm_fed * FP8_NORM_CAST_BYTES[recipe] + cast * FP8_CAST_BYTES[recipe]
+    return x.s_local * x.micro_batch_size * per_token / 3.0 / roof.hbm
+
+
+def _fp8_layer_casts(x: _Inputs, roof: _Roofline) -> tuple[np.ndarray, np.ndarray]:
+    """A dense layer's and a MoE layer's FP8 quantizations (``_fp8_casts``), on the widths Megatron-
+    Core's TE layers quantize per token: the QKV and FC1 inputs from their fused norms (sequence-
+    sharded with SP, before the FP8 all-gather), the output projection's and FC2's inputs, and the
+    four output gradients (column-parallel ones head-sharded, row-parallel ones sequence-sharded).
+    A MoE layer's pre-MLP norm is its own module (TENorm): its experts quantize the dispatched token
+    copies (top_k per token), their FC2 inputs and both output gradients."""
+    if x.training.fp8 is None:
+        return 0.0 * x.tp, 0.0 * x.tp
+    model, tp = x.model, x.tp
+    h, f = float(model.hidden_size), float(model.ffn_hidden_size)
+    q_dim = float(model.num_attention_heads) * float(model.head_dim)
+    kv_dim = float(model.kv_heads) * float(model.head_dim)
+    h_in = np.where(x.sequence_parallel, h / tp, h)
+    attention = q_dim / tp + (q_dim + 2 * kv_dim) / tp + h_in
+    fc1_out = 2 * f if model.gated else f
+    dense = _fp8_casts(x, roof, 2 * h_in, attention + f / tp + fc1_out / tp + h_in)
+    moe = model.moe
+    if moe is None:
+        return dense, dense
+    k = float(moe.top_k) * x.training.moe_load_imbalance
+    f_e = float(moe.ffn_hidden_size) / x.etp
+    experts = k * (2 * h + f_e + (2 * f_e if model.gated else f_e))
+    shared = float(moe.shared_ffn) / tp
+    shared_casts = h_in + shared + (2 * shared if model.gated else shared) + h_in if moe.shared_experts else 0.0
+    return dense, _fp8_casts(x, roof, h_in, attention + experts + shared_casts)
+
+
+def _attention_gemms(x: _Inputs, roof: _Roofline, T) -> tuple[_Work, _Work]:
+    """One layer's attention projections per micro-batch: the column-parallel ones (QKV; MLA's down
+    and up projections) and the row-parallel output projection, the two GEMMs of its TP block."""
     model, tp = x.model, x.tp
     h = float(model.hidden_size)
     a = float(model.num_attention_heads)
@@ -939,12 +993,10 @@ def _attention_gemms(x: _Inputs, roof: _Roofline, T) -> _Work:
         else:
             work = work + roof.gemm(T, m.q_lora_rank, h, linear=True)
             work = work + roof.gemm(T, a * dq / tp, m.q_lora_rank, linear=True)
-        return work + roof.gemm(T, h, a * dv / tp, linear=True)
+        return work, roof.gemm(T, h, a * dv / tp, linear=True)
     kv_dim = float(model.kv_heads) * float(model.head_dim)
     q_dim = a * float(model.head_dim)
-    if q_dim == h:
-        return roof.gemm(T, (h + 2 * kv_dim) / tp, h, linear=True) + roof.gemm(T, h, h / tp, linear=True)
-    return roof.gemm(T, (q_dim + 2 * kv_dim) / tp, h, linear=True) + roof.gemm(T, h, q_dim / tp, linear=True)
+    return roof.gemm(T, (q_dim + 2 * kv_dim) / tp, h, linear=True), roof.gemm(T, h, q_dim / tp, linear=True)
 
 
 def _mlp_gemms(x: _Inputs, roof: _Roofline, T, f: float) -> tuple[_Work, _Work]:
@@ -995,6 +1047,10 @@ class _Compute:
     attention_backward_mb: np.ndarray  # ... and backward
     moe_layer_mb: np.ndarray  # seconds of one MoE layer per micro-batch, forward and backward (0: dense)
     moe_layers_stage: np.ndarray  # MoE layers of the slowest stage (MTP modules included)
+    # A layer's TP blocks (attention; MLP, or a MoE layer's shared experts): the forward seconds of
+    # each block's column-parallel and row-parallel GEMMs, which its TP collectives pair with.
+    tp_blocks: tuple[tuple[np.ndarray, np.ndarray], ...]
+    tp_blocks_moe: tuple[tuple[np.ndarray, np.ndarray], ...]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -1036,9 +1092,11 @@ def _compute(x: _Inputs) -> _Compute:
     kv_dim = float(model.kv_heads) * float(model.head_dim)
     roof = _roofline(x)
     T = x.s_local * x.micro_batch_size  # tokens per micro-batch on this rank
-    attn = _attention_gemms(x, roof, T)
+    attn_col, attn_row = _attention_gemms(x, roof, T)
+    attn = attn_col + attn_row
     att = _attention(x, roof)
-    elem_f = _elementwise_forward(x, roof) + att.elementwise
+    fp8_dense, fp8_moe = _fp8_layer_casts(x, roof)
+    elem_f = _elementwise_forward(x, roof) + att.elementwise + fp8_dense
     # torchtitan's op SAC counts the mms of each layer and recomputes every second one (wk, wo and
     # the MLP's w3 in Llama's order wq, wk, wv, wo, w1, w3, w2) and every non-mm op; attention
     # (SDPA) is saved.
@@ -1047,10 +1105,16 @@ def _compute(x: _Inputs) -> _Compute:
     kept = np.zeros_like(x.recompute)  # the layers full recomputation leaves out (recompute_layers)
     dense = _layer_time(x, roof, att, attn + up + down, elem_f, op)
     dense_kept = _layer_time(x, roof, att, attn + up + down, elem_f, op, kept)
+    blocks = ((attn_col.seconds, attn_row.seconds), (up.seconds, down.seconds))
+    moe_blocks: tuple[tuple[np.ndarray, np.ndarray], ...] = blocks[:1]
+    if model.moe is not None and model.moe.shared_experts:
+        s_up, s_down = _mlp_gemms(x, roof, T, float(model.moe.shared_ffn))
+        moe_blocks = (blocks[0], (s_up.seconds, s_down.seconds))
     if model.moe is not None:
         moe_gemms, moe_elem = _moe_work(x, roof, T)
-        moe = _layer_time(x, roof, att, attn + moe_gemms, moe_elem + att.elementwise, None)
-        moe_kept = _layer_time(x, roof, att, attn + moe_gemms, moe_elem + att.elementwise, None, kept)
+        moe_elem = moe_elem + att.elementwise + fp8_moe
+        moe = _layer_time(x, roof, att, attn + moe_gemms, moe_elem, None)
+        moe_kept = _layer_time(x, roof, att, attn + moe_gemms, moe_elem, None, kept)
         host = 0.0 if x.eng.moe_cuda_graphs else x.eff.moe_layer_us * 1e-6
         moe = _LayerTime(seconds=moe.seconds + host, flops=moe.flops)
         moe_kept = _LayerTime(seconds=moe_kept.seconds + host, flops=moe_kept.flops)
@@ -1103,6 +1167,8 @@ def _compute(x: _Inputs) -> _Compute:
         attention_backward_mb=att.backward.seconds,
         moe_layer_mb=moe.seconds,
         moe_layers_stage=moe_stage,
+        tp_blocks=blocks,
+        tp_blocks_moe=moe_blocks,
     )
 
 
@@ -1145,15 +1211,51 @@ def _tp_comm_mb(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     tp_layer_mb = n_coll * one
     tp_total_mb = x.stage_layers * tp_layer_mb
     moe = x.model.moe
+    moe_layers = comp.moe_layers_stage if moe is not None else 0.0
     if moe is not None:
         per_pass = 1.0 + (1.0 if moe.shared_experts else 0.0)
         if x.runtime == "deepspeed":
             per_pass = per_pass + float(moe.top_k) * x.training.moe_load_imbalance
         moe_layer_mb = 2 * per_pass * (1.0 + rerun / 2.0) * one
-        tp_total_mb = (x.stage_layers - comp.moe_layers_stage) * tp_layer_mb + comp.moe_layers_stage * moe_layer_mb
-    # --tp-comm-overlap needs sequence parallelism (validate_args), so it hides TP traffic only there.
-    hidden = np.where(x.sequence_parallel & x.eng.tp_overlap, x.eff.tp_overlap, 0.0)
-    return _Overlapped(exposed=tp_total_mb * (1.0 - hidden), total=tp_total_mb)
+        tp_total_mb = (x.stage_layers - moe_layers) * tp_layer_mb + moe_layers * moe_layer_mb
+    # --tp-comm-overlap needs sequence parallelism (validate_args): only there do the userbuffers run.
+    ub = x.sequence_parallel & x.eng.tp_overlap & (x.tp > 1)
+    overlapped = (x.stage_layers - moe_layers) * _ub_exposed(x, links, comp.tp_blocks)
+    overlapped = overlapped + moe_layers * _ub_exposed(x, links, comp.tp_blocks_moe)
+    return _Overlapped(exposed=np.where(ub, overlapped, tp_total_mb), total=tp_total_mb)
+
+
+def _ub_exposed(x: _Inputs, links: _Links, blocks) -> np.ndarray:
+    """Exposed seconds of one layer's TP collectives per micro-batch under Transformer Engine's
+    userbuffers, each paired with the GEMM TE overlaps it with (module/base.py initialize_ub, its
+    default methods @ TE d0067d0). Per TP block (column-parallel GEMM, then row-parallel GEMM):
+      forward   all-gather of the input by ring exchange, chunk by chunk inside the column GEMM
+                (qkv_fprop, fc1_fprop: num_splits = tp, the local chunk's GEMM runs last uncovered);
+                reduce-scatter of the output pipelined with the row GEMM in 4 splits (proj_fprop,
+                fc2_fprop "pipeline": the last split's reduce-scatter follows the GEMM);
+      backward  all-gather of the output gradient by ring exchange inside the row dgrad GEMM
+                (proj_dgrad, fc2_dgrad; the row wgrad reuses it, "external"); all-gather of the saved
+                input shard behind the column dgrad GEMM and reduce-scatter of the input gradient
+                behind the column wgrad GEMM (qkv/fc1 dgrad and wgrad, "bulk").
+    All-gather buffers are FP8 under an FP8 recipe (fp8_buf: layers_all_gather_overlap), the
+    reduce-scatters 16-bit. A collective is exposed by what exceeds ``tp_overlap`` x its GEMM's
+    time (the GEMM loses the 16 SMs pipeline and bulk overlaps take, num_sm, and a chunk's copy
+    waits for its GEMM); each ring step keeps its latency. Full recompute repeats the forward."""
+    T, h, tp, eta = x.s_local * x.micro_batch_size, float(x.model.hidden_size), x.tp, x.eff.tp_overlap
+    ag_bytes = 1.0 if x.training.fp8 is not None else float(x.act_bytes)
+    ag = _ring_time(T * h * ag_bytes, tp, links.nvlink, links.nvlink_latency, 1.0)
+    rs = _ring_time(T * h * float(x.act_bytes), tp, links.nvlink, links.nvlink_latency, 1.0)
+    ring_part = (tp - 1) / tp
+    out = np.zeros_like(tp)
+    for col, row in blocks:
+        forward = np.maximum(0.0, ag - eta * ring_part * col) + rs / 4 + 0.75 * np.maximum(0.0, rs - eta * row)
+        backward = (
+            np.maximum(0.0, ag - eta * ring_part * row)
+            + np.maximum(0.0, ag - eta * col)
+            + np.maximum(0.0, rs - eta * col)
+        )
+        out = out + forward * (1.0 + x.full_recompute_share(x.stage_layers)) + backward
+    return out
 
 
 def _pp_comm(x: _Inputs, links: _Links) -> np.ndarray:
@@ -1168,8 +1270,13 @@ def _pp_comm(x: _Inputs, links: _Links) -> np.ndarray:
     p2p_bytes = np.where(x.sequence_parallel | eng.p2p_scatter_gather, T * h / tp, T * h) * e
     if x.runtime == "deepspeed":
         return np.where(pp > 1, _deepspeed_pipe(x, links, p2p_bytes, p2p_bw, p2p_lat), 0.0)
-    # Overlapped sends (interleaved schedule) leave only the fill and drain ones exposed.
-    sends = np.where(eng.p2p_overlap & (vpp > 1), pp - 1, x.grad_accum_steps * vpp + pp - 1)
+    # Overlapped sends (interleaved schedule) hide behind the other direction's chunks in the steady
+    # 1F1B phase only. In the warm-up (forward chunks only) and the cool-down (backward only) a chunk's
+    # input comes back round the pp stages a lap later, after pp sends, while the stage has just pp
+    # chunks of work: one send per chunk waits. Warm-up chunks of the first stage (Megatron-Core
+    # schedules.py get_pp_rank_microbatches): 2 (pp - 1) + (vpp - 1) x pp, at most all gas x vpp.
+    warmup = np.minimum(x.grad_accum_steps * vpp, 2 * (pp - 1) + (vpp - 1) * pp)
+    sends = np.where(eng.p2p_overlap & (vpp > 1), warmup, x.grad_accum_steps * vpp + pp - 1)
     return np.where(pp > 1, 2 * sends * (p2p_bytes / p2p_bw + p2p_lat), 0.0)
 
 

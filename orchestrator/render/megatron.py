@@ -388,9 +388,12 @@ def _precision_flags(plan: Plan) -> _Flags:
     elif t.precision == "fp16":
         yield "--fp16", None
     if t.fp8 is not None and plan.runtime == "megatron":
+        yield "--fp8-format", t.fp8
+        if t.fp8_recipe != "delayed":
+            yield "--fp8-recipe", t.fp8_recipe
+            return
         # Delayed scaling over a 1024-step amax history, as Megatron-LM's own Llama/GPT examples
         # (examples/llama, examples/gpt3) run FP8.
-        yield "--fp8-format", t.fp8
         yield "--fp8-amax-history-len", 1024
         yield "--fp8-amax-compute-algo", "max"
 

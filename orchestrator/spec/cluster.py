@@ -144,8 +144,9 @@ class Efficiency(BaseModel):
     # Fraction of the data-parallel reduction that overlaps compute where the engine overlaps it
     # (DeepSpeed overlap_comm without pipelining, Megatron --overlap-grad-reduce).
     dp_overlap: float | None = Field(default=None, ge=0, le=1)
-    # Fraction of tensor-parallel collectives hidden behind GEMMs where the engine overlaps them
-    # (Megatron-Core --tp-comm-overlap); 0 elsewhere.
+    # Where the engine overlaps TP collectives with GEMMs (Megatron-Core --tp-comm-overlap,
+    # Transformer Engine userbuffers), the fraction of each paired GEMM's time its collective can
+    # hide behind (the GEMM shares its SMs with the copy); unused elsewhere.
     tp_overlap: float | None = Field(default=None, ge=0, le=1)
     # Not a fraction: microseconds each ZeRO-3 per-layer collective stalls the step beyond its
     # transfer time (launch and stream waits between layers), fitted per engine.
@@ -162,6 +163,11 @@ class Efficiency(BaseModel):
     # launches after it cannot run ahead of the GPU. CUDA graphs of the router and the preprocessing
     # (--cuda-graph-scope moe_router moe_preprocess) remove it. Fitted per engine.
     moe_layer_us: float | None = Field(default=None, ge=0, le=1_000_000)
+    # FP8 GEMMs' efficiency relative to the 16-bit GEMMs' of the same kind (a layer's linear GEMMs
+    # against ``gemm``, the experts' against ``grouped_gemm``), at the profile's FP8 peak: an FP8
+    # GEMM of a shape reaches a smaller fraction of its doubled peak than a bf16 one (torchao
+    # moe_training README: MXFP8 grouped GEMMs at 52-66 % of B200's MXFP8 peak).
+    fp8_gemm: float | None = Field(default=None, gt=0, le=1)
 
 
 class Features(BaseModel):

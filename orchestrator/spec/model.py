@@ -488,6 +488,11 @@ class TrainingSpec(BaseModel):
     # forward and E5M2 gradients (Micikevicius et al. 2022, "FP8 Formats for Deep Learning").
     # Megatron-LM runtime only, on GPUs whose profile states a peak_tflops.fp8.
     fp8: Literal["hybrid", "e4m3"] | None = None
+    # How Transformer Engine scales the FP8 tensors (Megatron-LM --fp8-recipe, default delayed):
+    # delayed (amax history, scale from past steps), tensorwise (current scaling: one scale per
+    # tensor from its own amax), blockwise (1x128/128x128 blocks) or mxfp8 (MXFP8BlockScaling: 32
+    # values per E8M0 scale; Blackwell tensor cores). Read only with fp8.
+    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] = "delayed"
     # Megatron-LM engine options (megatron runtime only). tp_comm_overlap: --tp-comm-overlap,
     # Transformer Engine's userbuffers hide the TP collectives behind the GEMMs; it applies to the
     # layouts with tp > 1 and sequence parallelism (validate_args refuses it elsewhere).

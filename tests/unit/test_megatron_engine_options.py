@@ -276,6 +276,59 @@ def test_tp_comm_overlap_applies_with_sequence_parallelism_only(runner, in_tmp):
     assert r.exit_code == 2 and "training.fp8" in r.output
 
 
+def _tp_overlap_case(efficiency_tp_overlap, fp8=None):
+    """Llama 3 70B at tp 8 with SP and --tp-comm-overlap on dgx16: (exposed TP seconds, total)."""
+    from orchestrator.calibrate.rows import resolved_with
+    from orchestrator.costmodel.calibration import resolve_efficiency
+
+    spec, _ = load_spec(EXAMPLES / "llama3-70b-fp8.yaml")
+    training = spec.training.model_copy(update={"fp8": fp8})
+    profile = load_profile("dgx16").profile
+    pins = Pins(tp=8, pp=4, dp=4, vpp=1, cp=1, zero_stage=1, micro_batch_size=1, recompute="none",
+                sequence_parallel=True)
+    c, _ = enumerate_layouts(spec.model, training, profile, "megatron", pins)
+    values = resolve_efficiency(profile).values() | {"tp_overlap": efficiency_tp_overlap}
+    ev = evaluate(spec.model, training, profile, "megatron", c, efficiency=resolved_with(values))
+    return float(ev.time.tp_comm[0]), float(ev.tp_comm_total[0])
+
+
+def test_userbuffers_hide_each_collective_behind_its_paired_gemm_only():
+    """Transformer Engine's default userbuffers pair every TP collective with one GEMM: with no
+    overlap at all, the five collectives of each TP block (AG + RS forward, AG x 2 + RS backward) are
+    all exposed; however long the GEMMs, the last of the four pipelined reduce-scatter splits after
+    each row-parallel GEMM stays exposed, so overlap never hides everything; FP8 all-gathers move
+    half the bytes."""
+    none, total = _tp_overlap_case(0.0)
+    full, _ = _tp_overlap_case(1.0)
+    assert none > total > 0  # 5 collectives per block exposed vs 4 before overlap (the re-gather for wgrad)
+    assert 0 < full < 0.5 * none
+    fp8_none, _ = _tp_overlap_case(0.0, fp8="hybrid")
+    assert fp8_none < none  # the three all-gathers per block in FP8
+
+
+def test_fp8_recipe_is_rendered_and_costs_its_casts(runner, in_tmp):
+    """--fp8-recipe reaches Megatron-LM (delayed keeps its amax history flags); current scaling
+    reads every quantized tensor once more for its amax than delayed scaling, so it costs more."""
+    spec, _ = load_spec(EXAMPLES / "llama3-70b-fp8.yaml")
+    profile = load_profile("dgx16").profile
+    pins = Pins(tp=4, pp=8, dp=4, vpp=5, cp=1, zero_stage=1, micro_batch_size=1, recompute="none",
+                sequence_parallel=True)
+    c, _ = enumerate_layouts(spec.model, spec.training, profile, "megatron", pins)
+    compute = {}
+    for recipe in ("delayed", "tensorwise"):
+        tr = spec.training.model_copy(update={"fp8_recipe": recipe})
+        compute[recipe] = float(evaluate(spec.model, tr, profile, "megatron", c).time.compute[0])
+    assert compute["tensorwise"] > compute["delayed"]
+    text = (EXAMPLES / "llama3-70b-fp8.yaml").read_text().replace("  fp8: hybrid", "  fp8: hybrid\n  fp8_recipe: tensorwise")
+    (in_tmp / "t.yaml").write_text(text)
+    out = in_tmp / "p"
+    r = plan(runner, in_tmp / "t.yaml", "--cluster", "dgx16", "--runtime", "megatron", "--out", out)
+    assert r.exit_code == 0, r.output
+    flags = dict(_flags(out))
+    assert flags["--fp8-recipe"] == "tensorwise" and "--fp8-amax-history-len" not in flags
+    assert check_megatron_args(_flags(out), _doc(out)["cluster"]["world_size"]) == []
+
+
 def test_no_overlapped_sends_flag_and_cost(tmp_path, runner):
     spec, _ = load_spec(EXAMPLES / "llama3-70b.yaml")
     profile = load_profile("dgx16").profile
