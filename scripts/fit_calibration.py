@@ -70,9 +70,12 @@ ENTRIES = [
     # GEMMs', the rest is ZeRO-3's on the same GPUs (the same PyTorch-side kernels) and Megatron's links.
     {"engine": "deepspeed-pipeline", "hardware": "a100-sxm4-hdr", "free": ("gemm",),
      "borrow": "deepspeed-zero3/a100-sxm4-hdr"},
-    # Five runs: attention stays Megatron's (at its floor there already).
+    # Five runs: attention stays Megatron's (at its floor there already). NVLink is fitted here, not
+    # borrowed: Megatron's H100 rate is what its runs leave exposed under userbuffers' GEMM-paired
+    # overlap (evaluate._ub_exposed), while FSDP's all-gathers and reduce-scatters run in NCCL; the two
+    # 8-GPU runs reduce over NVLink alone.
     {"engine": "deepspeed-zero3", "hardware": "h100-sxm5-ndr",
-     "free": ("gemm", "hbm", "dp_overlap", "zero3_stall_us"), "borrow": "megatron/h100-sxm5-ndr"},
+     "free": ("gemm", "hbm", "intra_node_comm", "dp_overlap", "zero3_stall_us"), "borrow": "megatron/h100-sxm5-ndr"},
     # GB300 NVL72: eight Megatron-Bridge 25.11 runs, three dense Llama, all FP8 (8B on 8 GPUs twice,
     # 405B on 256 with tp, pp and cp) and five MoE (DeepSeek-V3 in BF16 and MXFP8, Qwen3-30B-A3B in
     # MXFP8, Qwen3-235B-A22B and GPT-OSS 120B in BF16). The dense rows fit the kernels and NVLink
