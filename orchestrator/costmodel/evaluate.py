@@ -1085,6 +1085,18 @@ def _layer_time(
     return _LayerTime(seconds=layer_f + layer_b + layer_rc, flops=flops)
 
 
+def _tp_blocks(x: _Inputs, roof: _Roofline, T, attn: tuple[_Work, _Work], mlp: tuple[_Work, _Work]):
+    """The (column-parallel, row-parallel) GEMM pairs of a dense layer and of a MoE layer, in seconds,
+    that Transformer Engine's userbuffers pair TP collectives with (``_ub_exposed``): attention's and
+    the MLP's; a MoE layer's routed experts need no TP collective, its shared experts do."""
+    blocks = ((attn[0].seconds, attn[1].seconds), (mlp[0].seconds, mlp[1].seconds))
+    moe_blocks: tuple[tuple[np.ndarray, np.ndarray], ...] = blocks[:1]
+    if x.model.moe is not None and x.model.moe.shared_experts:
+        s_up, s_down = _mlp_gemms(x, roof, T, float(x.model.moe.shared_ffn))
+        moe_blocks = (blocks[0], (s_up.seconds, s_down.seconds))
+    return blocks, moe_blocks
+
+
 def _compute(x: _Inputs) -> _Compute:
     """GEMMs, attention and element-wise work of the slowest stage."""
     model, tp, gas = x.model, x.tp, x.grad_accum_steps
@@ -1092,8 +1104,8 @@ def _compute(x: _Inputs) -> _Compute:
     kv_dim = float(model.kv_heads) * float(model.head_dim)
     roof = _roofline(x)
     T = x.s_local * x.micro_batch_size  # tokens per micro-batch on this rank
-    attn_col, attn_row = _attention_gemms(x, roof, T)
-    attn = attn_col + attn_row
+    attn_pair = _attention_gemms(x, roof, T)  # (column-parallel, row-parallel)
+    attn = attn_pair[0] + attn_pair[1]
     att = _attention(x, roof)
     fp8_dense, fp8_moe = _fp8_layer_casts(x, roof)
     elem_f = _elementwise_forward(x, roof) + att.elementwise + fp8_dense
@@ -1105,11 +1117,7 @@ def _compute(x: _Inputs) -> _Compute:
     kept = np.zeros_like(x.recompute)  # the layers full recomputation leaves out (recompute_layers)
     dense = _layer_time(x, roof, att, attn + up + down, elem_f, op)
     dense_kept = _layer_time(x, roof, att, attn + up + down, elem_f, op, kept)
-    blocks = ((attn_col.seconds, attn_row.seconds), (up.seconds, down.seconds))
-    moe_blocks: tuple[tuple[np.ndarray, np.ndarray], ...] = blocks[:1]
-    if model.moe is not None and model.moe.shared_experts:
-        s_up, s_down = _mlp_gemms(x, roof, T, float(model.moe.shared_ffn))
-        moe_blocks = (blocks[0], (s_up.seconds, s_down.seconds))
+    blocks, moe_blocks = _tp_blocks(x, roof, T, attn_pair, (up, down))
     if model.moe is not None:
         moe_gemms, moe_elem = _moe_work(x, roof, T)
         moe_elem = moe_elem + att.elementwise + fp8_moe
@@ -1130,12 +1138,10 @@ def _compute(x: _Inputs) -> _Compute:
     mtp_s = x.mtp * (kind.seconds + 3 * proj.seconds + logit_time_mb)
     mtp_flops = x.mtp * (kind.flops + 3 * proj.flops + 3 * logit.flops)
 
-    full = x.recompute == RECOMPUTE_CODES["full"]
-
     def stage(layers, moe_layers):
         # Full recomputation of the first recompute_layers of each virtual stage only: the rest run
         # as without recomputation.
-        rerun = np.where(full, x.full_recompute_share(layers), 1.0)
+        rerun = np.where(x.recompute == RECOMPUTE_CODES["full"], x.full_recompute_share(layers), 1.0)
         d_s, d_fl = (
             rerun * a + (1 - rerun) * b
             for a, b in ((dense.seconds, dense_kept.seconds), (dense.flops, dense_kept.flops))

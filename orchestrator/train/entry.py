@@ -286,14 +286,19 @@ class Trainer:
             )
         self.log = MetricsLog(run_dir if rank0 else None, plan, denv.world_size)
         self._pending: _StepFacts | None = None  # the last step's facts, their all-reduce in flight
+        self._censuses(args, denv.rank, grid.get_stage_id())
+
+    def _censuses(self, args, rank: int, stage: int) -> None:
+        """The tests' hooks: the memory census (bytes per tensor after the first step) and the
+        schedule census (the pipeline instructions each rank executes, timed)."""
         if args.memory_census:
             from orchestrator.train.census import census_before_second_step
 
-            census_before_second_step(engine, Path(args.memory_census), denv.rank, grid.get_stage_id())
-        if args.schedule_census and plan.layout.pp > 1:
+            census_before_second_step(self.engine, Path(args.memory_census), rank, stage)
+        if args.schedule_census and self.plan.layout.pp > 1:
             from orchestrator.train.schedule_census import record_schedule
 
-            record_schedule(engine, Path(args.schedule_census), denv.rank)
+            record_schedule(self.engine, Path(args.schedule_census), rank)
 
     def step(self, step: int) -> bool:
         """Run step ``step`` (0-based) and its bookkeeping; False when a stop request ends the run
