@@ -59,7 +59,7 @@ def plan_moe(out: Path, doc: dict, *pins: str) -> Path:
 LAYOUTS = {
     "ep2-dp2-zero2": (2, ["--gpus-per-node", "2", "--dp", "2", "--ep", "2", "--zero", "2"],
                       dict(dp=2, ep=2, etp=1, zero_stage=2)),
-    "ep2-tp2-sp": (4, ["--tp", "2", "--pp", "1", "--dp", "2", "--ep", "2", "--zero", "1"],
+    "ep2-tp2-sp": (4, ["--tp", "2", "--pp", "1", "--dp", "2", "--ep", "2", "--zero", "1", "--sp"],
                    dict(tp=2, dp=2, ep=2, etp=2, sequence_parallel=True)),
     "ep2-pp2": (4, ["--tp", "1", "--pp", "2", "--dp", "2", "--ep", "2", "--zero", "1"],
                 dict(pp=2, dp=2, ep=2, grad_accum_steps=2)),
