@@ -31,6 +31,13 @@ from ..conftest import EXAMPLES
 PINS = dict(tp=1, pp=1, recompute="full", recompute_layers=0)
 
 
+def _layout(**kw) -> Layout:
+    """A Megatron layout of these tests: one sequence per micro-batch, 512 of them, no recomputation."""
+    base = dict(tp=1, pp=1, dp=1, vpp=1, zero_stage=1, micro_batch_size=1, grad_accum_steps=512, recompute="none",
+                sequence_parallel=False)
+    return Layout(**{**base, **kw})
+
+
 def _spec(**training):
     spec, _ = load_spec(EXAMPLES / "llama3-8b.yaml")
     return spec.model, spec.training.model_copy(update=training)
@@ -150,18 +157,7 @@ def _hand(model, training, profile, L: Layout, kind: str) -> float:
 def test_each_exchange_matches_its_arithmetic(kind, recompute, mbs):
     model, training = _spec(cp_comm_type=kind)
     profile = _one_node()
-    L = Layout(
-        tp=1,
-        pp=1,
-        dp=2,
-        vpp=1,
-        zero_stage=1,
-        micro_batch_size=mbs,
-        grad_accum_steps=512 // (2 * mbs),
-        recompute=recompute,
-        sequence_parallel=False,
-        cp=4,
-    )
+    L = _layout(dp=2, micro_batch_size=mbs, grad_accum_steps=512 // (2 * mbs), recompute=recompute, cp=4)
     assert check_layout(L, model, training, profile, "megatron") == []
     ev = evaluate(model, training, profile, "megatron", candidates_of(model, [L]))
     assert float(ev.time.cp_comm[0]) == pytest.approx(_hand(model, training, profile, L, kind), rel=1e-9)
@@ -172,18 +168,7 @@ def test_the_ring_shows_when_a_block_is_shorter_than_its_transfer():
     transfer (~ s/cp), so the p2p ring is partly exposed, and more so than the blocks alone."""
     model, training = _spec(seq_length=512)
     profile = _one_node()
-    L = Layout(
-        tp=1,
-        pp=1,
-        dp=1,
-        vpp=1,
-        zero_stage=1,
-        micro_batch_size=1,
-        grad_accum_steps=512,
-        recompute="none",
-        sequence_parallel=False,
-        cp=8,
-    )
+    L = _layout(cp=8)
     ev = evaluate(model, training, profile, "megatron", candidates_of(model, [L]))
     hand = _hand(model, training, profile, L, "p2p")
     assert float(ev.time.cp_comm[0]) == pytest.approx(hand, rel=1e-9)
@@ -225,18 +210,7 @@ def test_cp_comm_type_reaches_the_flags_and_a2a_needs_divisible_heads(runner, in
     model, training = _spec(cp_comm_type="a2a")
     # tp 8 (one node) x cp 2 is 16 GPUs: on two nodes, 1 kv head per tp rank cannot split over cp 2.
     two = load_profile("dgx16").profile.resized(nodes=2)
-    L2 = Layout(
-        tp=8,
-        pp=1,
-        dp=1,
-        vpp=1,
-        zero_stage=1,
-        micro_batch_size=1,
-        grad_accum_steps=512,
-        recompute="full",
-        sequence_parallel=False,
-        cp=2,
-    )
+    L2 = _layout(tp=8, recompute="full", cp=2)
     msgs = check_layout(L2, model, training, two, "megatron")
     assert any("cp_comm_type a2a" in m and "key/value heads" in m for m in msgs), msgs
     assert check_layout(L2, model, training.model_copy(update={"cp_comm_type": "p2p"}), two, "megatron") == []
@@ -247,18 +221,7 @@ def test_hierarchical_a2a_p2p_is_a2a_inside_a_node_and_the_ring_across():
     ring over the 2 nodes (the GPU's share of the NICs), each with the bytes of this rank's chunks."""
     model, training = _spec(cp_comm_type="a2a+p2p")
     profile = load_profile("dgx16").profile.resized(nodes=2)
-    L = Layout(
-        tp=2,
-        pp=1,
-        dp=1,
-        vpp=1,
-        zero_stage=1,
-        micro_batch_size=1,
-        grad_accum_steps=512,
-        recompute="none",
-        sequence_parallel=False,
-        cp=8,
-    )
+    L = _layout(tp=2, cp=8)
     assert check_layout(L, model, training, profile, "megatron") == []
     ev = evaluate(model, training, profile, "megatron", candidates_of(model, [L]))
     assert float(ev.time.cp_comm[0]) == pytest.approx(_hand(model, training, profile, L, "a2a+p2p"), rel=1e-9)
