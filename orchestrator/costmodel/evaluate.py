@@ -71,6 +71,7 @@ from orchestrator.costmodel.memory import (
     moe_mlp_activation_bytes,
     state_bytes,
 )
+from orchestrator.costmodel.pipe_schedule import exposed_transfers, partition_gathers
 from orchestrator.costmodel.stacks import MEMORY_PARTS, TIME_PARTS, MemoryStack, TimeStack
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
@@ -1306,8 +1307,6 @@ def _deepspeed_pipe(x: _Inputs, links: _Links, p2p_bytes, p2p_bw, p2p_lat) -> np
 
     The data-parallel reduction after the flush is ``_dp_comm``'s (not overlapped: ReduceGrads is
     an instruction of its own after the last backward, the engine's ``dp_overlap_with_pp`` false)."""
-    from orchestrator.costmodel.pipe_schedule import exposed_transfers, partition_gathers
-
     tp, pp, m = x.tp, x.pp, x.grad_accum_steps
     T, h, e = x.s_local * x.micro_batch_size, float(x.model.hidden_size), float(x.act_bytes)
     partitioned = (tp > 1) & ~x.sequence_parallel
