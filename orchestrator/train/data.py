@@ -29,6 +29,8 @@ import torch
 from orchestrator.errors import InvalidFile
 
 TOKEN_FORMAT = "dsorch-tokens-v1"
+# Megatron-LM's three parts of a dataset (--split train,valid,test).
+SPLITS = ("train", "valid", "test")
 
 
 class SyntheticTokens:
@@ -37,11 +39,14 @@ class SyntheticTokens:
     A model can learn the rule from context, so the loss falls and a training bug shows.
     """
 
-    def __init__(self, vocab_size: int, seq_length: int, seed: int):
+    def __init__(self, vocab_size: int, seq_length: int, seed: int, split: str = "train"):
         self.vocab_size, self.seq_length, self.seed = vocab_size, seq_length, seed
+        # The training part keeps the key it always had (resumed runs draw the same samples); the
+        # validation and test parts draw from streams of their own.
+        self._key = (seed,) if split == "train" else (seed, SPLITS.index(split))
 
     def sample(self, index: int) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, index])
+        rng = np.random.default_rng([*self._key, index])
         a, b = rng.integers(0, self.vocab_size), rng.integers(1, 8)
         return (a + b * np.arange(self.seq_length + 1)) % self.vocab_size
 
@@ -96,9 +101,12 @@ class TokenFile:
         return f"{self.path} ({len(self.tokens):,} tokens, {self.num_windows:,} windows)"
 
 
-def open_dataset(path: str | None, vocab_size: int, seq_length: int, seed: int):
+def open_dataset(path: str | None, vocab_size: int, seq_length: int, seed: int, split: str = "train"):
+    """The samples of one part (``SPLITS``) of the data: synthetic without a path."""
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r}: one of {', '.join(SPLITS)}")
     if path is None:
-        return SyntheticTokens(vocab_size, seq_length, seed)
+        return SyntheticTokens(vocab_size, seq_length, seed, split)
     return TokenFile(path, vocab_size, seq_length, seed)
 
 
