@@ -173,8 +173,12 @@ def run_data(data_arg: str | None, data_spec, plan_dir: Path):
         return data_arg, [(None, data_arg)], "--data"
     if data_spec.path is None:
         return None, [], "synthetic: the plan's training.data names no path"
-    pairs = [(w, str(plan_dir / p) if not Path(p).is_absolute() else p) for w, p in data_spec.blend()]
-    words = [w for weight, p in pairs for w in ((f"{weight:g}",) if weight is not None else ()) + (p,)]
+    pairs = [(w, str(plan_dir / p)) for w, p in data_spec.blend()]  # an absolute p stays as it is
+    weighted = pairs[0][0] is not None
+    # The weights as the spec writes them (Megatron-LM parses the same words), the prefixes made absolute.
+    words = (
+        [w for i, (_, p) in enumerate(pairs) for w in (data_spec.path[2 * i], p)] if weighted else [p for _, p in pairs]
+    )
     return data_spec.model_copy(update={"path": tuple(words)}), pairs, "the plan's training.data"
 
 

@@ -116,10 +116,12 @@ def test_a_resume_on_other_data_is_refused_in_one_paragraph_unless_switched(tmp_
 
 
 def test_the_plan_s_data_unless_data_overrides_it(tmp_path):
-    spec = DataSpec(path=("30", "rel/a", "70", "/abs/b"), split="90,10,0")
+    spec = DataSpec(path=("30", "rel/a", "70.0", "/abs/b"), split="90,10,0")
     source, blend, origin = fpm.run_data(None, spec, tmp_path)
     assert blend == [(30.0, str(tmp_path / "rel/a")), (70.0, "/abs/b")] and origin == "the plan's training.data"
-    assert source.path == ("30", str(tmp_path / "rel/a"), "70", "/abs/b") and source.split == "90,10,0"
+    assert source.path == ("30", str(tmp_path / "rel/a"), "70.0", "/abs/b") and source.split == "90,10,0"
+    source, blend, _ = fpm.run_data(None, DataSpec(path=("a", "/abs/b")), tmp_path)
+    assert source.path == (str(tmp_path / "a"), "/abs/b") and blend == [(None, str(tmp_path / "a")), (None, "/abs/b")]
     assert fpm.run_data("/x/tokens", spec, tmp_path) == ("/x/tokens", [(None, "/x/tokens")], "--data")
     source, blend, origin = fpm.run_data(None, DataSpec(), tmp_path)
     assert (source, blend) == (None, []) and origin.startswith("synthetic")
