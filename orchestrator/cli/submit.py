@@ -56,7 +56,15 @@ Examples:
     "--data",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Token file NAME (NAME.bin + NAME.json) to train on (default: deterministic synthetic tokens).",
+    help="Dataset NAME to train on instead of the plan's training.data: NAME.bin with NAME.idx (Megatron-LM's "
+    "indexed dataset) or NAME.json (a token file). Kept in the job registry: --resume and requeues train on it "
+    "again. Default: the plan's training.data, else synthetic tokens.",
+)
+@click.option(
+    "--switch-data",
+    is_flag=True,
+    help="Resume on other data than the checkpoint was trained on, on purpose (the entrypoint refuses it "
+    "otherwise); recorded in the next checkpoint's manifest.",
 )
 @click.option(
     "--save-interval",
@@ -97,6 +105,7 @@ def submit(
     data,
     run_dir,
     save_interval,
+    switch_data,
     resume,
     resume_from,
     dry_run,
@@ -128,9 +137,12 @@ def submit(
         project.root,
         save_interval,
         runs_dir=project.runs_dir,
+        switch_data=switch_data,
     )
     if resume:
         sub = _resumed(reg, sub)
+    elif resume_from is not None:
+        sub = _same_data(reg, sub, str(resume_from.resolve()))
     if dry_run:
         _print_dry_run(sub)
         return
@@ -176,7 +188,20 @@ def _resumed(reg: Registry, sub: Submission) -> Submission:
         )
     previous = earlier[-1].run_dir
     click.echo(f"resuming job {earlier[-1].job_id}'s run: {previous}", err=True)
-    return replace(sub, run_dir=Path(previous), job=replace(sub.job, run_dir=previous))
+    return _same_data(reg, replace(sub, run_dir=Path(previous), job=replace(sub.job, run_dir=previous)), previous)
+
+
+def _same_data(reg: Registry, sub: Submission, run_dir: str) -> Submission:
+    """A resumed run trains on what its newest job trained on: that job's --data (the registry keeps
+    it) unless this submission names other data, which the entrypoint then checks against the
+    checkpoint's fingerprint (it refuses other data without --switch-data)."""
+    from dataclasses import replace
+
+    jobs = [r for r in reg.all() if r.run_dir == run_dir]
+    if sub.job.data is not None or not jobs or jobs[-1].data is None:
+        return sub
+    click.echo(f"data: {jobs[-1].data} (job {jobs[-1].job_id}'s --data)", err=True)
+    return replace(sub, job=replace(sub.job, data=jobs[-1].data))
 
 
 def _print_dry_run(sub: Submission) -> None:

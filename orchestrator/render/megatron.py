@@ -428,8 +428,8 @@ def _tokenizer_flags(plan: Plan) -> _Flags:
 
 
 def _pretrain_gpt_flags(plan: Plan) -> _Flags:
-    """What only pretrain_gpt.py reads: data, checkpoints, stopping. (The bundled entrypoint takes
-    its data from `dsorch submit --data`, its checkpoint directory from --run-dir, and stops on
+    """What only pretrain_gpt.py reads: data, checkpoints, stopping. (The bundled entrypoint reads
+    the same training.data from plan.yaml, its checkpoint directory from --run-dir, and stops on
     SIGUSR2 by itself.)"""
     if plan.runtime != "megatron":
         return

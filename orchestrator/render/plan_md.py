@@ -237,6 +237,17 @@ _PICTURES = (
 )
 
 
+def _data_line(data) -> str:
+    """training.data as both runtimes train on it: Megatron-LM gets it as --data-path, the bundled
+    entrypoint reads the same prefixes (relative ones from the plan directory, where launch.sh runs
+    Megatron-LM), and `dsorch submit --data` overrides it for one job."""
+    tok = f"tokenizer {data.tokenizer.type}" + (f" `{data.tokenizer.model}`" if data.tokenizer.model else "")
+    if data.path is None:
+        return f"- data: synthetic tokens (Megatron-LM --mock-data; the entrypoint's synthetic sequences); {tok}"
+    sets = ", ".join(f"`{p}`" + (f" (weight {w:g})" if w is not None else "") for w, p in data.blend())
+    return f"- data: {sets}; split {data.split}; {tok} (relative paths from this directory)"
+
+
 def _inputs(plan: Plan, file_hashes: dict[str, str], regenerate: str) -> list[str]:
     """What the plan was made from, how to make it again, and the other files with their sha256."""
     pins = plan.pins.pinned()
@@ -245,6 +256,7 @@ def _inputs(plan: Plan, file_hashes: dict[str, str], regenerate: str) -> list[st
         "",
         f"- model spec `{plan.spec_path}`, sha256 `{plan.spec_sha256}`",
         f"- cluster profile `{plan.profile.name}` ({plan.profile_origin}), sha256 `{plan.profile_sha256}`",
+        _data_line(plan.spec.training.data),
         (
             f"- pinned: {', '.join(f'{k}={v}' for k, v in pins.items()) if pins else 'nothing'}; "
             f"memory margin {plan.memory_margin_gib:g} GiB"

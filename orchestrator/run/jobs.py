@@ -62,10 +62,15 @@ class TrainingJob:
     plan_dir: str
     run_dir: str
     steps: int | None = None
+    # `dsorch submit --data`, overriding the plan's training.data; None: the plan's. A requeue
+    # (checkpoint below) is this same object, so it trains on the same data.
     data: str | None = None
     use_gpus: bool = False
     save_interval: int = 0
     save: bool = True  # False for trials: a measurement needs no checkpoint
+    # --switch-data: resume from a checkpoint trained on other data, on purpose (train/fingerprint.py).
+    # Jobs pickled before this field unpickle with the class default.
+    switch_data: bool = False
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-u", "-m", "orchestrator.train", "--plan", self.plan_dir, "--run-dir", self.run_dir]
@@ -77,6 +82,8 @@ class TrainingJob:
             cmd += ["--save-interval", str(self.save_interval)]
         if not self.save:
             cmd += ["--no-save"]
+        if self.switch_data:
+            cmd += ["--switch-data"]
         return cmd
 
     def __call__(self) -> dict:

@@ -7,7 +7,7 @@ in WAL mode with a busy timeout survives crashes (every change is one transactio
 job of the same plan and inserts its row in one ``BEGIN IMMEDIATE`` transaction, so two
 concurrent submits cannot both pass the check).
 
-Schema (``PRAGMA user_version`` = 1)::
+Schema (``PRAGMA user_version`` = 2; a version-1 file gains the ``data`` column on first use)::
 
     jobs(key INTEGER PRIMARY KEY AUTOINCREMENT,  -- dsorch's own id, stable across requeues
          job_id TEXT,        -- SLURM job id, or the local controller's pid
@@ -15,7 +15,9 @@ Schema (``PRAGMA user_version`` = 1)::
          cluster TEXT, plan_dir TEXT, plan_sha256 TEXT, submitted_at TEXT (UTC ISO 8601),
          state TEXT,         -- SLURM's state names: PENDING RUNNING COMPLETED FAILED CANCELLED ...
          run_dir TEXT, log_dir TEXT, requeues INTEGER, last_step INTEGER, last_loss REAL,
-         elapsed_s REAL, error TEXT, updated_at TEXT)
+         elapsed_s REAL, error TEXT, updated_at TEXT,
+         data TEXT)          -- `dsorch submit --data`: what --resume and requeues train on again;
+                             -- NULL: the plan's training.data
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from orchestrator.errors import DsorchError, JobError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ACTIVE_STATES = frozenset(
     {
         "PENDING",
@@ -61,7 +63,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     last_loss REAL,
     elapsed_s REAL,
     error TEXT,
-    updated_at TEXT NOT NULL
+    updated_at TEXT NOT NULL,
+    data TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_plan ON jobs (plan_dir);
 CREATE INDEX IF NOT EXISTS jobs_job_id ON jobs (job_id);
@@ -86,6 +89,7 @@ class JobRecord:
     elapsed_s: float | None
     error: str | None
     updated_at: str
+    data: str | None = None  # `dsorch submit --data`, absolute; None: the plan's training.data
 
     @property
     def active(self) -> bool:
@@ -167,6 +171,8 @@ class Registry:
                     con.execute(statement)
                 con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             con.execute("COMMIT")
+        elif version == 1:
+            _migrate_v1(con)
         elif version > SCHEMA_VERSION:
             raise JobError(f"{self.path} was written by a newer dsorch (schema {version}); upgrade dsorch.")
         if write:
@@ -271,6 +277,16 @@ class Registry:
             _update(con, key, values)
 
 
+def _migrate_v1(con: sqlite3.Connection) -> None:
+    """Schema 1 -> 2: the ``data`` column (NULL for the jobs before it: they trained on what their
+    --data said, which schema 1 did not keep)."""
+    con.execute("BEGIN IMMEDIATE")
+    if con.execute("PRAGMA user_version").fetchone()[0] == 1:  # another process may have done it
+        con.execute("ALTER TABLE jobs ADD COLUMN data TEXT")
+        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    con.execute("COMMIT")
+
+
 def _update(con: sqlite3.Connection, key: int, values: dict) -> None:
     values = {**values, "updated_at": now_utc()}
     sets = ", ".join(f"{k} = ?" for k in values)
@@ -296,9 +312,15 @@ def _salvage(path: Path) -> tuple[list[tuple], int]:
             top = con.execute("SELECT MAX(key) FROM jobs").fetchone()[0] or 0
         except (sqlite3.Error, UnicodeDecodeError, TypeError, ValueError):
             return [], 0  # no table, or not a database at all: nothing to salvage
+        # A schema-1 file has no ``data`` column: NULL in its place.
+        try:
+            present = {r[1] for r in con.execute("PRAGMA table_info(jobs)")}
+        except (sqlite3.Error, UnicodeDecodeError):
+            present = set(_COLUMNS)
+        select = ", ".join(c if c in present else "NULL" for c in _COLUMNS)
         for key in range(1, int(top) + 1):
             try:
-                row = con.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE key = ?", (key,)).fetchone()
+                row = con.execute(f"SELECT {select} FROM jobs WHERE key = ?", (key,)).fetchone()
             except (sqlite3.Error, UnicodeDecodeError):
                 lost += 1
                 continue

@@ -104,7 +104,14 @@ def replan(
         universal,
         reshard.naming(target.pp),
         spec.model.tied_embeddings,
-        {"step": ckpt.step, "layout": ckpt.layout.as_dict(), "plan": str(out.resolve())},
+        # The data fingerprint goes along, so that a resume from the conversion is checked as one
+        # from the native checkpoint is (train/fingerprint.py).
+        {
+            "step": ckpt.step,
+            "layout": ckpt.layout.as_dict(),
+            "plan": str(out.resolve()),
+            "data": checkpoint.manifest_of(ckpt.path).get("data"),
+        },
     )
     return Replanned(the_plan, out, run_dir, ckpt.step, ckpt.layout, universal)
 

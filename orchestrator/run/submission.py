@@ -58,7 +58,10 @@ def prepare_submission(
     experiment_dir: Path,
     save_interval: int = 0,
     runs_dir: Path | None = None,
+    switch_data: bool = False,
 ) -> Submission:
+    """A checked submission of ``plan_dir``. ``data``: a dataset prefix that overrides the plan's
+    training.data (None: the plan's); ``switch_data``: resume on other data than the checkpoint's."""
     plan_dir = Path(plan_dir)
     pd = load_plan_dir(plan_dir)  # schema, hashes, consistency: a tampered plan stops here
     planned = pd.doc.cluster
@@ -85,7 +88,8 @@ def prepare_submission(
     check_trainable(pd)  # what the entrypoint refuses (dropout, vpp > 1) fails here, before queueing
     if data is not None and not (Path(data).exists() or Path(f"{data}.bin").exists()):
         raise JobError(
-            f"--data {data}: no such token file (NAME or NAME.bin); make one with scripts/make_token_file.py."
+            f"--data {data}: no such dataset (NAME.bin with NAME.idx or NAME.json); make one with "
+            f"`dsorch data prepare` or `python -m orchestrator.train.token_file`."
         )
     spec = scheduler.JobSpec.of(profile, job_name(pd.spec.name))
     plan_abs = plan_dir.resolve()
@@ -94,7 +98,9 @@ def prepare_submission(
         if "\n" in str(p) or "\r" in str(p):
             raise JobError(f"{p!r}: a path with a line break cannot go into an sbatch script; rename it.")
     run = run_dir or (runs_dir or experiment_dir / "runs") / f"{plan_abs.name}-{{key}}"
-    job = TrainingJob(str(plan_abs), str(run), steps, _data_path(data), spec.use_gpus, save_interval)
+    job = TrainingJob(
+        str(plan_abs), str(run), steps, _data_path(data), spec.use_gpus, save_interval, switch_data=switch_data
+    )
     return Submission(
         spec, plan_abs, _display(plan_dir, experiment_dir), plan_hash(plan_abs), cluster, folder, Path(str(run)), job
     )
@@ -125,6 +131,7 @@ def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
             state="SUBMITTED",
             run_dir="",
             log_dir=str(sub.folder),
+            data=sub.job.data,
         )
         run_dir = Path(str(sub.run_dir).replace("{key}", str(key))).resolve()
         job = dataclasses.replace(sub.job, run_dir=str(run_dir))
@@ -156,6 +163,7 @@ def record_array(
                 state="SUBMITTED",
                 run_dir=run_dir,
                 log_dir=str(folder),
+                data=sub.job.data,
             )
             keys.append(key)
             jobs.append(dataclasses.replace(sub.job, run_dir=run_dir, save=False))

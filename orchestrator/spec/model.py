@@ -423,7 +423,7 @@ class TokenizerSpec(BaseModel):
 class DataSpec(BaseModel):
     """Training data for Megatron-LM (--data-path, --split) and its tokenizer. Without a path,
     --mock-data: synthetic tokens, for a first run and for benchmarks. The bundled entrypoint
-    takes its data from `dsorch submit --data` instead."""
+    trains on the same (orchestrator/train/fingerprint.py run_data); `--data` overrides it per run."""
 
     model_config = FROZEN
 
@@ -454,6 +454,20 @@ class DataSpec(BaseModel):
                     f"command line cannot carry it: rename or link the file"
                 )
         return self
+
+    def blend(self) -> list[tuple[float | None, str]]:
+        """path as Megatron-LM reads --data-path (megatron/core/datasets/utils.py get_blend_from_list):
+        (weight, prefix) pairs when the list has an even length and every other item, from the
+        first, is a number; else prefixes alone, weight None. Empty without a path."""
+        path = self.path or ()
+        if len(path) % 2 == 0:
+            try:
+                weights = [float(w) for w in path[0::2]]
+            except ValueError:
+                pass
+            else:
+                return list(zip(weights, path[1::2], strict=True))
+        return [(None, p) for p in path]
 
 
 class CheckpointSpec(BaseModel):

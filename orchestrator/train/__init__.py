@@ -7,6 +7,8 @@ tensor_parallel.py  Megatron-style column/row-parallel linears, vocab-parallel e
                cross-entropy, sequence parallelism
 model.py       Llama-style decoder as pipeline layers; DeepSpeed PipelineModule wrapper
 data.py        synthetic tokens and the token-file format
+fingerprint.py what a run trains on, kept in each checkpoint's manifest and checked at resume
+token_file.py  text -> token file (bytes tokenizer), `python -m orchestrator.train.token_file`
 checkpoint.py  save / resume / retention / damaged-checkpoint fallback
 metrics.py     step metrics and metrics.jsonl
 """

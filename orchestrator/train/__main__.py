@@ -15,8 +15,11 @@ from orchestrator.train.entry import DeviceMemoryExceeded, main  # noqa: E402  (
 
 try:
     main(stop=stop)
-except DsorchError as e:  # a problem with the plan or data, not a bug: one readable line
-    sys.exit(f"orchestrator.train: {e}")
+except DsorchError as e:  # a problem with the plan or data, not a bug: one paragraph, exit code 2 as the CLI's
+    # One write: every rank reports it, and two ranks' lines must not interleave on a shared terminal.
+    sys.stderr.write(f"orchestrator.train: {e}\n")
+    sys.stderr.flush()
+    sys.exit(2)
 except DeviceMemoryExceeded as e:
     print(f"orchestrator.train: {e}", file=sys.stderr, flush=True)
     sys.stdout.flush()

@@ -73,10 +73,14 @@ def save(
     layout: dict | None = None,
     plan: str | None = None,
     universal_info: dict | None = None,
+    data: dict | None = None,
+    data_switched: dict | None = None,
 ) -> None:
     """``layout`` and ``plan`` go into the manifest (which layout wrote it, from which plan
-    directory: `dsorch replan` reads them); ``universal_info`` into DeepSpeed's client state, for
-    converting the checkpoint to another layout (reshard.py)."""
+    directory: `dsorch replan` reads them), and so do ``data``, the fingerprint of the data trained
+    on (train/fingerprint.py: a resume compares it), and ``data_switched``, what data the run left
+    on purpose at which step (--switch-data); ``universal_info`` goes into DeepSpeed's client state,
+    for converting the checkpoint to another layout (reshard.py)."""
     tag = tag_for(step)
     client_state: dict[str, object] = {"step": step}
     if universal_info is not None:
@@ -101,6 +105,10 @@ def save(
         doc = {"step": step, "files": file_digests(tag_dir)}
         if layout is not None:
             doc.update(layout=layout, plan=plan)
+        if data is not None:
+            doc["data"] = data
+        if data_switched is not None:
+            doc["data_switched"] = data_switched
         tmp.write_text(json.dumps(doc, indent=1, sort_keys=True), encoding="utf-8")
         os.replace(tmp, tag_dir / MANIFEST)
         for old in sorted(p for p in ckpt_dir.glob("step*") if p.is_dir())[:-keep]:

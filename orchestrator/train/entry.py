@@ -21,8 +21,10 @@ data and where to write.
     # resume: run the same command again with the same --run-dir (default PLAN_DIR/run); it
     # continues from the newest intact checkpoint in RUN_DIR/checkpoints.
 
-Without --data the model trains on deterministic synthetic sequences. Rank 0 prints one line
-per step and appends it to RUN_DIR/metrics.jsonl.
+The data is the plan's training.data (the same --data-path Megatron-LM gets); --data overrides
+it; with neither the model trains on deterministic synthetic sequences. A resume on other data
+than the checkpoint's is refused unless --switch-data says it is meant (train/fingerprint.py).
+Rank 0 prints one line per step and appends it to RUN_DIR/metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import torch.distributed as dist
 from orchestrator.errors import CheckpointError
 from orchestrator.plan.layout import Layout
 from orchestrator.plandir.reader import PlanDir
-from orchestrator.train import checkpoint, launch, reshard
+from orchestrator.train import checkpoint, fingerprint, launch, reshard
 from orchestrator.train.config import ds_config, load_plan, stage_layers
 from orchestrator.train.data import micro_batches, open_dataset
 from orchestrator.train.metrics import MetricsLog, peak_memory_gib, peak_reserved_gib
@@ -59,7 +61,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="train until this many steps are done (default: the plan's total, else 20)",
     )
-    p.add_argument("--data", default=None, help="token file NAME (NAME.bin + NAME.json); default: synthetic tokens")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="dataset prefix to train on instead of the plan's training.data (token file NAME.bin + NAME.json, "
+        "or indexed dataset NAME.bin + NAME.idx); default: the plan's, else synthetic tokens",
+    )
+    p.add_argument(
+        "--switch-data",
+        action="store_true",
+        help="resume from a checkpoint trained on other data, on purpose (recorded in the next manifest)",
+    )
     p.add_argument(
         "--run-dir",
         default=os.environ.get(RUN_DIR_ENV) or None,
@@ -239,11 +251,13 @@ class Trainer:
         self.ckpt_dir = ckpt_dir = run_dir / "checkpoints"
         if rank0:
             run_dir.mkdir(parents=True, exist_ok=True)
-        self.dataset = dataset = open_dataset(args.data, plan.spec.model.vocab_size, seq, seed)
+        source, blend, self.data_origin = fingerprint.run_data(args.data, training.data, plan.path.resolve())
+        self.dataset = dataset = open_dataset(source, plan.spec.model.vocab_size, seq, seed)
         try:
             tag, universal = checkpoint.choose_resume(ckpt_dir, rank0, lay.as_dict(), reshard.naming(lay.pp))
         except ValueError as e:
             raise CheckpointError(str(e)) from None
+        self._check_data(blend, None if tag is None else ckpt_dir / tag)
         self.aux_scale = AuxLossScale()
         self.engine = engine = build_engine(
             plan, grid, topo, device, load_universal=universal, aux_scale=self.aux_scale
@@ -278,7 +292,7 @@ class Trainer:
                 f"  batch:  global {lay.global_batch_size} = micro-batch {lay.micro_batch_size} x "
                 f"grad-accum {lay.grad_accum_steps} x dp {lay.dp} sequences of {seq} "
                 f"tokens = {tokens:,} tokens/step\n"
-                f"  params on rank 0: {n_params:,}; data: {dataset.describe()}\n"
+                f"  params on rank 0: {n_params:,}; data: {dataset.describe()} (from {self.data_origin})\n"
                 f"  steps {self.start} -> {args.steps}"
                 + (f" (resumed from {ckpt_dir / tag})" if tag else "")
                 + f"; run dir {run_dir}",
@@ -287,6 +301,33 @@ class Trainer:
         self.log = MetricsLog(run_dir if rank0 else None, plan, denv.world_size)
         self._pending: _StepFacts | None = None  # the last step's facts, their all-reduce in flight
         self._censuses(args, denv.rank, grid.get_stage_id())
+
+    def _check_data(self, blend, tag_dir: Path | None) -> None:
+        """Rank 0 fingerprints the data (train/fingerprint.py) and compares it with the checkpoint's;
+        every rank raises the refusal together (a rank left alone would wait in a collective)."""
+        plan, training = self.plan, self.plan.spec.training
+        self.data_fp: dict | None = None
+        self.data_switched: dict | None = None
+        verdict: list[object] = [None]
+        if self.rank0:
+            self.data_fp = fingerprint.fingerprint(
+                blend,
+                split=training.data.split,
+                tokenizer=training.data.tokenizer,
+                base=plan.path.resolve(),
+                vocab_size=plan.spec.model.vocab_size,
+                seed=training.seed,
+            )
+            if tag_dir is not None:
+                error, self.data_switched, note = fingerprint.resume_check(
+                    tag_dir, checkpoint.manifest_of(tag_dir), self.data_fp, self.args.switch_data
+                )
+                verdict = [error]
+                if note:
+                    print(f"dsorch train: {note}", flush=True)
+        dist.broadcast_object_list(verdict, src=0)
+        if verdict[0]:
+            raise CheckpointError(str(verdict[0]))
 
     def _censuses(self, args, rank: int, stage: int) -> None:
         """The tests' hooks: the memory census (bytes per tensor after the first step) and the
@@ -359,6 +400,8 @@ class Trainer:
                 rank0,
                 layout=lay.as_dict(),
                 plan=str(plan.path.resolve()),
+                data=self.data_fp,
+                data_switched=self.data_switched,
                 # At ep > 1 DeepSpeed saves MoE checkpoints its own way, which reserves the key (and
                 # its universal checkpoint cannot convert them: reshard.convertible).
                 universal_info=reshard.universal_info(plan.spec.model) if lay.ep == 1 else None,

@@ -29,7 +29,7 @@ def submit(runner, *args, env=None):
     (["plans/l8", "--cluster", "dgx61"], "unknown cluster profile 'dgx61'. Did you mean 'dgx16'?"),
     (["plans/l8", "--cluster", "hgx-h200-ndr"], "plans/l8 was planned for cluster 'dgx16' (2 x 8), not 'hgx-h200-ndr'"),
     (["plans/l8", "--nodes", "4"], "plans/l8 was planned for 2 nodes, not 4; re-plan with --nodes 4."),
-    (["plans/l8", "--data", "nowhere"], "--data nowhere: no such token file"),
+    (["plans/l8", "--data", "nowhere"], "--data nowhere: no such dataset (NAME.bin with NAME.idx or NAME.json)"),
 ])
 def test_bad_submissions(runner, planned, args, message):
     r = submit(runner, *args)

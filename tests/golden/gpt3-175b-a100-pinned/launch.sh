@@ -30,6 +30,8 @@ fi
 MASTER_PORT="${MASTER_PORT:-29500}"
 export OMP_NUM_THREADS=12
 
+# The data is the plan's training.data, which the entrypoint reads from plan.yaml (the same
+# prefixes Megatron-LM gets as --data-path); `--data NAME` among the extra arguments overrides it.
 exec torchrun \
   --nnodes "$NNODES" \
   --nproc-per-node 8 \

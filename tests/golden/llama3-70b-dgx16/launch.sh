@@ -32,6 +32,8 @@ export CUDA_DEVICE_MAX_CONNECTIONS=1
 export NCCL_IB_HCA=mlx5
 export OMP_NUM_THREADS=12
 
+# The data is the plan's training.data, which the entrypoint reads from plan.yaml (the same
+# prefixes Megatron-LM gets as --data-path); `--data NAME` among the extra arguments overrides it.
 exec torchrun \
   --nnodes "$NNODES" \
   --nproc-per-node 8 \

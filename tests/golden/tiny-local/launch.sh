@@ -31,6 +31,8 @@ MASTER_PORT="${MASTER_PORT:-29500}"
 export DS_ACCELERATOR=cpu
 export OMP_NUM_THREADS=1
 
+# The data is the plan's training.data, which the entrypoint reads from plan.yaml (the same
+# prefixes Megatron-LM gets as --data-path); `--data NAME` among the extra arguments overrides it.
 exec torchrun \
   --nnodes "$NNODES" \
   --nproc-per-node 4 \
