@@ -59,7 +59,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="train until this many steps are done (default: the plan's total, else 20)",
     )
-    p.add_argument("--data", default=None, help="token file NAME (NAME.bin + NAME.json); default: synthetic tokens")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="Megatron-LM indexed dataset PREFIX (PREFIX.bin + PREFIX.idx, from `dsorch data prepare`), a weighted "
+        "list as --data-path takes it ('0.3 a 0.7 b'), or a legacy token file NAME (NAME.bin + NAME.json); "
+        "default: synthetic tokens",
+    )
     p.add_argument(
         "--run-dir",
         default=os.environ.get(RUN_DIR_ENV) or None,
