@@ -100,9 +100,11 @@ class _progress:
             "tokenizing", BarColumn(), DownloadColumn(), TimeRemainingColumn(), console=make_console(stderr=True)
         )
         self.bar.start()
-        task = self.bar.add_task("tokenizing", total=self.total or None)
-        return lambda n: self.bar.advance(task, n)
+        self.task = self.bar.add_task("tokenizing", total=self.total or None)
+        return lambda n: self.bar.advance(self.task, n)
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, *exc):
         if self.bar is not None:
+            if kind is None:  # the bar counts characters read against the files' bytes: end it full
+                self.bar.update(self.task, completed=self.total)
             self.bar.stop()

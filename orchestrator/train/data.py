@@ -169,7 +169,9 @@ def split_bounds(split: str) -> list[tuple[float, float] | None]:
 
 
 def _checked_dataset(prefix: str, vocab_size: int) -> IndexedDataset:
-    """An indexed dataset whose largest token id fits the model's vocabulary."""
+    """An indexed dataset whose largest token id fits the model's vocabulary. The check scans the
+    .bin once per process: from the page cache 0.01 s per 1e8 uint16 tokens and 0.02 s per 1e8
+    int32 tokens on a 2-core machine (IndexedDataset.max_token); a cold file costs one read of it."""
     ds = IndexedDataset(prefix)
     # A dtype that cannot hold the vocabulary's last id needs no scan.
     if np.issubdtype(ds.dtype, np.integer) and np.iinfo(ds.dtype).max < vocab_size:

@@ -66,12 +66,17 @@ class IndexedDataset:
     def __init__(self, prefix: str | os.PathLike):
         self.prefix = str(prefix)
         self.bin_path, self.idx_path = dataset_paths(prefix)
+        if not self.bin_path.is_file() and not self.idx_path.is_file():
+            raise InvalidFile(
+                f"{self.prefix}: no dataset there: neither {self.bin_path.name} nor {self.idx_path.name} exists "
+                f"(relative paths are relative to the current directory, {Path.cwd()}); give the prefix of a "
+                f"PREFIX.bin + PREFIX.idx pair, as `dsorch data prepare --out PREFIX` writes it"
+            )
         for path, other in ((self.idx_path, self.bin_path), (self.bin_path, self.idx_path)):
             if not path.is_file():
                 raise InvalidFile(
-                    f"{path}: missing; an indexed dataset is the pair {self.prefix}.bin + {self.prefix}.idx "
-                    f"({other.name} {'exists' if other.is_file() else 'is missing too'}); give the prefix "
-                    f"without the suffix, or {_FIX}"
+                    f"{path}: missing; an indexed dataset is the pair {self.prefix}.bin + {self.prefix}.idx and "
+                    f"only {other.name} exists; give the prefix without the suffix, or {_FIX}"
                 )
         idx = np.memmap(self.idx_path, dtype=np.uint8, mode="r") if self.idx_path.stat().st_size else None
         if idx is None or len(idx) < _HEADER.size:

@@ -159,20 +159,22 @@ def eod_id(tokenizer, path: Path, name: str | None) -> int:
 _WORKER: dict = {}
 
 
-def _init_worker(path: str, eod: int) -> None:
+def _init_worker(path: str, eod: int, threads: bool = True) -> None:
+    if not threads:
+        # One thread per worker process: --workers is the parallelism (tokenizers reads this variable
+        # before each batch; unset, every worker would start a thread per core).
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER["tokenizer"], _WORKER["eod"] = load_tokenizer(Path(path)), eod
 
 
-def _encode(batch: list[str]) -> list[np.ndarray]:
-    """One batch of documents, each tokenized and followed by the end-of-document token."""
+def _encode(batch: list[str]) -> tuple[int, list[np.ndarray]]:
+    """One batch of documents, each tokenized and followed by the end-of-document token; and its characters."""
     encodings = _WORKER["tokenizer"].encode_batch(batch)
-    return [np.asarray([*e.ids, _WORKER["eod"]], dtype=np.int64) for e in encodings]
+    return sum(map(len, batch)), [np.asarray([*e.ids, _WORKER["eod"]], dtype=np.int64) for e in encodings]
 
 
-def _batches(docs: Iterator[str], progress: Callable[[int], None] | None) -> Iterator[list[str]]:
+def _batches(docs: Iterator[str]) -> Iterator[list[str]]:
     while batch := list(islice(docs, BATCH)):
-        if progress:
-            progress(sum(len(d) for d in batch))
         yield batch
 
 
@@ -198,18 +200,21 @@ def prepare(
     eod = eod_id(tokenizer, tokenizer_path, eod_token)
     _init_worker(str(tokenizer_path), eod)
     dtype = token_dtype(vocab)
-    batches = _batches(documents(source), progress)
+    batches = _batches(documents(source))
     n_docs = n_tokens = 0
-    encoded: Iterator[list[np.ndarray]]
+    encoded: Iterator[tuple[int, list[np.ndarray]]]
     with IndexedWriter(prefix, dtype) as writer:
         if workers > 1:
-            ctx = multiprocessing.get_context("spawn" if os.name == "nt" else "fork")
-            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(str(tokenizer_path), eod))
+            # spawn, not fork: the parent may run a progress-bar thread, and a forked child inherits its locks.
+            ctx = multiprocessing.get_context("spawn")
+            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(str(tokenizer_path), eod, False))
             encoded = pool.imap(_encode, batches)  # imap keeps input order: the same files for any count
         else:
             pool, encoded = None, map(_encode, batches)
         try:
-            for batch in encoded:
+            for chars, batch in encoded:
+                if progress:
+                    progress(chars)
                 for doc in batch:
                     writer.add_document(doc)
                     n_docs, n_tokens = n_docs + 1, n_tokens + len(doc)

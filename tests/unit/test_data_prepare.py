@@ -104,16 +104,16 @@ def test_parquet_column(runner, tmp_path, tok_path):
     assert missing.exit_code == 2 and "c.parquet: no column 'text' (columns: content, n)" in missing.output
 
 
-@pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize(
-    ("line", "message"),
+    ("line", "message", "workers"),
     [
-        ("{not json", r"c\.jsonl:3: not a JSON object"),
-        ('{"body": "x"}', r"c\.jsonl:3: the line has no string under key 'text' \(its keys: body\)"),
-        ("[1, 2]", r"c\.jsonl:3: the line is not a JSON object"),
+        ("{not json", r"c\.jsonl:3: not a JSON object", 1),
+        ("{not json", r"c\.jsonl:3: not a JSON object", 3),  # read in the parent, raised through the pool
+        ('{"body": "x"}', r"c\.jsonl:3: the line has no string under key 'text' \(its keys: body\)", 1),
+        ("[1, 2]", r"c\.jsonl:3: the line is not a JSON object", 1),
     ],
 )
-def test_unreadable_line_names_file_and_line_and_writes_nothing(runner, tmp_path, tok_path, workers, line, message):
+def test_unreadable_line_names_file_and_line_and_writes_nothing(runner, tmp_path, tok_path, line, message, workers):
     import re
 
     path = tmp_path / "c.jsonl"
@@ -166,3 +166,26 @@ def test_through_the_installed_entry_point(tmp_path, tok_path):
     )
     assert out.returncode == 0, out.stderr
     assert "5 documents" in out.stdout and len(IndexedDataset(tmp_path / "d")) == 5
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_interrupted_run_leaves_the_old_files_and_no_temporaries(tmp_path, tok_path, workers):
+    """Ctrl-C in the middle (raised from the progress callback of the second batch): the dataset written
+    before is untouched and no .tmp file is left."""
+    from orchestrator.train import prepare as core
+
+    source = core.Source(paths=(jsonl(tmp_path / "c.jsonl", texts(600)),))
+    first = core.prepare(source, tok_path, str(tmp_path / "d"))
+    before = first.bin_path.read_bytes(), first.idx_path.read_bytes()
+    calls = []
+
+    def interrupt(_chars: int) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    bigger = core.Source(paths=(source.paths[0], source.paths[0]))
+    with pytest.raises(KeyboardInterrupt):
+        core.prepare(bigger, tok_path, str(tmp_path / "d"), workers=workers, progress=interrupt)
+    assert (first.bin_path.read_bytes(), first.idx_path.read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "d.bin", "d.idx"]

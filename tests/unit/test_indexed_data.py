@@ -105,10 +105,12 @@ def test_megatrons_reader_reads_dsorch_output(tmp_path, monkeypatch):
 def test_missing_half(tmp_path):
     write(tmp_path / "d", DOCS)
     (tmp_path / "d.idx").unlink()
-    with pytest.raises(InvalidFile, match=r"d\.idx: missing.*d\.bin exists.*dsorch data prepare"):
+    with pytest.raises(InvalidFile, match=r"d\.idx: missing.*only d\.bin exists.*dsorch data prepare"):
         IndexedDataset(tmp_path / "d")
     with pytest.raises(InvalidFile, match=r"d\.idx: missing"):
         open_dataset(str(tmp_path / "d"), 100, 4, 0)
+    with pytest.raises(InvalidFile, match=r"nowhere: no dataset there: neither nowhere\.bin nor nowhere\.idx exists"):
+        open_dataset(DataSpec(path=(str(tmp_path / "nowhere"),)), 100, 4, 0)
 
 
 def test_bad_magic(tmp_path):
