@@ -290,7 +290,8 @@ class BlendedData:
                     f"use more data or give the {split} part a larger share"
                 )
             self.parts.append(windows)
-        self.weights = weights or [w.num_windows / sum(p.num_windows for p in self.parts) for w in self.parts]
+        sizes = [part.num_windows for part in self.parts]
+        self.weights = weights or [size / sum(sizes) for size in sizes]
         self.blend = Blend(self.weights)
 
     def sample(self, index: int) -> np.ndarray:
