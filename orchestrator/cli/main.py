@@ -8,6 +8,7 @@ import click
 from orchestrator import __version__
 from orchestrator.cli.calibrate import calibrate
 from orchestrator.cli.common import EPILOG, UserError, user_error
+from orchestrator.cli.data import data
 from orchestrator.cli.doctor import doctor
 from orchestrator.cli.jobs import cancel, logs, status
 from orchestrator.cli.planning import plan
@@ -68,5 +69,6 @@ for command in (
     trial,
     calibrate,
     doctor,
+    data,
 ):
     main.add_command(command)

@@ -3,6 +3,7 @@ models with ``extra="forbid"``, so that a typo is an error rather than a silentl
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -453,21 +454,51 @@ class DataSpec(BaseModel):
                     f"data.path[{i}] {item!r} has whitespace or control characters; Megatron-LM's "
                     f"command line cannot carry it: rename or link the file"
                 )
+        self.blend()  # a list Megatron-LM would misread is refused at load
         return self
 
     def blend(self) -> list[tuple[float | None, str]]:
-        """path as Megatron-LM reads --data-path (megatron/core/datasets/utils.py get_blend_from_list):
-        (weight, prefix) pairs when the list has an even length and every other item, from the
-        first, is a number; else prefixes alone, weight None. Empty without a path."""
-        path = self.path or ()
-        if len(path) % 2 == 0:
-            try:
-                weights = [float(w) for w in path[0::2]]
-            except ValueError:
-                pass
-            else:
-                return list(zip(weights, path[1::2], strict=True))
-        return [(None, p) for p in path]
+        """path as Megatron-LM reads --data-path: (weight, prefix) pairs, weight None when unweighted;
+        empty without a path (``parse_blend``)."""
+        return parse_blend(self.path or ())
+
+
+def parse_blend(items, where: str = "training.data.path") -> list[tuple[float | None, str]]:
+    """Megatron-LM's --data-path list as (weight, prefix) pairs, weights as given (not normalized).
+
+    megatron/core/datasets/utils.py get_blend_from_list: an even-length list whose every other item
+    (from the first) is a number is weights and prefixes; otherwise every item is a prefix, weight
+    None. A list that mixes the two ("0.3 a b c"), or a weight that is not positive, is refused:
+    Megatron would read the numbers as file names, or divide by a zero total (normalize)."""
+    items = [str(item).strip() for item in items]
+    numbers: list[float | None] = []
+    for raw in items[0::2] if len(items) % 2 == 0 else ():
+        try:
+            numbers.append(float(raw))
+        except ValueError:
+            numbers.append(None)
+    if not numbers or all(w is None for w in numbers):
+        if any(_is_number(item) for item in items):
+            raise ValueError(_blend_fix(items, where))
+        return [(None, item) for item in items]
+    if not all(w is not None and w > 0 and math.isfinite(w) for w in numbers):
+        raise ValueError(_blend_fix(items, where))
+    return [(w, prefix) for w, prefix in zip(numbers, items[1::2], strict=True)]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _blend_fix(items: list[str], where: str) -> str:
+    return (
+        f"{where} {' '.join(items)!r}: give either prefixes only, or weight prefix pairs with every weight "
+        f"a positive number ('0.3 a 0.7 b'), as Megatron-LM's --data-path takes them"
+    )
 
 
 class CheckpointSpec(BaseModel):

@@ -64,8 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--data",
         default=None,
-        help="dataset prefix to train on instead of the plan's training.data (token file NAME.bin + NAME.json, "
-        "or indexed dataset NAME.bin + NAME.idx); default: the plan's, else synthetic tokens",
+        help="Megatron-LM indexed dataset PREFIX (PREFIX.bin + PREFIX.idx, from `dsorch data prepare`), a weighted "
+        "list as --data-path takes it ('0.3 a 0.7 b'), or a legacy token file NAME (NAME.bin + NAME.json); "
+        "default: the plan's training.data, else synthetic tokens",
     )
     p.add_argument(
         "--switch-data",

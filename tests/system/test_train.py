@@ -278,6 +278,27 @@ def test_token_file_round_trip(tmp_path):
     assert key(one) == key(two)
 
 
+def test_trains_on_an_indexed_dataset(tmp_path):
+    """--data PREFIX: a Megatron-LM indexed dataset (the shipped corpus rewritten as one, each document
+    ending with its NUL separator as the end-of-document token); 2 ranks train on its train part."""
+    import numpy as np
+
+    from orchestrator.train.indexed import IndexedWriter
+
+    tokens = np.fromfile(CORPUS.with_suffix(".bin"), dtype="<u2")
+    ends = np.flatnonzero(tokens == 0) + 1
+    with IndexedWriter(tmp_path / "pydoc", np.uint16) as w:
+        for doc in np.split(tokens, ends):
+            if len(doc):
+                w.add_document(doc)
+        w.finish()
+    plan_dir = plan(tmp_path / "p", "--gpus-per-node", "2", "--dp", "2")
+    p = train(plan_dir, 2, tmp_path / "run", "--data", str(tmp_path / "pydoc"), "--no-save")
+    assert f"data: indexed train part: 1 {tmp_path / 'pydoc'}" in p.stdout, p.stdout[-2000:]
+    got = losses(tmp_path / "run")
+    assert len(got) == STEPS and all(math.isfinite(x) for x in got) and got[-1] < got[0], got
+
+
 def test_slurm_environment_is_read():
     from orchestrator.train.hosts import first_host
     from orchestrator.train.launch import read_env

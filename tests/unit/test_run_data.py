@@ -32,10 +32,15 @@ def _fp(datasets, base: Path, **kw) -> dict:
     (("a",), [(None, "a")]),
     (("a", "b"), [(None, "a"), (None, "b")]),  # even, but "a" is no weight: prefixes alone
     (("30", "a", "70", "b"), [(30.0, "a"), (70.0, "b")]),
-    (("0.3", "a", "0.7", "b", "c"), [(None, "0.3"), (None, "a"), (None, "0.7"), (None, "b"), (None, "c")]),
 ])
 def test_blend_reads_data_path_as_megatron_does(path, blend):
     assert DataSpec(path=path).blend() == blend
+
+
+@pytest.mark.parametrize("path", [("0.3", "a", "0.7", "b", "c"), ("0.3", "a", "b", "c"), ("0", "a", "1", "b")])
+def test_a_data_path_megatron_would_misread_is_refused_at_load(path):
+    with pytest.raises(ValueError, match="weight prefix pairs"):
+        DataSpec(path=path)
 
 
 def test_synthetic_data_has_a_fingerprint(tmp_path):
