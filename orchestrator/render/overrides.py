@@ -217,34 +217,41 @@ def changes(cfg: dict | None, flags: list[tuple[str, str | None]], overrides: Ov
     return out
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+_UNCHECKED = " (unchecked: not in the argument table dsorch validates with; Megatron-LM's parser reads it at start)"
+
+
 def overrides_md(plan_changes: list[Change], runtime: str, unchecked: frozenset[str], ds_unused: bool) -> list[str]:
     """plan.md's Overrides section (empty without overrides)."""
-    if not plan_changes and not ds_unused:
-        return []
-    out = [
-        "## Overrides",
-        "",
-        "The spec's `overrides` set these values in the generated files; they are validated as dsorch's own "
-        "(ds_config.json by DeepSpeed's config classes, megatron_args.txt by Megatron-LM's argument table).",
-        "",
-        "| file | key | dsorch's value | override |",
-        "|---|---|---|---|",
-    ]
-    for c in plan_changes:
-        note = ""
-        if c.key in unchecked:
-            note = (
-                " (unchecked: not in the argument table dsorch validates with; Megatron-LM's parser reads it at start)"
-            )
-        out.append(
-            f"| {c.file} | `{c.key}` | {c.before if c.before == NOT_SET else f'`{c.before}`'} | `{c.after}`{note} |"
-        )
-    if runtime == "deepspeed" and any(c.file == "megatron_args.txt" for c in plan_changes):
-        out += [
-            "",
-            "The deepspeed runtime's entrypoint reads ds_config.json, not megatron_args.txt: the flags "
-            "apply when the spec is planned with `--runtime megatron`.",
+    paragraphs: list[list[str]] = []
+    if plan_changes:
+        rows = []
+        for c in plan_changes:
+            before = c.before if c.before == NOT_SET else f"`{_cell(c.before)}`"
+            note = _UNCHECKED if c.key in unchecked else ""
+            rows.append(f"| {c.file} | `{c.key}` | {before} | `{_cell(c.after)}`{note} |")
+        paragraphs += [
+            [
+                "The spec's `overrides` set these values in the generated files; they are validated as dsorch's own "
+                "(ds_config.json by DeepSpeed's config classes, megatron_args.txt by Megatron-LM's argument table)."
+            ],
+            ["| file | key | dsorch's value | override |", "|---|---|---|---|", *rows],
         ]
+    if runtime == "deepspeed" and any(c.file == "megatron_args.txt" for c in plan_changes):
+        paragraphs.append(
+            [
+                "The deepspeed runtime's entrypoint reads ds_config.json, not megatron_args.txt: the flags "
+                "apply when the spec is planned with `--runtime megatron`."
+            ]
+        )
     if ds_unused:
-        out += ["", "A megatron plan has no ds_config.json: `overrides.ds_config` applies to `--runtime deepspeed`."]
+        paragraphs.append(
+            ["A megatron plan has no ds_config.json: `overrides.ds_config` applies to `--runtime deepspeed`."]
+        )
+    out = ["## Overrides"] if paragraphs else []
+    for p in paragraphs:
+        out += ["", *p]
     return out

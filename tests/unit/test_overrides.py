@@ -135,6 +135,9 @@ def test_the_same_inputs_give_byte_identical_files(runner, in_tmp):
     assert names == sorted(p.name for p in (in_tmp / "b").iterdir())
     for name in names:
         assert (in_tmp / "a" / name).read_bytes() == (in_tmp / "b" / name).read_bytes(), name
+    # Planned again from what plan.yaml recorded (the spec with its overrides): no difference.
+    r = run(runner, "plan", "--check", in_tmp / "a")
+    assert r.exit_code == 0, r.output
 
 
 def test_the_entrypoint_gives_deepspeed_the_overridden_config(runner, in_tmp):
