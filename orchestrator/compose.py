@@ -10,19 +10,24 @@ with the files (write, --check, print); this is what happens in between. It live
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import DsorchError, InvalidFile
+from orchestrator.errors import DsorchError, InvalidFile, SpecError
 from orchestrator.plan.layout import Pins
 from orchestrator.plan.make import KEEP, Plan, make_plan
 from orchestrator.plandir.reader import PLAN_FILE, load_plan_dir, read_text
 from orchestrator.render import render_all
+from orchestrator.render.ds_config import render_ds_config
+from orchestrator.render.megatron import render_megatron_args
+from orchestrator.render.overrides import invalid_message, refusal_message, refusals
 from orchestrator.render.report import recorded_nodes
 from orchestrator.spec.cluster import LoadedProfile, load_profile
 from orchestrator.spec.model import SpecFile, load_spec
-from orchestrator.validate.plan_dir import validate_files
+from orchestrator.spec.overrides import Overrides
+from orchestrator.validate.plan_dir import unchecked_flags, validate_files
 
 
 def plan_files(
@@ -55,15 +60,37 @@ def plan_files(
         keep=keep,
         shown_path=shown_path,
     )
-    return the_plan, checked_files(the_plan)
+    return the_plan, checked_files(the_plan, shown_path)
 
 
-def checked_files(the_plan: Plan) -> dict[str, str]:
-    """The files of a plan, rendered and validated (a plan made by make_plan, or one changed after)."""
-    files = render_all(the_plan)
-    errors = validate_files(
-        files, dp=the_plan.layout.dp, world_size=the_plan.profile.world_size, runtime=the_plan.runtime
+def _errors(the_plan: Plan, files: dict[str, str]) -> list[str]:
+    return validate_files(
+        files,
+        dp=the_plan.layout.dp,
+        world_size=the_plan.profile.world_size,
+        runtime=the_plan.runtime,
+        overrides=the_plan.spec.overrides,
     )
+
+
+def checked_files(the_plan: Plan, shown_path: str | None = None) -> dict[str, str]:
+    """The files of a plan, rendered and validated (a plan made by make_plan, or one changed after).
+    The spec's overrides are refused where they set the layout, and blamed (by ``shown_path``, the
+    spec as the user gave it) where the files validate without them and not with them."""
+    overrides = the_plan.spec.overrides
+    spec = shown_path or the_plan.spec_path
+    refused = refusals(overrides)
+    if refused:
+        raise SpecError(refusal_message(spec, refused))
+    files = render_all(the_plan, unchecked_flags(overrides))
+    errors = _errors(the_plan, files)
+    if errors and not overrides.empty:
+        bare = dataclasses.replace(the_plan, spec=the_plan.spec.model_copy(update={"overrides": Overrides()}))
+        own = {"megatron_args.txt": render_megatron_args(bare)}
+        if "ds_config.json" in files:
+            own["ds_config.json"] = render_ds_config(bare)
+        if not _errors(bare, own):
+            raise SpecError(invalid_message(spec, overrides, errors))
     if errors:
         raise DsorchError(
             "the generated files do not validate (a dsorch bug; please report it with the spec and "

@@ -102,7 +102,8 @@ def validate(path, dp):
     from orchestrator.validate.plan_dir import validate_path
 
     ds_env()
-    errors = validate_path(path, dp)
+    notes: list[str] = []
+    errors = validate_path(path, dp, notes)
     if errors:
         raise UserError(f"{path}: {len(errors)} problem(s):\n  " + "\n  ".join(errors))
-    click.echo(f"{path}: valid")
+    click.echo(f"{path}: valid" + "".join(f"\n  note: {n}" for n in notes))

@@ -30,6 +30,9 @@ class PlanDiff:
     flags: list[tuple[str, str | None, str | None]] = field(default_factory=list)  # None: absent, "": a switch
     ds_config: list[tuple[str, object, object]] = field(default_factory=list)
     files: list[str] = field(default_factory=list)  # other generated files that differ
+    # The flags and dotted ds_config keys that either plan's spec overrides (spec.overrides): their
+    # changes are the spec's, not dsorch's.
+    overridden: frozenset[str] = frozenset()
 
     @property
     def empty(self) -> bool:
@@ -132,6 +135,11 @@ def diff_plans(a: PlanDir, b: PlanDir) -> PlanDiff:
     ca = _flatten(json.loads(a.texts["ds_config.json"])) if "ds_config.json" in a.texts else {}
     cb = _flatten(json.loads(b.texts["ds_config.json"])) if "ds_config.json" in b.texts else {}
     d.ds_config = _changed(ca, cb)
+    d.overridden = frozenset(
+        key
+        for ov in (da.spec.overrides, db.spec.overrides)
+        for key in [*(f for f, _ in ov.flags), *_flatten(ov.ds_config)]
+    )
     shown = {"megatron_args.txt", "ds_config.json", "plan.yaml", "plan.md"}
     d.files = sorted(n for n in set(a.texts) | set(b.texts) if n not in shown and a.texts.get(n) != b.texts.get(n))
     return d
@@ -144,6 +152,8 @@ def _fmt(v) -> str:
         return f"{v:g}"
     if isinstance(v, dict):
         return ", ".join(f"{k}={x}" for k, x in v.items()) or "nothing"
+    if isinstance(v, list):
+        return ", ".join(map(str, v)) or "nothing"
     return str(v)
 
 
@@ -151,6 +161,12 @@ def _change(x, y, relative: bool) -> str:
     if relative and isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool) and x:
         return f"{_fmt(x)} -> {_fmt(y)} ({100 * (y / x - 1):+.1f} %)"
     return f"{_fmt(x)} -> {_fmt(y)}"
+
+
+def _by_override(d: PlanDiff, key: str) -> str:
+    """A mark on a flag or ds_config key that a spec's overrides set (or a key inside one they set)."""
+    inside = any(key.startswith(o + ".") for o in d.overridden)
+    return " (spec override)" if key in d.overridden or inside else ""
 
 
 def diff_text(d: PlanDiff, name_a: str, name_b: str) -> str:
@@ -173,14 +189,15 @@ def diff_text(d: PlanDiff, name_a: str, name_b: str) -> str:
         out.append("Megatron-LM flags:")
         for flag, x, y in d.flags:
             if x is None:
-                out.append(f"  + {flag} {y}".rstrip())
+                line = f"  + {flag} {y}".rstrip()
             elif y is None:
-                out.append(f"  - {flag} {x}".rstrip())
+                line = f"  - {flag} {x}".rstrip()
             else:
-                out.append(f"  {flag}: {x} -> {y}")
+                line = f"  {flag}: {x} -> {y}"
+            out.append(line + _by_override(d, flag))
     if d.ds_config:
         out.append("ds_config.json:")
-        out += [f"  {k}: {_fmt(x)} -> {_fmt(y)}" for k, x, y in d.ds_config]
+        out += [f"  {k}: {_fmt(x)} -> {_fmt(y)}{_by_override(d, k)}" for k, x, y in d.ds_config]
     if d.files:
         out.append(f"also differ: {', '.join(d.files)}")
     return "\n".join(out) + "\n"

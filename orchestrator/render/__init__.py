@@ -11,10 +11,11 @@ from orchestrator.render.report import regenerate_command, render_plan_yaml
 from orchestrator.render.scripts import render_launch, render_sbatch
 
 
-def render_all(plan: Plan) -> dict[str, str]:
+def render_all(plan: Plan, unchecked: frozenset[str] = frozenset()) -> dict[str, str]:
     """File name -> content for a plan directory. The Megatron runtime reads no ds_config.json.
     plan.md lists the sha256 of the files before it; plan.yaml comes last and records the sha256
-    of every other file."""
+    of every other file. ``unchecked``: the spec's override flags that Megatron-LM's argument table
+    does not know (orchestrator.validate.plan_dir.unchecked_flags), marked so in plan.md."""
     files = {
         "megatron_args.txt": render_megatron_args(plan),
         "launch.sh": render_launch(plan),
@@ -23,7 +24,7 @@ def render_all(plan: Plan) -> dict[str, str]:
     if plan.runtime == "deepspeed":
         files["ds_config.json"] = render_ds_config(plan)
     files["plan.md"] = render_plan_md(
-        plan, {name: sha256_text(text) for name, text in sorted(files.items())}, regenerate_command(plan)
+        plan, {name: sha256_text(text) for name, text in sorted(files.items())}, regenerate_command(plan), unchecked
     )
     files["plan.yaml"] = render_plan_yaml(plan, {name: sha256_text(text) for name, text in sorted(files.items())})
     return dict(sorted(files.items()))

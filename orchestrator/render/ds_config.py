@@ -11,6 +11,7 @@ import json
 
 from orchestrator.costmodel.evaluate import ZERO3_MAX_LIVE_PARAMETERS, ZERO_BUCKET_ELEMENTS
 from orchestrator.plan.make import Plan
+from orchestrator.render.overrides import merge_ds_config
 
 STEPS_PER_PRINT = 10
 
@@ -162,4 +163,5 @@ def _zero(plan: Plan) -> dict:
 
 
 def render_ds_config(plan: Plan) -> str:
-    return json.dumps(ds_config(plan), indent=2) + "\n"
+    """ds_config.json: dsorch's config with the spec's overrides merged in."""
+    return json.dumps(merge_ds_config(ds_config(plan), plan.spec.overrides), indent=2) + "\n"

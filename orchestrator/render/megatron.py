@@ -15,6 +15,7 @@ from orchestrator.costmodel.evaluate import RECOMPUTE_CODES, cp_a2a_size, ep_ove
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.make import Plan
 from orchestrator.plan.rules import stage_split, uses_megatron_fsdp, uses_tp_overlap
+from orchestrator.render.overrides import merge_flags
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
@@ -470,4 +471,6 @@ def megatron_flags(plan: Plan) -> list[tuple[str, str | None]]:
 
 
 def render_megatron_args(plan: Plan) -> str:
-    return "".join(f"{k} {v}\n" if v is not None else f"{k}\n" for k, v in megatron_flags(plan))
+    """megatron_args.txt: dsorch's flags with the spec's overrides merged in."""
+    flags = merge_flags(megatron_flags(plan), plan.spec.overrides)
+    return "".join(f"{k} {v}\n" if v is not None else f"{k}\n" for k, v in flags)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from orchestrator.costmodel.calibration import engine_of, resolve_efficiency
 from orchestrator.costmodel.flops import model_flops_per_step
 from orchestrator.plan.make import Plan
+from orchestrator.render.overrides import leaf_paths
 
 # Steps `dsorch trial` runs by default (cli/trial.py --steps): what the priced command runs.
 TRIAL_STEPS = 20
@@ -137,5 +138,13 @@ def notes_text(plan: Plan) -> list[str]:
         out.append(
             "`dsorch trial` measures the deepspeed runtime only: a short Megatron-LM run of this plan "
             "(`dsorch submit`) is what measures this layout"
+        )
+    ov = plan.spec.overrides
+    if ov.megatron_args or (ov.ds_config and plan.runtime == "deepspeed"):
+        # A megatron plan has no ds_config.json to set keys in (plan.md says so).
+        n = len(ov.megatron_args) + (sum(1 for _ in leaf_paths(ov.ds_config)) if plan.runtime == "deepspeed" else 0)
+        out.append(
+            f"the spec's overrides set {n} value{'s' if n > 1 else ''} in the generated files (plan.md lists "
+            f"them under Overrides, with what each replaced)"
         )
     return out

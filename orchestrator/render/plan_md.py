@@ -20,8 +20,11 @@ from orchestrator.costmodel.stacks import (
 )
 from orchestrator.plan.make import Plan
 from orchestrator.plan.solver import Scored
+from orchestrator.render.ds_config import ds_config
 from orchestrator.render.explain import explain_doc, ranked_layouts, stacks
+from orchestrator.render.megatron import megatron_flags
 from orchestrator.render.notes import notes_text
+from orchestrator.render.overrides import changes, overrides_md
 from orchestrator.spec.model import ModelSpec
 
 # What each family is, for a reader who knows the words but not this model.
@@ -269,19 +272,33 @@ def _inputs(plan: Plan, file_hashes: dict[str, str], regenerate: str) -> list[st
     ]
 
 
-def render_plan_md(plan: Plan, file_hashes: dict[str, str], regenerate: str) -> str:
+def _overrides(plan: Plan, unchecked: frozenset[str]) -> list[str]:
+    """The spec's overrides and what each replaced in the generated files."""
+    ov = plan.spec.overrides
+    deepspeed = plan.runtime == "deepspeed"
+    found = changes(ds_config(plan) if deepspeed else None, megatron_flags(plan), ov)
+    return overrides_md(found, plan.runtime, unchecked, ds_unused=not deepspeed and bool(ov.ds_config))
+
+
+def render_plan_md(
+    plan: Plan, file_hashes: dict[str, str], regenerate: str, unchecked: frozenset[str] = frozenset()
+) -> str:
     """The report. ``file_hashes``: sha256 of the other generated files (plan.yaml records this
-    one's); ``regenerate``: the command that makes this directory again."""
+    one's); ``regenerate``: the command that makes this directory again; ``unchecked``: override
+    flags no table checks (render_all)."""
     doc = explain_doc(plan)
     sections = (
         _summary(plan, doc),
         _why(plan, doc),
         _stacks(plan, doc),
+        _overrides(plan, unchecked),
         _PICTURES,
         _inputs(plan, file_hashes, regenerate),
     )
     out: list[str] = []
     for section in sections:
+        if not section:
+            continue
         if out:
             out.append("")  # a blank line between sections
         out += section

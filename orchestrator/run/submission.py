@@ -82,7 +82,9 @@ def prepare_submission(
             f"with sbatch."
         )
     profile = loaded.profile.resized(planned.nodes, planned.gpus_per_node)
-    errors = validate_files(pd.texts, dp=pd.layout.dp, world_size=planned.world_size, runtime=pd.runtime)
+    errors = validate_files(
+        pd.texts, dp=pd.layout.dp, world_size=planned.world_size, runtime=pd.runtime, overrides=pd.spec.overrides
+    )
     if errors:
         raise JobError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
     check_trainable(pd)  # what the entrypoint refuses (dropout, vpp > 1) fails here, before queueing

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from orchestrator.errors import SpecError
+from orchestrator.spec.overrides import Overrides
 from orchestrator.spec.yamlio import FROZEN, Loaded, format_validation, load_yaml
 
 # --------------------------------------------------------------------------------------------
@@ -620,6 +621,9 @@ class SpecFile(BaseModel):
     source: str = Field(min_length=1, description="paper or config.json the numbers come from")
     model: ModelSpec
     training: TrainingSpec
+    # Extra Megatron-LM flags and ds_config.json keys merged into the generated files
+    # (orchestrator.spec.overrides; render.overrides refuses those the layout sets).
+    overrides: Overrides = Overrides()
 
     @model_validator(mode="after")
     def _moe_options(self) -> SpecFile:

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -189,3 +190,34 @@ def test_the_flags_build_the_model_dsorch_counts(tmp_path, name):
     mtp_bias = m.mtp_layers * (m.moe.num_experts if m.moe.expert_bias else 0)
     assert built["mtp_params"] + mtp_bias == m.mtp_params
     assert built["params"] - built["mtp_params"] + built["expert_bias"] - mtp_bias == m.num_params
+
+
+def test_override_flags_meet_megatron_lms_own_parser(runner, in_tmp):
+    """The spec's override flags (orchestrator.spec.overrides) reach Megatron-LM's parse_args as dsorch
+    merged them: a flag dsorch emits given again is replaced (--eval-iters), a new one appended; a flag
+    dsorch's argument table does not know passes `dsorch plan` unchecked, and the real parser is what
+    refuses it when it is not Megatron-LM's."""
+    import yaml
+
+    def planned(extra: list[str]) -> Path:
+        doc = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
+        doc["overrides"] = {"megatron_args": ["--log-interval 5", "--eval-iters 7", *extra]}
+        spec = in_tmp / f"tiny{len(extra)}.yaml"
+        spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+        out = in_tmp / f"plan{len(extra)}"
+        r = plan(runner, spec, "--cluster", "local", "--runtime", "megatron", "--out", out)
+        assert r.exit_code == 0, r.output
+        return out
+
+    def check(out: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [MEGATRON_LM_PYTHON, str(CHECK), "--megatron-lm", MEGATRON_LM, "--verbose", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+
+    proc = check(planned([]))
+    assert proc.returncode == 0 and proc.stdout.startswith("PASS"), f"{proc.stdout}{proc.stderr[-3000:]}"
+    proc = check(planned(["--no-such-megatron-flag-for-dsorch 1"]))
+    assert proc.returncode == 1 and "--no-such-megatron-flag-for-dsorch" in proc.stdout + proc.stderr, proc.stdout
