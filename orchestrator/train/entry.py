@@ -21,7 +21,9 @@ data and where to write.
     # resume: run the same command again with the same --run-dir (default PLAN_DIR/run); it
     # continues from the newest intact checkpoint in RUN_DIR/checkpoints.
 
-Without --data the model trains on deterministic synthetic sequences. Rank 0 prints one line
+With training.init_from in the spec the model starts from that Hugging Face directory's weights
+(train/hf_weights.py; `dsorch export-hf RUN_DIR` writes a checkpoint back as one). Without --data
+the model trains on deterministic synthetic sequences. Rank 0 prints one line
 per step and appends it to RUN_DIR/metrics.jsonl.
 """
 

@@ -285,7 +285,9 @@ def hf_config(model: ModelSpec, dtype: torch.dtype) -> dict:
         "max_position_embeddings": model.max_position_embeddings or 4096,
         "tie_word_embeddings": model.tied_embeddings,
         "initializer_range": model.init_method_std,
+        # transformers 5 reads dtype, 4.x torch_dtype (PretrainedConfig).
         "dtype": str(dtype).removeprefix("torch."),
+        "torch_dtype": str(dtype).removeprefix("torch."),
     }
     if not qwen:
         doc.update(attention_bias=model.bias, mlp_bias=model.bias)

@@ -52,9 +52,13 @@ def dense_module(spec: SpecFile):
     return DenseModel(layer_specs(spec.model, 64, lay, tp, 1), LossFn(tp), False)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_weights_go_in_and_come_out_unchanged(tmp_path, family):
-    hf = save_model(tmp_path, family, tie_word_embeddings=family == "qwen2")
+@pytest.mark.parametrize(("family", "extra"), [
+    ("llama", {}),
+    ("llama", {"attention_bias": True, "mlp_bias": True}),  # the spec's bias: every linear layer
+    ("qwen2", {"tie_word_embeddings": True}),
+], ids=["llama", "llama-biases", "qwen2-tied"])
+def test_weights_go_in_and_come_out_unchanged(tmp_path, family, extra):
+    hf = save_model(tmp_path, family, **extra)
     spec = spec_for(tmp_path)
     module = dense_module(spec)
     hf_weights.load_init_from(module, spec, 0, 1)
@@ -142,3 +146,21 @@ def test_megatron_plans_carry_the_epsilon_and_say_init_from_is_not_theirs(tmp_pa
     assert "init_from" not in (tmp_path / "p" / "megatron_args.txt").read_text()
     assert "training.init_from /models/Meta-Llama-3-8B is read by the deepspeed runtime's bundled" in " ".join(
         r.output.split())
+
+
+def test_export_hf_of_a_run_without_a_checkpoint_is_one_paragraph_exit_2(tmp_path):
+    from click.testing import CliRunner
+
+    from orchestrator.cli.main import main
+
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    r = CliRunner().invoke(main, ["export-hf", str(tmp_path / "run")])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "no intact checkpoint" in r.output
+
+
+def test_a_family_whose_layers_are_not_dsorchs_is_refused(tmp_path):
+    save_model(tmp_path, "gemma", head_dim=16)
+    spec = spec_for(tmp_path)
+    with pytest.raises(InvalidFile, match=r"a gemma model; training.init_from loads the llama, mistral, qwen2"):
+        hf_weights.check_config(tmp_path, spec)
