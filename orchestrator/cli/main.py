@@ -17,6 +17,7 @@ from orchestrator.cli.reviewing import diff, plot, validate
 from orchestrator.cli.setup import completion, import_hf, init, profiles
 from orchestrator.cli.submit import submit
 from orchestrator.cli.trial import trial
+from orchestrator.cli.weights import export_hf
 from orchestrator.errors import DsorchError
 
 
@@ -59,6 +60,7 @@ for command in (
     validate,
     completion,
     import_hf,
+    export_hf,
     profiles,
     init,
     submit,

@@ -233,6 +233,8 @@ def _model_flags(plan: Plan) -> _Flags:
         yield "--position-embedding-type", "learned_absolute"
     yield from _window_flags(m)
     yield "--normalization", "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm"
+    if m.norm_epsilon != 1e-5:  # Megatron-LM's default (TransformerConfig.layernorm_epsilon): stated when it differs
+        yield "--norm-epsilon", m.norm_epsilon
     yield from _activation_flags(m)
     if not m.tied_embeddings:
         yield "--untie-embeddings-and-output-weights", None

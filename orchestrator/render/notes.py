@@ -147,4 +147,14 @@ def notes_text(plan: Plan) -> list[str]:
             f"the spec's overrides set {n} value{'s' if n > 1 else ''} in the generated files (plan.md lists "
             f"them under Overrides, with what each replaced)"
         )
+    init_from = plan.spec.training.init_from
+    if init_from and plan.runtime != "deepspeed":
+        # Rendered into nothing rather than refused, so that one spec plans for both runtimes:
+        # Megatron-LM starts from its own checkpoint format (--load / --pretrained-checkpoint), which
+        # a Hugging Face directory is not until converted (Megatron-Bridge's AutoBridge does that).
+        out.append(
+            f"training.init_from {init_from} is read by the deepspeed runtime's bundled entrypoint only: this "
+            "Megatron-LM plan starts from random weights unless you convert the model to a Megatron checkpoint "
+            "and add --load / --pretrained-checkpoint"
+        )
     return out

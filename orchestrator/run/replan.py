@@ -73,7 +73,7 @@ def replan(
     from orchestrator.train import checkpoint, reshard
 
     ckpt_dir = run_dir / "checkpoints"
-    ckpt = _newest_checkpoint(ckpt_dir)
+    ckpt = newest_checkpoint(ckpt_dir)
     old = ckpt.plan
     spec_path, spec, spec_sha256 = _unchanged_spec(old)
     lp = load_profile(old.doc.cluster.name, profiles_dir)
@@ -116,7 +116,7 @@ def replan(
     return Replanned(the_plan, out, run_dir, ckpt.step, ckpt.layout, universal)
 
 
-def _newest_checkpoint(ckpt_dir: Path) -> _Checkpoint:
+def newest_checkpoint(ckpt_dir: Path) -> _Checkpoint:
     """The run's newest intact checkpoint and the plan that wrote it; an error says why there is
     none to convert."""
     from orchestrator.plan.layout import Layout

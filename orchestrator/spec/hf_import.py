@@ -178,6 +178,15 @@ def _rope(c: _Config, notes: list[str], theta: float = 10000.0, default_scaling:
     return float(c.get("rope_theta", "rotary_emb_base", default=theta))
 
 
+def _norm_epsilon(c: _Config, key: str, default: float) -> float:
+    """The norms' epsilon (``key``; ``default``: the configuration class's, e.g. LlamaConfig.rms_norm_eps
+    1e-6, MixtralConfig's and GPT-NeoX's 1e-5). The spec's model.norm_epsilon."""
+    v = c.number(key, default)
+    if not 0 < v < 1:
+        raise SpecError(f"{c.path}: {c.prefix}{key}: {v!r} is not an epsilon between 0 and 1.")
+    return v
+
+
 def _quantized(c: _Config, notes: list[str]) -> None:
     q = c.get("quantization_config")
     if isinstance(q, dict) and q.get("quant_method"):
@@ -260,6 +269,7 @@ def _llama_like(c: _Config, family: str, notes: list[str]) -> dict:
         model["qk_norm"] = True  # Qwen3Attention: q_norm and k_norm, RMSNorm over head_dim
     model["max_position_embeddings"] = c.integer("max_position_embeddings")
     model["rope_theta"] = _rope(c, notes)
+    model["norm_epsilon"] = _norm_epsilon(c, "rms_norm_eps", 1e-5 if family == "mixtral" else 1e-6)
     model["init_method_std"] = float(c.get("initializer_range", default=0.02))
     _window(c, "use_sliding_window" if family.startswith("qwen") else None)
     _quantized(c, notes)
@@ -292,6 +302,7 @@ def _gpt_neox(c: _Config, notes: list[str]) -> dict:
         "parallel_residual": bool(c.get("use_parallel_residual", default=True)),
         "max_position_embeddings": c.integer("max_position_embeddings"),
         "rope_theta": float(c.get("rotary_emb_base", "rope_theta", default=10000.0)),
+        "norm_epsilon": _norm_epsilon(c, "layer_norm_eps", 1e-5),
         "init_method_std": float(c.get("initializer_range", default=0.02)),
     }
 
@@ -318,6 +329,7 @@ def _gpt2(c: _Config, notes: list[str]) -> dict:
         "position_embedding": "learned",
         "bias": True,
         "max_position_embeddings": c.integer("n_positions", "max_position_embeddings"),
+        "norm_epsilon": _norm_epsilon(c, "layer_norm_epsilon", 1e-5),
         "init_method_std": float(c.get("initializer_range", default=0.02)),
     }
 
@@ -359,6 +371,7 @@ def _falcon(c: _Config, notes: list[str]) -> dict:
         "parallel_residual": parallel,
         "max_position_embeddings": c.integer("max_position_embeddings", default=2048),
         "rope_theta": float(c.get("rope_theta", default=10000.0)),
+        "norm_epsilon": _norm_epsilon(c, "layer_norm_epsilon", 1e-5),
         "init_method_std": float(c.get("initializer_range", default=0.02)),
     }
 
@@ -396,7 +409,8 @@ def _moe_layers(c: _Config, moe: list[bool], key: str) -> dict[str, int] | None:
 def _with_moe(model: dict, moe: dict) -> dict:
     """The model with its moe section where DeepSeek-V3's and GPT-OSS's readers put it: after the
     layer's shapes, before the positions."""
-    out = {k: v for k, v in model.items() if k not in ("max_position_embeddings", "rope_theta", "init_method_std")}
+    tail = ("max_position_embeddings", "rope_theta", "norm_epsilon", "init_method_std")
+    out = {k: v for k, v in model.items() if k not in tail}
     return {**out, "moe": moe, **{k: v for k, v in model.items() if k not in out}}
 
 
@@ -577,6 +591,7 @@ def _deepseek_v3(c: _Config, notes: list[str]) -> dict:
         model["mtp_layers"] = c.integer("num_nextn_predict_layers")
     model["max_position_embeddings"] = c.integer("max_position_embeddings", default=4096)
     model["rope_theta"] = _rope(c, notes)
+    model["norm_epsilon"] = _norm_epsilon(c, "rms_norm_eps", 1e-6)
     model["init_method_std"] = float(c.get("initializer_range", default=0.02))
     _quantized(c, notes)
     return model
@@ -664,6 +679,7 @@ def _gpt_oss(c: _Config, notes: list[str]) -> dict:
     model["max_position_embeddings"] = c.integer("max_position_embeddings", default=131072)
     # GptOssConfig: default_theta 150000 and, without rope_parameters, YaRN (factor 32).
     model["rope_theta"] = _rope(c, notes, theta=150000.0, default_scaling="yarn")
+    model["norm_epsilon"] = _norm_epsilon(c, "rms_norm_eps", 1e-5)
     model["init_method_std"] = float(c.get("initializer_range", default=0.02))
     _quantized(c, notes)
     return model

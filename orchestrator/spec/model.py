@@ -157,6 +157,9 @@ class ModelSpec(BaseModel):
     mtp_layers: int = Field(default=0, ge=0, le=100)
     max_position_embeddings: int | None = Field(default=None, gt=0, le=100_000_000)
     rope_theta: float = Field(default=10000.0, gt=0)
+    # The epsilon inside RMSNorm / LayerNorm (Megatron-LM --norm-epsilon, default 1e-5; Hugging
+    # Face's rms_norm_eps: Llama 3 1e-5, Qwen2 1e-6). Numerics only, but loaded weights need it.
+    norm_epsilon: float = Field(default=1e-5, gt=0, lt=1)
     init_method_std: float = Field(default=0.02, gt=0)
 
     @model_validator(mode="after")
@@ -576,6 +579,12 @@ class TrainingSpec(BaseModel):
     optimizer: OptimizerSpec = OptimizerSpec()
     data: DataSpec = DataSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
+    # A local Hugging Face model directory (config.json and *.safetensors) whose weights the bundled
+    # entrypoint loads before the first step (orchestrator/train/hf_weights.py). Llama, Mistral and
+    # Qwen2 families; the megatron runtime does not read it (its plans say so).
+    init_from: str | None = Field(
+        default=None, pattern=_ONE_WORD, description="Hugging Face directory the deepspeed runtime starts from"
+    )
 
     @property
     def train_steps(self) -> int | None:

@@ -24,12 +24,14 @@ data and where to write.
 The data is the plan's training.data (the same --data-path Megatron-LM gets); --data overrides
 it; with neither the model trains on deterministic synthetic sequences. A resume on other data
 than the checkpoint's is refused unless --switch-data says it is meant (train/fingerprint.py).
-Rank 0 prints one line per step and appends it to RUN_DIR/metrics.jsonl.
+With training.init_from in the spec the model starts from that Hugging Face directory's weights
+(train/hf_weights.py; `dsorch export-hf RUN_DIR` writes a checkpoint back as one). Rank 0 prints one line per step and appends it to RUN_DIR/metrics.jsonl.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import time
@@ -109,6 +111,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     # For the equivalence tests: at the end, each rank writes its part of the model whole, by the
     # single-process names, to DIR/weights-rankN.pt (train/gather.py).
     p.add_argument("--dump-weights", default=None, metavar="DIR", help=argparse.SUPPRESS)
+    # For the weights-in/out tests: after loading (training.init_from or the checkpoint resumed) and at
+    # the end, one forward of a fixed batch; the last stage writes its full-vocabulary logits to
+    # DIR/logits-stepN.pt (train/gather.py dump_logits).
+    p.add_argument("--dump-logits", default=None, metavar="DIR", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.keep < 1:
         p.error("--keep must be at least 1")
@@ -116,11 +122,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build_engine(
-    plan: PlanDir, grid, topo, device, load_universal: bool = False, aux_scale: AuxLossScale | None = None
+    plan: PlanDir,
+    grid,
+    topo,
+    device,
+    load_universal: bool = False,
+    aux_scale: AuxLossScale | None = None,
+    resuming: bool = False,
 ):
     """The model as DeepSpeed sees it: a PipelineModule for pp > 1, a plain module for pp = 1.
     ``load_universal``: the checkpoint to resume from is a universal one (reshard.py);
-    ``aux_scale``: the MoE layers' auxiliary-loss gradient scale (``aux_loss_scale``)."""
+    ``aux_scale``: the MoE layers' auxiliary-loss gradient scale (``aux_loss_scale``);
+    ``resuming``: a checkpoint will be loaded, so training.init_from is not read."""
     import deepspeed
 
     lay, training = plan.layout, plan.spec.training
@@ -148,6 +161,10 @@ def build_engine(
     else:
         model = DenseModel(specs, loss_fn, full_recompute=lay.recompute == "full")
         mpu = grid
+    if training.init_from and not resuming:  # before initialize: ZeRO-3 partitions the weights there
+        from orchestrator.train.hf_weights import load_init_from
+
+        load_init_from(model, plan.spec, tp.rank, tp.size)
     model.to(device)
     config = ds_config_for(plan, device)
     if load_universal:
@@ -261,7 +278,7 @@ class Trainer:
         self._check_data(blend, None if tag is None else ckpt_dir / tag)
         self.aux_scale = AuxLossScale()
         self.engine = engine = build_engine(
-            plan, grid, topo, device, load_universal=universal, aux_scale=self.aux_scale
+            plan, grid, topo, device, load_universal=universal, aux_scale=self.aux_scale, resuming=tag is not None
         )
 
         self.start = 0
@@ -273,6 +290,12 @@ class Trainer:
                     f"dsorch train: resuming from {ckpt_dir / tag}, converted from layout {source} to {lay.short()}",
                     flush=True,
                 )
+        self._dump_logits = None
+        if args.dump_logits:
+            from orchestrator.train.gather import dump_logits
+
+            self._dump_logits = functools.partial(dump_logits, engine, plan, grid, device, Path(args.dump_logits))
+            self._dump_logits(self.start)
         if rank0:
             # Steps logged after the checkpoint we resume from are redone now: drop their records so
             # that metrics.jsonl is one trajectory with no gap and no repeated step.
@@ -462,6 +485,8 @@ class Trainer:
             from orchestrator.train.gather import dump_weights
 
             dump_weights(self.engine.module, self.tp_group, Path(self.args.dump_weights), self.rank)
+        if self._dump_logits is not None and self.args.steps > self.start:
+            self._dump_logits(self.args.steps)
 
 
 @dataclass

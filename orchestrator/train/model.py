@@ -39,8 +39,8 @@ from orchestrator.train.tensor_parallel import (
 # Non-reentrant checkpointing (PyTorch's recommended variant) works with inputs that do not
 # require grad and with the tp collectives inside the block, which are simply replayed.
 recompute = functools.partial(checkpoint, use_reentrant=False)
-# Megatron-LM's default --norm-epsilon, which dsorch's plans keep.
-NORM_EPS = 1e-5
+# The spec's default norm epsilon (model.norm_epsilon, Megatron-LM's --norm-epsilon), for the norm's own tests.
+NORM_EPS = ModelSpec.model_fields["norm_epsilon"].default
 
 
 def _gate(g, kind):
@@ -88,7 +88,7 @@ def gated_activation(gu, kind: str):
 class Norm(nn.Module):
     def __init__(self, model: ModelSpec, tp: TPContext):
         super().__init__()
-        self.tp, self.eps, self.rms = tp, NORM_EPS, model.normalization == "rmsnorm"
+        self.tp, self.eps, self.rms = tp, model.norm_epsilon, model.normalization == "rmsnorm"
         self.weight = nn.Parameter(torch.ones(model.hidden_size))
         self.bias = None if self.rms else nn.Parameter(torch.zeros(model.hidden_size))
 
@@ -254,6 +254,7 @@ class DecoderLayer(nn.Module):
         # QK-norm (Qwen3; Megatron-LM --qk-layernorm): RMSNorm over each head's channels, one weight
         # of head_dim shared by the heads, applied to queries and keys before RoPE.
         self.q_norm = nn.Parameter(torch.ones(d)) if model.qk_norm else None
+        self.norm_eps = model.norm_epsilon
         self.k_norm = nn.Parameter(torch.ones(d)) if model.qk_norm else None
         self.post_norm = Norm(model, tp)
         self.activation, self.parallel = model.activation, model.parallel_residual
@@ -301,7 +302,7 @@ class DecoderLayer(nn.Module):
         rank's heads only: their gradients are summed over the tp group (copy_to_tp)."""
         q, k = qk.split([self.heads, self.kv_heads], dim=2)
         wq, wk = (copy_to_tp(p, self.tp.group) for p in (self.q_norm, self.k_norm))
-        return torch.cat([_RMSNorm.apply(q, wq, NORM_EPS), _RMSNorm.apply(k, wk, NORM_EPS)], dim=2)
+        return torch.cat([_RMSNorm.apply(q, wq, self.norm_eps), _RMSNorm.apply(k, wk, self.norm_eps)], dim=2)
 
     def mlp(self, x):
         if self.moe is not None:
@@ -410,10 +411,14 @@ class DenseModel(nn.Module):
         self.loss_fn, self.full_recompute = loss_fn, full_recompute
 
     def forward(self, ids, labels):
+        return self.loss_fn(self.logits(ids), labels)
+
+    def logits(self, ids):
+        """Vocab-parallel logits [s, b, V/tp] of ids [b, s]."""
         x = ids
         for layer in self._calls:
             if self.full_recompute and isinstance(layer, DecoderLayer):
                 x = recompute(layer, x)  # full recomputation, one layer per checkpoint
             else:
                 x = layer(x)
-        return self.loss_fn(x, labels)
+        return x
