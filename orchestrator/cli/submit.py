@@ -53,6 +53,11 @@ Examples:
     "--steps", type=click.IntRange(1, 1_000_000_000_000), default=None, help="Training steps (default: the plan's)."
 )
 @click.option(
+    "--extend-schedule",
+    is_flag=True,
+    help="With --steps past the plan's steps: stretch the learning-rate decay to --steps (default: refused).",
+)
+@click.option(
     "--data",
     type=click.Path(dir_okay=False),
     default=None,
@@ -94,6 +99,7 @@ def submit(
     cluster,
     nodes,
     steps,
+    extend_schedule,
     data,
     run_dir,
     save_interval,
@@ -128,6 +134,7 @@ def submit(
         project.root,
         save_interval,
         runs_dir=project.runs_dir,
+        extend_schedule=extend_schedule,
     )
     if resume:
         sub = _resumed(reg, sub)

@@ -66,6 +66,7 @@ class TrainingJob:
     use_gpus: bool = False
     save_interval: int = 0
     save: bool = True  # False for trials: a measurement needs no checkpoint
+    extend_schedule: bool = False  # --steps past the plan's: stretch the LR decay (train/lr_schedule.py)
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-u", "-m", "orchestrator.train", "--plan", self.plan_dir, "--run-dir", self.run_dir]
@@ -77,6 +78,8 @@ class TrainingJob:
             cmd += ["--save-interval", str(self.save_interval)]
         if not self.save:
             cmd += ["--no-save"]
+        if self.extend_schedule:
+            cmd += ["--extend-schedule"]
         return cmd
 
     def __call__(self) -> dict:
