@@ -22,7 +22,10 @@ data and where to write.
     # continues from the newest intact checkpoint in RUN_DIR/checkpoints.
 
 Without --data the model trains on deterministic synthetic sequences. Rank 0 prints one line
-per step and appends it to RUN_DIR/metrics.jsonl.
+per step and appends it to RUN_DIR/metrics.jsonl, and one per evaluation of the validation part
+(every training.data.eval_interval steps, train/validation.py); TensorBoard and W&B get the same
+(training.logging, train/sinks.py). The learning rate follows Megatron-LM's schedule over the
+plan's steps (train/lr_schedule.py); --steps past them needs --extend-schedule.
 """
 
 from __future__ import annotations
