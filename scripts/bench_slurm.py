@@ -66,7 +66,7 @@ def main() -> None:
         sh(DSORCH, "plan", ROOT / "examples" / "tiny.yaml", "--cluster", "loopback", "--out", "plans/p", "--tp", "2",
            "--pp", "2", "--mbs", "4", env=env, cwd=exp)
         t_submit = time.monotonic()
-        out = sh(DSORCH, "submit", "plans/p", "--steps", "400", "--save-interval", "20", env=env, cwd=exp)
+        out = sh(DSORCH, "submit", "plans/p", "--steps", "400", "--extend-schedule", "--save-interval", "20", env=env, cwd=exp)
         t_returned = time.monotonic()
         job = out.split()[2]
         rec = json.loads(sh(DSORCH, "status", "--json", env=env, cwd=exp))[-1]

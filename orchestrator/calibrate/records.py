@@ -46,14 +46,40 @@ def _steady(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def is_step(rec: dict) -> bool:
+    """A step record of metrics.jsonl, not an evaluation's ("kind": "eval", train/metrics.py)."""
+    return rec.get("kind", "step") == "step"
+
+
+def last_records(metrics: Path) -> tuple[dict | None, dict | None]:
+    """The newest step record and the newest evaluation record of a metrics.jsonl (a line cut
+    by a crash is skipped)."""
+    step = evaluation = None
+    for line in reversed(metrics.read_bytes().splitlines()):
+        if step is not None and evaluation is not None:
+            break
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        if is_step(rec):
+            step = step or rec
+        else:
+            evaluation = evaluation or rec
+    return step, evaluation
+
+
 def read_steps(metrics: Path) -> list[dict]:
-    """The records of a metrics.jsonl, one per step in step order (a resumed run repeats steps:
-    the last record of a step wins)."""
+    """The step records of a metrics.jsonl, one per step in step order (a resumed run repeats steps:
+    the last record of a step wins); evaluations' records ("kind": "eval") are left out."""
     steps: dict[int, dict] = {}
     for line in metrics.read_text(encoding="utf-8").splitlines():
         if line.strip():
             rec = json.loads(line)
-            steps[int(rec["step"])] = rec
+            if is_step(rec):
+                steps[int(rec["step"])] = rec
     return [steps[k] for k in sorted(steps)]
 
 

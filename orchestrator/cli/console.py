@@ -27,11 +27,13 @@ def profile_table(rows: list[dict]) -> Table:
     return t
 
 
-def job_table(records) -> Table:
+def job_table(records, evals: list[str]) -> Table:
+    """One row per job; ``evals``: each job's latest validation loss (perplexity) @ step, or ""."""
     t = Table(show_edge=False, pad_edge=False)
-    for col in ("job", "cluster", "plan", "state", "elapsed", "requeues", "step", "loss", "submitted (UTC)"):
+    cols = ("job", "cluster", "plan", "state", "elapsed", "requeues", "step", "loss", "eval loss (ppl)")
+    for col in (*cols, "submitted (UTC)"):
         t.add_column(col)
-    for r in records:
+    for r, ev in zip(records, evals, strict=True):
         t.add_row(
             r.job_id,
             r.cluster,
@@ -41,6 +43,7 @@ def job_table(records) -> Table:
             str(r.requeues),
             "" if r.last_step is None else str(r.last_step),
             "" if r.last_loss is None else f"{r.last_loss:.4f}",
+            ev,
             r.submitted_at.replace("+00:00", ""),
         )
     return t

@@ -21,8 +21,9 @@ from orchestrator.cli.common import UserError, make_console, open_registry, poll
     "still reads into a new one.",
 )
 def status(as_json, show_all, repair):
-    """Jobs submitted from this experiment directory: id, plan, state, elapsed, requeues, last step/loss."""
-    from orchestrator.run.submission import refresh
+    """Jobs submitted from this experiment directory: id, plan, state, elapsed, requeues, last step/loss,
+    latest validation loss and perplexity."""
+    from orchestrator.run.submission import eval_text, latest_eval, refresh
 
     reg = open_registry()
     if repair:
@@ -33,10 +34,11 @@ def status(as_json, show_all, repair):
             click.echo(f"{reg.path}: repaired; {kept} job(s) kept, {lost} unreadable; the damaged file is {backup}.")
         return
     records = [refresh(reg, r) for r in reg.all()]
+    evals = [latest_eval(Path(r.run_dir)) for r in records]
     if as_json:
         from dataclasses import asdict
 
-        click.echo(json.dumps([asdict(r) for r in records], indent=2))
+        click.echo(json.dumps([{**asdict(r), "last_eval": ev} for r, ev in zip(records, evals, strict=True)], indent=2))
         return
     if not records:
         click.echo("no jobs submitted from this experiment directory yet (dsorch submit [PLAN_DIR])")
@@ -44,7 +46,7 @@ def status(as_json, show_all, repair):
     from orchestrator.cli.console import job_table
 
     con = make_console()
-    con.print(job_table(records))
+    con.print(job_table(records, [eval_text(ev) for ev in evals]))
     import shutil
 
     if any(r.executor == "slurm" and r.active for r in records) and shutil.which("sacct") is None:
@@ -68,7 +70,7 @@ def logs(job, rank, follow):
     import shutil
 
     from orchestrator.run import scheduler
-    from orchestrator.run.submission import refresh
+    from orchestrator.run.submission import eval_text, latest_eval, refresh
 
     reg = open_registry()
     rec = reg.get(job)
@@ -83,6 +85,9 @@ def logs(job, rank, follow):
             if path.exists():
                 click.echo(f"==> {path} <==")
                 click.echo(path.read_text(errors="replace"), nl=False)
+        ev = latest_eval(Path(rec.run_dir))
+        if ev is not None:
+            click.echo(f"==> latest evaluation (validation loss (perplexity) @ step): {eval_text(ev)}")
         return
     offsets = {out: 0, err: 0}
 

@@ -53,6 +53,11 @@ Examples:
     "--steps", type=click.IntRange(1, 1_000_000_000_000), default=None, help="Training steps (default: the plan's)."
 )
 @click.option(
+    "--extend-schedule",
+    is_flag=True,
+    help="With --steps past the plan's steps: stretch the learning-rate decay to --steps (default: refused).",
+)
+@click.option(
     "--data",
     type=click.Path(dir_okay=False),
     default=None,
@@ -102,6 +107,7 @@ def submit(
     cluster,
     nodes,
     steps,
+    extend_schedule,
     data,
     run_dir,
     save_interval,
@@ -138,6 +144,7 @@ def submit(
         save_interval,
         runs_dir=project.runs_dir,
         switch_data=switch_data,
+        extend_schedule=extend_schedule,
     )
     if resume:
         sub = _resumed(reg, sub)

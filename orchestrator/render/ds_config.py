@@ -50,7 +50,11 @@ def ds_config(plan: Plan) -> dict:
             "type": "AdamW",
             "params": _optimizer_params(plan),
         },
-        "scheduler": _scheduler(plan),
+        # No "scheduler": the entrypoint sets the rate from Megatron-LM's formula
+        # (train/lr_schedule.py), the one both runtimes follow. DeepSpeed's WarmupCosineLR starts
+        # its warmup a step late (steps 1 and 2 at rate 0) and has no WSD or linear decay to
+        # min_lr; given a client scheduler DeepSpeed would ignore a configured one anyway
+        # (engine.py _configure_lr_scheduler).
         "zero_optimization": _zero(plan),
         "activation_checkpointing": {
             # Off: dsorch's entrypoint checkpoints with torch.utils.checkpoint and keeps each
@@ -104,32 +108,6 @@ def _optimizer_params(plan: Plan) -> dict:
         # extension for ~80 s on first use; the update is the same (deepspeed/ops/adam).
         params["torch_adam"] = True
     return params
-
-
-def _scheduler(plan: Plan) -> dict:
-    t = plan.spec.training
-    opt = t.optimizer
-    steps = t.train_steps
-    if steps is None:
-        return {
-            "type": "WarmupLR",
-            "params": {
-                "warmup_min_lr": 0.0,
-                "warmup_max_lr": opt.lr,
-                "warmup_num_steps": opt.warmup_steps,
-                "warmup_type": "linear",
-            },
-        }
-    return {
-        "type": "WarmupCosineLR",
-        "params": {
-            "total_num_steps": steps,
-            "warmup_num_steps": min(opt.warmup_steps, steps),
-            "warmup_min_ratio": 0.0,
-            "cos_min_ratio": round(opt.min_lr / opt.lr, 6),
-            "warmup_type": "linear",
-        },
-    }
 
 
 def _zero(plan: Plan) -> dict:

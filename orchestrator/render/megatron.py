@@ -408,9 +408,13 @@ def _optimizer_flags(plan: Plan) -> _Flags:
     yield "--optimizer", "adam"
     yield "--lr", opt.lr
     yield "--min-lr", opt.min_lr
-    # Cosine decay to --min-lr over the plan's steps; without train_tokens there is no length to
-    # decay over, so the rate stays constant after warmup (ds_config's WarmupLR does the same).
-    yield "--lr-decay-style", "cosine" if t.train_steps is not None else "constant"
+    # The schedule over the plan's steps (train/lr_schedule.py: the bundled entrypoint follows
+    # the same formula); without a training length it is constant after warmup.
+    style = t.lr_decay_style
+    yield "--lr-decay-style", style
+    if style == "WSD":
+        yield "--lr-wsd-decay-style", opt.wsd_decay_style
+        yield "--lr-wsd-decay-iters", opt.wsd_decay_steps
     yield "--lr-warmup-iters", opt.warmup_steps
     if t.train_steps is not None:
         yield "--train-iters", t.train_steps
@@ -451,6 +455,28 @@ def _pretrain_gpt_flags(plan: Plan) -> _Flags:
     # job.sbatch then requeues the job, and --load resumes it.
     yield "--exit-signal-handler", None
     yield "--exit-signal", EXIT_SIGNAL
+    yield from _logging_flags(plan)
+
+
+def _logging_flags(plan: Plan) -> _Flags:
+    """TensorBoard and Weights & Biases (training.logging), beside the checkpoints: Megatron-LM
+    writes them from its last rank (megatron/training/global_vars.py _set_tensorboard_writer,
+    _set_wandb_writer). Megatron-LM passes wandb no mode: its run reads WANDB_MODE from the job's
+    environment (sbatch exports the submitting shell's), while the entrypoint passes logging.wandb.mode."""
+    log, ckpt = plan.spec.training.logging, checkpoint_dir(plan)
+    if log.tensorboard:
+        yield "--tensorboard-dir", f"{ckpt}/{log.tensorboard_dir}"
+        # The validation perplexity beside the loss, as the entrypoint's event files carry it.
+        yield "--log-validation-ppl-to-tensorboard", None
+    if log.wandb is not None:
+        yield "--wandb-project", log.wandb.project
+        yield "--wandb-exp-name", log.wandb.name or wandb_run_name(plan.spec.name)
+        yield "--wandb-save-dir", f"{ckpt}/{log.wandb.dir}"
+
+
+def wandb_run_name(spec_name: str) -> str:
+    """A W&B run name from the spec's name: one word (Megatron-LM's command line splits on spaces)."""
+    return "-".join(spec_name.split()) or "dsorch"
 
 
 # The sections in the order their flags appear in megatron_args.txt.

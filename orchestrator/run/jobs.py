@@ -71,6 +71,7 @@ class TrainingJob:
     # --switch-data: resume from a checkpoint trained on other data, on purpose (train/fingerprint.py).
     # Jobs pickled before this field unpickle with the class default.
     switch_data: bool = False
+    extend_schedule: bool = False  # --steps past the plan's: stretch the LR decay (train/lr_schedule.py)
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-u", "-m", "orchestrator.train", "--plan", self.plan_dir, "--run-dir", self.run_dir]
@@ -84,6 +85,8 @@ class TrainingJob:
             cmd += ["--no-save"]
         if self.switch_data:
             cmd += ["--switch-data"]
+        if self.extend_schedule:
+            cmd += ["--extend-schedule"]
         return cmd
 
     def __call__(self) -> dict:

@@ -59,6 +59,7 @@ def prepare_submission(
     save_interval: int = 0,
     runs_dir: Path | None = None,
     switch_data: bool = False,
+    extend_schedule: bool = False,
 ) -> Submission:
     """A checked submission of ``plan_dir``. ``data``: a dataset prefix that overrides the plan's
     training.data (None: the plan's); ``switch_data``: resume on other data than the checkpoint's."""
@@ -88,6 +89,11 @@ def prepare_submission(
     if errors:
         raise JobError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
     check_trainable(pd)  # what the entrypoint refuses (dropout, vpp > 1) fails here, before queueing
+    from orchestrator.train.lr_schedule import steps_past_plan
+
+    problem = steps_past_plan(pd.spec.training, plan_dir, steps, extend_schedule)
+    if problem:  # the entrypoint refuses it too; here it fails before queueing
+        raise JobError(problem.replace("add --extend-schedule", "submit with --extend-schedule"))
     if data is not None and not (Path(data).exists() or Path(f"{data}.bin").exists()):
         raise JobError(
             f"--data {data}: no such dataset (NAME.bin with NAME.idx or NAME.json); make one with "
@@ -101,7 +107,14 @@ def prepare_submission(
             raise JobError(f"{p!r}: a path with a line break cannot go into an sbatch script; rename it.")
     run = run_dir or (runs_dir or experiment_dir / "runs") / f"{plan_abs.name}-{{key}}"
     job = TrainingJob(
-        str(plan_abs), str(run), steps, _data_path(data), spec.use_gpus, save_interval, switch_data=switch_data
+        str(plan_abs),
+        str(run),
+        steps,
+        _data_path(data),
+        spec.use_gpus,
+        save_interval,
+        switch_data=switch_data,
+        extend_schedule=extend_schedule,
     )
     return Submission(
         spec, plan_abs, _display(plan_dir, experiment_dir), plan_hash(plan_abs), cluster, folder, Path(str(run)), job
@@ -206,17 +219,11 @@ def _progress(run_dir: Path, finished: bool = False) -> tuple[int | None, float 
     elapsed = None
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
-        last = None
-        with open(metrics, "rb") as fh:
-            for line in fh:
-                if line.strip():
-                    last = line
+        from orchestrator.calibrate.records import last_records
+
+        last, _ = last_records(metrics)
         if last is not None:
-            try:
-                rec = json.loads(last)
-                step, loss = rec.get("step"), rec.get("loss")
-            except json.JSONDecodeError:
-                pass
+            step, loss = last.get("step"), last.get("loss")
     starts = run_dir / STARTS_FILE
     if starts.exists():
         lines = [json.loads(x) for x in starts.read_text().splitlines() if x.strip()]
@@ -225,6 +232,23 @@ def _progress(run_dir: Path, finished: bool = False) -> tuple[int | None, float 
             end = metrics.stat().st_mtime if finished and metrics.exists() else time.time()
             elapsed = max(0.0, end - float(lines[0]["time"]))
     return step, loss, requeues, elapsed
+
+
+def latest_eval(run_dir: Path) -> dict | None:
+    """The newest evaluation record of a run (train/metrics.py record_eval), None before the first."""
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    from orchestrator.calibrate.records import last_records
+
+    return last_records(metrics)[1]
+
+
+def eval_text(rec: dict | None) -> str:
+    """An evaluation record as `status` and `logs` show it: loss (perplexity) @ step."""
+    if rec is None:
+        return ""
+    return f"{rec['eval_loss']:.4f} ({rec['eval_ppl']:.4g}) @ {rec['step']}"
 
 
 def refresh(reg: Registry, rec: JobRecord) -> JobRecord:

@@ -366,6 +366,14 @@ class OptimizerSpec(BaseModel):
     weight_decay: float = Field(default=0.1, ge=0, le=10)
     warmup_steps: int = Field(default=2000, ge=0, le=1_000_000_000)
     grad_clip: float = Field(default=1.0, ge=0)
+    # Megatron-LM's --lr-decay-style after the linear warmup (train/lr_schedule.py has the
+    # formulas, both runtimes use them). None: cosine when the spec gives a training length, else
+    # constant (there is no length to decay over).
+    decay_style: Literal["cosine", "linear", "WSD", "constant"] | None = None
+    # WSD (warmup-stable-decay, Hu et al. 2024 "MiniCPM"): the rate stays at lr until the last
+    # wsd_decay_steps steps, which anneal it to min_lr (--lr-wsd-decay-iters, --lr-wsd-decay-style).
+    wsd_decay_steps: int | None = Field(default=None, gt=0, le=1_000_000_000)
+    wsd_decay_style: Literal["exponential", "linear", "cosine", "minus_sqrt"] = "exponential"
 
     @model_validator(mode="after")
     def _consistent(self) -> OptimizerSpec:
@@ -516,6 +524,31 @@ class CheckpointSpec(BaseModel):
     interval: int = Field(default=1000, gt=0, le=1_000_000_000, description="--save-interval, in steps")
 
 
+class WandbSpec(BaseModel):
+    """Weights & Biases (Megatron-LM --wandb-project, --wandb-exp-name, --wandb-save-dir; the
+    optional extra ``dsorch[wandb]``). offline writes the run under ``dir`` with no network, for
+    `wandb sync` later; mode reaches wandb as WANDB_MODE."""
+
+    model_config = FROZEN
+
+    project: str = Field(min_length=1, pattern=_ONE_WORD)
+    name: str | None = Field(default=None, pattern=_ONE_WORD, description="run name (default: the spec's name)")
+    mode: Literal["online", "offline"] = "offline"
+    dir: str = Field(default="wandb", pattern=_ONE_WORD, description="relative to the run directory")
+
+
+class LoggingSpec(BaseModel):
+    """Where metrics go besides metrics.jsonl and the log: TensorBoard event files
+    (``dsorch[tensorboard]``; --tensorboard-dir for Megatron-LM) and Weights & Biases. Both carry
+    what metrics.jsonl carries: loss, lr, grad norm, step time, memory, eval loss and perplexity."""
+
+    model_config = FROZEN
+
+    tensorboard: bool = False
+    tensorboard_dir: str = Field(default="tensorboard", pattern=_ONE_WORD, description="relative to the run directory")
+    wandb: WandbSpec | None = None
+
+
 class TrainingSpec(BaseModel):
     """How to train: sequence length, global batch, length, precision, optimizer, data."""
 
@@ -585,6 +618,7 @@ class TrainingSpec(BaseModel):
     init_from: str | None = Field(
         default=None, pattern=_ONE_WORD, description="Hugging Face directory the deepspeed runtime starts from"
     )
+    logging: LoggingSpec = LoggingSpec()
 
     @property
     def train_steps(self) -> int | None:
@@ -593,6 +627,14 @@ class TrainingSpec(BaseModel):
         if self.train_tokens is None:
             return None
         return max(1, int(round(self.train_tokens / (self.global_batch_size * self.seq_length))))
+
+    @property
+    def lr_decay_style(self) -> str:
+        """optimizer.decay_style, or its default: cosine over the planned steps, constant without any."""
+        style = self.optimizer.decay_style
+        if style is not None:
+            return style
+        return "cosine" if self.train_steps is not None else "constant"
 
     @property
     def tokens(self) -> float | None:
@@ -617,7 +659,31 @@ class TrainingSpec(BaseModel):
                 f"optimizer.warmup_steps {self.optimizer.warmup_steps} is not below the {steps} training "
                 f"steps; shorten the warmup or train longer"
             )
+        self._schedule_fits(steps)
         return self
+
+    def _schedule_fits(self, steps: int | None) -> None:
+        opt = self.optimizer
+        style = self.lr_decay_style
+        if steps is None and style != "constant":
+            raise ValueError(
+                f"optimizer.decay_style {style} decays over the training length, and the spec gives none: "
+                f"set training.steps or training.train_tokens, or use decay_style constant"
+            )
+        if style != "WSD":
+            if opt.wsd_decay_steps is not None:
+                raise ValueError(
+                    f"optimizer.wsd_decay_steps applies to decay_style WSD, not {style}: drop it or set decay_style WSD"
+                )
+            return
+        if opt.wsd_decay_steps is None:
+            # Megatron-LM asserts wsd_decay_steps is set with WSD (optimizer_param_scheduler.py).
+            raise ValueError("optimizer.decay_style WSD needs optimizer.wsd_decay_steps, the steps of its final anneal")
+        if steps is not None and opt.wsd_decay_steps > steps - opt.warmup_steps:
+            raise ValueError(
+                f"optimizer.wsd_decay_steps {opt.wsd_decay_steps} does not fit after the {opt.warmup_steps} warmup "
+                f"steps of the {steps} training steps; make it at most {steps - opt.warmup_steps}"
+            )
 
 
 class SpecFile(BaseModel):

@@ -25,7 +25,11 @@ The data is the plan's training.data (the same --data-path Megatron-LM gets); --
 it; with neither the model trains on deterministic synthetic sequences. A resume on other data
 than the checkpoint's is refused unless --switch-data says it is meant (train/fingerprint.py).
 With training.init_from in the spec the model starts from that Hugging Face directory's weights
-(train/hf_weights.py; `dsorch export-hf RUN_DIR` writes a checkpoint back as one). Rank 0 prints one line per step and appends it to RUN_DIR/metrics.jsonl.
+(train/hf_weights.py; `dsorch export-hf RUN_DIR` writes a checkpoint back as one). Rank 0 prints
+one line per step and appends it to RUN_DIR/metrics.jsonl, and one per evaluation of the validation part
+(every training.data.eval_interval steps, train/validation.py); TensorBoard and W&B get the same
+(training.logging, train/sinks.py). The learning rate follows Megatron-LM's schedule over the
+plan's steps (train/lr_schedule.py); --steps past them needs --extend-schedule.
 """
 
 from __future__ import annotations
@@ -41,17 +45,20 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from orchestrator.errors import CheckpointError
+from orchestrator.errors import CheckpointError, SpecError
 from orchestrator.plan.layout import Layout
 from orchestrator.plandir.reader import PlanDir
 from orchestrator.train import checkpoint, fingerprint, launch, reshard
 from orchestrator.train.config import ds_config, load_plan, stage_layers
 from orchestrator.train.data import micro_batches, open_dataset
+from orchestrator.train.lr_schedule import MegatronLR, Schedule, steps_past_plan
 from orchestrator.train.metrics import MetricsLog, peak_memory_gib, peak_reserved_gib
 from orchestrator.train.model import DenseModel, LossFn, Pipeline, layer_specs, recompute
 from orchestrator.train.moe import AuxLossScale, expert_groups
+from orchestrator.train.sinks import check_available
 from orchestrator.train.stop import EXIT_STOPPED, OOM_MARK, RUN_DIR_ENV, STOP_REQUEST_FILE, StopRequest
 from orchestrator.train.tensor_parallel import TPContext
+from orchestrator.train.validation import evaluate, evaluation_index
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -62,6 +69,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=int,
         default=None,
         help="train until this many steps are done (default: the plan's total, else 20)",
+    )
+    p.add_argument(
+        "--extend-schedule",
+        action="store_true",
+        help="with --steps past the plan's steps: stretch the learning-rate decay to --steps "
+        "(default: refuse, the schedule covers exactly the planned steps)",
     )
     p.add_argument(
         "--data",
@@ -129,11 +142,13 @@ def build_engine(
     load_universal: bool = False,
     aux_scale: AuxLossScale | None = None,
     resuming: bool = False,
+    schedule: Schedule | None = None,
 ):
     """The model as DeepSpeed sees it: a PipelineModule for pp > 1, a plain module for pp = 1.
     ``load_universal``: the checkpoint to resume from is a universal one (reshard.py);
     ``aux_scale``: the MoE layers' auxiliary-loss gradient scale (``aux_loss_scale``);
-    ``resuming``: a checkpoint will be loaded, so training.init_from is not read."""
+    ``resuming``: a checkpoint will be loaded, so training.init_from is not read;
+    ``schedule``: the learning rate per step (train/lr_schedule.py; default the plan's)."""
     import deepspeed
 
     lay, training = plan.layout, plan.spec.training
@@ -171,8 +186,14 @@ def build_engine(
         # For this resume only: with it on, a native checkpoint does not load (DeepSpeed looks for
         # zero/optimizer_state.pt). Added here, not in the plan, whose ds_config.json is checked.
         config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
+    schedule = schedule or Schedule.of(training)
     engine, *_ = deepspeed.initialize(
-        model=model, config=config, mpu=mpu, model_parameters=[p for p in model.parameters() if p.requires_grad]
+        model=model,
+        config=config,
+        mpu=mpu,
+        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        # DeepSpeed builds it on its own optimizer and steps it after each applied optimizer step.
+        lr_scheduler=lambda optimizer: MegatronLR(optimizer, schedule),
     )
     return engine
 
@@ -270,7 +291,11 @@ class Trainer:
         if rank0:
             run_dir.mkdir(parents=True, exist_ok=True)
         source, blend, self.data_origin = fingerprint.run_data(args.data, training.data, plan.path.resolve())
-        self.dataset = dataset = open_dataset(source, plan.spec.model.vocab_size, seq, seed)
+        vocab, evals = plan.spec.model.vocab_size, training.data.eval_iters > 0
+        self.dataset = open_dataset(source, vocab, seq, seed)
+        # The validation part, read every data.eval_interval steps (train/validation.py).
+        self.valid = open_dataset(source, vocab, seq, seed, split="valid") if evals else None
+        self.schedule, schedule_text = run_schedule(training, args)
         try:
             tag, universal = checkpoint.choose_resume(ckpt_dir, rank0, lay.as_dict(), reshard.naming(lay.pp))
         except ValueError as e:
@@ -278,16 +303,24 @@ class Trainer:
         self._check_data(blend, None if tag is None else ckpt_dir / tag)
         self.aux_scale = AuxLossScale()
         self.engine = engine = build_engine(
-            plan, grid, topo, device, load_universal=universal, aux_scale=self.aux_scale, resuming=tag is not None
+            plan,
+            grid,
+            topo,
+            device,
+            load_universal=universal,
+            aux_scale=self.aux_scale,
+            resuming=tag is not None,
+            schedule=self.schedule,
         )
 
         self.start = 0
         if tag is not None:
             self.start = checkpoint.load(engine, ckpt_dir, tag)
+            engine.lr_scheduler.set_done(self.start)  # the step resumed from sets the rate
             if rank0 and universal:
-                source = Layout(**checkpoint.manifest_of(ckpt_dir / tag)["layout"]).short()
+                earlier = Layout(**checkpoint.manifest_of(ckpt_dir / tag)["layout"]).short()
                 print(
-                    f"dsorch train: resuming from {ckpt_dir / tag}, converted from layout {source} to {lay.short()}",
+                    f"dsorch train: resuming from {ckpt_dir / tag}, converted from layout {earlier} to {lay.short()}",
                     flush=True,
                 )
         self._dump_logits = None
@@ -303,28 +336,38 @@ class Trainer:
             (run_dir / STOPPED_FILE).unlink(missing_ok=True)
         self.stop_file = run_dir / STOP_REQUEST_FILE
 
-        n_params = sum(p.numel() for p in engine.module.parameters())
         if rank0:
-            tokens = lay.global_batch_size * seq
-            print(
-                f"dsorch train: {plan.spec.name} from {plan.path} on {denv.world_size} ranks "
-                f"({denv.launcher}, {device.type}, {training.precision})\n"
-                f"  layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp} = {lay.world_size}{_experts_text(lay)}, "
-                f"ZeRO-{lay.zero_stage}, "
-                f"sp {'on' if lay.sequence_parallel else 'off'}, recompute {lay.recompute}, "
-                f"decoder layers per stage {list(stage_layers(plan))}\n"
-                f"  batch:  global {lay.global_batch_size} = micro-batch {lay.micro_batch_size} x "
-                f"grad-accum {lay.grad_accum_steps} x dp {lay.dp} sequences of {seq} "
-                f"tokens = {tokens:,} tokens/step\n"
-                f"  params on rank 0: {n_params:,}; data: {dataset.describe()} (from {self.data_origin})\n"
-                f"  steps {self.start} -> {args.steps}"
-                + (f" (resumed from {ckpt_dir / tag})" if tag else "")
-                + f"; run dir {run_dir}",
-                flush=True,
-            )
-        self.log = MetricsLog(run_dir if rank0 else None, plan, denv.world_size)
+            self._announce(denv, tag, schedule_text)
+        sinks = _sinks(plan, run_dir) if rank0 else None
+        self.log = MetricsLog(run_dir if rank0 else None, plan, denv.world_size, sinks)
         self._pending: _StepFacts | None = None  # the last step's facts, their all-reduce in flight
         self._censuses(args, denv.rank, grid.get_stage_id())
+
+    def _announce(self, denv, tag: str | None, schedule_text: str) -> None:
+        """The start of the log: what runs where, the batch arithmetic, the schedule (rank 0)."""
+        plan, args, device, run_dir, ckpt_dir = self.plan, self.args, self.device, self.run_dir, self.ckpt_dir
+        lay, training, seq = plan.layout, plan.spec.training, plan.spec.training.seq_length
+        n_params = sum(p.numel() for p in self.engine.module.parameters())
+        dataset = self.dataset
+        tokens = lay.global_batch_size * seq
+        print(
+            f"dsorch train: {plan.spec.name} from {plan.path} on {denv.world_size} ranks "
+            f"({denv.launcher}, {device.type}, {training.precision})\n"
+            f"  layout: tp {lay.tp} x pp {lay.pp} x dp {lay.dp} = {lay.world_size}{_experts_text(lay)}, "
+            f"ZeRO-{lay.zero_stage}, "
+            f"sp {'on' if lay.sequence_parallel else 'off'}, recompute {lay.recompute}, "
+            f"decoder layers per stage {list(stage_layers(plan))}\n"
+            f"  batch:  global {lay.global_batch_size} = micro-batch {lay.micro_batch_size} x "
+            f"grad-accum {lay.grad_accum_steps} x dp {lay.dp} sequences of {seq} "
+            f"tokens = {tokens:,} tokens/step\n"
+            f"  params on rank 0: {n_params:,}; data: {dataset.describe()} (from {self.data_origin})\n"
+            f"  lr: {schedule_text}\n"
+            + _eval_text(training.data)
+            + f"  steps {self.start} -> {args.steps}"
+            + (f" (resumed from {ckpt_dir / tag})" if tag else "")
+            + f"; run dir {run_dir}",
+            flush=True,
+        )
 
     def _check_data(self, blend, tag_dir: Path | None) -> None:
         """Rank 0 fingerprints the data (train/fingerprint.py) and compares it with the checkpoint's;
@@ -409,12 +452,15 @@ class Trainer:
         self._pending = facts
         done = step + 1
         save_due = not args.no_save and (done == args.steps or (args.save_interval and done % args.save_interval == 0))
-        if stop_seen or save_due or done == args.steps or args.fail_after_step == done:
+        eval_due = self.valid is not None and done % plan.spec.training.data.eval_interval == 0
+        if stop_seen or save_due or eval_due or done == args.steps or args.fail_after_step == done:
             # This step's own facts now: its metrics line is written before its checkpoint (a resumed
             # run's metrics.jsonl has no gap), a stop seen now stops now, and the last line is out.
             stop_seen = self._settle(facts) or stop_seen
             self._pending = None
         stopping = stop_seen and done < args.steps
+        if eval_due and not stopping:  # a stopping job saves its checkpoint first and at once
+            self._evaluate(done, final=False)
         if save_due or (stopping and not args.no_save):
             checkpoint.save(
                 engine,
@@ -475,10 +521,28 @@ class Trainer:
             )
         return wanted > 0
 
+    def _evaluate(self, done: int, final: bool) -> None:
+        """Validation loss after step ``done`` (train/validation.py), outside the step's timing."""
+        data = self.plan.spec.training.data
+        t0 = time.perf_counter()
+        index = evaluation_index(done, data.eval_interval, final)
+        lay = self.plan.layout
+        loss = evaluate(self.engine, self.valid, index, data.eval_iters, lay, self.device, self.dp_group, self.dp_rank)
+        if self.rank0:
+            self.log.record_eval(done, loss, data.eval_iters, time.perf_counter() - t0, final)
+
     def finish(self) -> None:
         if self._pending is not None:  # the last step settles its own; this is for a loop cut short
             self._settle(self._pending)
             self._pending = None
+        planned = self.schedule.decay_steps
+        if self.valid is not None and planned is not None and self.args.steps >= planned:
+            # Megatron-LM evaluates once more after training (pretrain: if args.do_valid), on the
+            # next batches of the validation stream, whether or not the last step was on the
+            # interval. Here when the run reaches the end of its schedule: a shorter --steps is a
+            # part of the run, as Megatron-LM's --exit-interval is, which exits without it.
+            self._evaluate(self.args.steps, final=True)
+        self.log.close()
         if self.rank0:
             self.stop_file.unlink(missing_ok=True)  # a request that came with the last step is moot
         if self.args.dump_weights:
@@ -487,6 +551,34 @@ class Trainer:
             dump_weights(self.engine.module, self.tp_group, Path(self.args.dump_weights), self.rank)
         if self._dump_logits is not None and self.args.steps > self.start:
             self._dump_logits(self.args.steps)
+
+
+def run_schedule(training, args) -> tuple[Schedule, str]:
+    """The run's learning-rate schedule and its line for the log: the plan's, its decay stretched
+    to --steps by --extend-schedule (check_steps refuses a longer run without it)."""
+    planned = training.train_steps
+    if args.extend_schedule and planned is not None and args.steps > planned:
+        schedule = Schedule.of(training, decay_steps=args.steps)
+        return schedule, f"{schedule.describe()} (extended by --extend-schedule from the plan's {planned} steps)"
+    schedule = Schedule.of(training)
+    return schedule, schedule.describe()
+
+
+def _eval_text(data) -> str:
+    if data.eval_iters == 0:
+        return "  eval: off (data.eval_iters 0)\n"
+    return f"  eval: {data.eval_iters} batches of the validation part every {data.eval_interval} steps and at the end\n"
+
+
+def _sinks(plan: PlanDir, run_dir: Path):
+    """TensorBoard / W&B as training.logging selects (train/sinks.py); None when it selects none."""
+    logging = plan.spec.training.logging
+    if not logging.tensorboard and logging.wandb is None:
+        return None
+    from orchestrator.train.sinks import Sinks
+
+    config = {"spec": plan.spec.model_dump(mode="json"), "layout": plan.layout.as_dict()}
+    return Sinks(logging, run_dir, plan.spec.name, config)
 
 
 @dataclass
@@ -519,12 +611,21 @@ def write_stopped(run_dir: Path, step: int, signum: int | None) -> None:
     os.replace(tmp, run_dir / STOPPED_FILE)
 
 
+def check_steps(plan: PlanDir, args) -> None:
+    """--steps past the plan's length: refused unless --extend-schedule stretches the decay."""
+    problem = steps_past_plan(plan.spec.training, plan.path, args.steps, args.extend_schedule)
+    if problem:
+        raise SpecError(problem)
+
+
 def main(argv=None, stop: StopRequest | None = None) -> None:
     stop = stop or StopRequest()
     args = parse_args(argv)
     plan = load_plan(args.plan)
     if args.steps is None:
         args.steps = plan.spec.training.train_steps or 20
+    check_steps(plan, args)
+    check_available(plan.spec.training.logging, plan.path)
     denv = launch.read_env()
     device = launch.init(denv, plan.doc.cluster.backend)
     ok = False

@@ -3,6 +3,8 @@
 metrics.jsonl is the input of ``dsorch calibrate``: one JSON object per line with step, loss, lr,
 wall_s (seconds since the loop started), cpu_s (this rank's CPU seconds since then), grad_norm,
 step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_mem_gib, mem_kind, plus the layout it ran with.
+Evaluations (train/validation.py) add records of their own, ``{"kind": "eval", "step", "eval_loss",
+"eval_ppl", "eval_iters", "eval_time_s", "final"}``; a step record has no "kind" (calibrate/records.py is_step).
 A resumed run appends: steps that ran after the last checkpoint of the interrupted run are dropped
 from the file when the run resumes (``truncate``), so the file is one trajectory with no gap and no
 repeated step.
@@ -14,6 +16,7 @@ the achieved MFU logged here and the MFU the plan predicted are the same quantit
 from __future__ import annotations
 
 import json
+import math
 import resource
 import time
 from pathlib import Path
@@ -42,9 +45,13 @@ def peak_memory_gib(device: torch.device) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "cpu_peak_rss"
 
 
+EVAL_KIND = "eval"
+
+
 class MetricsLog:
-    def __init__(self, run_dir: Path | None, plan: PlanDir, world_size: int):
+    def __init__(self, run_dir: Path | None, plan: PlanDir, world_size: int, sinks=None):
         self.path = None if run_dir is None else run_dir / "metrics.jsonl"
+        self.sinks = sinks  # train/sinks.py: TensorBoard, W&B (rank 0, when the spec asks)
         # wall_s of a record: seconds from here (just before the first step) to the end of the
         # step (``clock``), all of the loop included (batch assembly, the step, the bookkeeping).
         self.t0 = time.perf_counter()
@@ -126,9 +133,7 @@ class MetricsLog:
         }
         if reserved_gib is not None:
             rec["peak_reserved_gib"] = reserved_gib
-        if self.path is not None:
-            with self.path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(rec, sort_keys=True) + "\n")
+        self._append(rec)
         mfu_text = "" if mfu is None else f" | MFU {100 * mfu:.1f}%"
         print(
             f"step {step:5d} | loss {loss:.5f} | lr {lr:.3e} | {step_time * 1e3:7.1f} ms | "
@@ -137,3 +142,35 @@ class MetricsLog:
             flush=True,
         )
         return rec
+
+    def record_eval(self, step: int, loss: float, eval_iters: int, seconds: float, final: bool) -> dict:
+        # Perplexity exp(loss), its exponent capped at 20 as Megatron-LM's log caps it
+        # (training.py evaluate_and_print_results), so a diverged run logs a number, not inf.
+        ppl = math.exp(min(20.0, loss))
+        rec = {
+            "kind": EVAL_KIND,
+            "step": step,
+            "eval_loss": loss,
+            "eval_ppl": ppl,
+            "eval_iters": eval_iters,
+            "eval_time_s": seconds,
+            "final": final,
+        }
+        self._append(rec)
+        what = "validation after training" if final else "validation"
+        print(
+            f"step {step:5d} | {what} | loss {loss:.5f} | ppl {ppl:.4g} | {eval_iters} batches in {seconds:.2f} s",
+            flush=True,
+        )
+        return rec
+
+    def _append(self, rec: dict) -> None:
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(rec, sort_keys=True) + "\n")
+        if self.sinks is not None:
+            self.sinks.write(rec)
+
+    def close(self) -> None:
+        if self.sinks is not None:
+            self.sinks.close()

@@ -144,7 +144,7 @@ def test_failing_job_shows_failed_and_its_traceback(slurm_env, tmp_path):
 def test_cancel_ends_a_running_job(slurm_env, tmp_path):
     env = slurm_env
     plan_tiny(env, tmp_path, "loopback", "plans/p", *LAYOUT)
-    job = submitted_id(dsorch(env, tmp_path, "submit", "plans/p", "--steps", "100000"))
+    job = submitted_id(dsorch(env, tmp_path, "submit", "plans/p", "--steps", "100000", "--extend-schedule"))
     wait_for(env, tmp_path, job, lambda r: r["state"] == "RUNNING", timeout=120, what="RUNNING")
     r = dsorch(env, tmp_path, "cancel", job)
     assert f"cancelled job {job}" in r.stdout
@@ -166,7 +166,7 @@ def test_requeued_job_resumes_without_gap_or_repeat(slurm_env, tmp_path, how):
     env = slurm_env
     plan_tiny(env, tmp_path, "loopback", "plans/p", *LAYOUT)
     steps = 150
-    job = submitted_id(dsorch(env, tmp_path, "submit", "plans/p", "--steps", steps, "--save-interval", "10"))
+    job = submitted_id(dsorch(env, tmp_path, "submit", "plans/p", "--steps", steps, "--extend-schedule", "--save-interval", "10"))
     wait_for(env, tmp_path, job, lambda r: (r["last_step"] or 0) >= 12, timeout=240, what="step 12")
     if how == "scontrol-requeue":
         subprocess.run(["scontrol", "requeue", job], env=env, check=True)
@@ -276,7 +276,7 @@ def test_registry_consistent_under_concurrent_dsorch_processes(slurm_env, tmp_pa
     # 10 processes at once: dry runs and status calls read the registry, 4 real submits race for
     # the same plan; exactly one submit may win.
     calls = [["submit", "plans/p", "--dry-run"]] * 3 + [["status", "--json"]] * 3 + \
-            [["submit", "plans/p", "--steps", "100000"]] * 4
+            [["submit", "plans/p", "--steps", "100000", "--extend-schedule"]] * 4
     with ThreadPoolExecutor(len(calls)) as pool:
         results = list(pool.map(lambda a: dsorch(env, tmp_path, *a, check=False), calls))
     for args, r in zip(calls, results):

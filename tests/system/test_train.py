@@ -78,9 +78,10 @@ def train(plan_dir: Path, nproc: int, run_dir: Path, *args: str, expect_ok: bool
 
 
 def metrics(run_dir: Path) -> dict[int, dict]:
-    """step -> record; a step logged twice (re-run after a resume) keeps the last record."""
+    """step -> record; a step logged twice (re-run after a resume) keeps the last record.
+    Evaluations' records ("kind": "eval") are left out."""
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r for r in recs}
+    return {r["step"]: r for r in recs if "kind" not in r}
 
 
 def checkpoints(run_dir: Path) -> list[str]:

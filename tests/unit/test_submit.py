@@ -147,3 +147,21 @@ def test_a_failed_write_leaves_no_directories_behind(tmp_path):
     with pytest.raises(OutputError):
         write_plan_dir(out, {"plan.yaml": "x: 1\n"})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_steps_past_the_plans_schedule_are_refused_before_queueing(runner, planned):
+    from orchestrator.plandir.reader import load_plan_dir
+
+    total = load_plan_dir("plans/l8").spec.training.train_steps
+    r = submit(runner, "plans/l8", "--steps", total + 1, "--dry-run")
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert f"--steps {total + 1} is past the {total} steps plans/l8 was planned for" in text
+    assert "submit with --extend-schedule" in text and "Traceback" not in r.output
+    r = submit(runner, "plans/l8", "--steps", total + 1, "--extend-schedule", "--dry-run")
+    assert r.exit_code == 0, r.output
+    from orchestrator.run.jobs import TrainingJob
+
+    # The job's training command carries it (the sbatch script only unpickles the job).
+    assert "--extend-schedule" in TrainingJob("p", "r", total + 1, extend_schedule=True).command()
+    assert "--extend-schedule" not in TrainingJob("p", "r", total).command()
