@@ -462,20 +462,7 @@ class Trainer:
         if eval_due and not stopping:  # a stopping job saves its checkpoint first and at once
             self._evaluate(done, final=False)
         if save_due or (stopping and not args.no_save):
-            checkpoint.save(
-                engine,
-                self.ckpt_dir,
-                done,
-                args.keep,
-                rank0,
-                layout=lay.as_dict(),
-                plan=str(plan.path.resolve()),
-                data=self.data_fp,
-                data_switched=self.data_switched,
-                # At ep > 1 DeepSpeed saves MoE checkpoints its own way, which reserves the key (and
-                # its universal checkpoint cannot convert them: reshard.convertible).
-                universal_info=reshard.universal_info(plan.spec.model) if lay.ep == 1 else None,
-            )
+            self._save(done)
         if args.fail_after_step == done and rank0:
             os.kill(os.getpid(), signal.SIGKILL)
         if stopping:
@@ -490,6 +477,24 @@ class Trainer:
                 )
             return False
         return True
+
+    def _save(self, done: int) -> None:
+        """The checkpoint of step ``done``, with what the manifest records: layout, plan, data."""
+        plan, lay = self.plan, self.plan.layout
+        checkpoint.save(
+            self.engine,
+            self.ckpt_dir,
+            done,
+            self.args.keep,
+            self.rank0,
+            layout=lay.as_dict(),
+            plan=str(plan.path.resolve()),
+            data=self.data_fp,
+            data_switched=self.data_switched,
+            # At ep > 1 DeepSpeed saves MoE checkpoints its own way, which reserves the key (and
+            # its universal checkpoint cannot convert them: reshard.convertible).
+            universal_info=reshard.universal_info(plan.spec.model) if lay.ep == 1 else None,
+        )
 
     def _settle(self, facts: _StepFacts) -> bool:
         """Wait for a step's all-reduce, log the step (rank 0) and apply the memory limit; returns
