@@ -275,6 +275,7 @@ class BlendedData:
                     f"{ds.bin_path}: its {split} part (documents {beg}..{end} of {len(ds)} by split "
                     f"{split_text!r}) has {last - first} tokens, fewer than one sample of {seq_length + 1}; "
                     f"use more data or give the {split} part a larger share"
+                    + (" (or set training.data.eval_iters to 0: no validation)" if split == "valid" else "")
                 )
             self.parts.append(windows)
         sizes = [part.num_windows for part in self.parts]

@@ -280,14 +280,14 @@ def test_token_file_round_trip(tmp_path):
 
 
 def test_trains_on_an_indexed_dataset(tmp_path):
-    """--data PREFIX: a Megatron-LM indexed dataset (the shipped corpus rewritten as one, each document
-    ending with its NUL separator as the end-of-document token); 2 ranks train on its train part."""
+    """--data PREFIX: a Megatron-LM indexed dataset (the shipped corpus rewritten as one, cut into
+    documents of 4,096 tokens); 2 ranks train on its train part and evaluate on its valid part."""
     import numpy as np
 
     from orchestrator.train.indexed import IndexedWriter
 
     tokens = np.fromfile(CORPUS.with_suffix(".bin"), dtype="<u2")
-    ends = np.flatnonzero(tokens == 0) + 1
+    ends = np.arange(4096, len(tokens), 4096)
     with IndexedWriter(tmp_path / "pydoc", np.uint16) as w:
         for doc in np.split(tokens, ends):
             if len(doc):
