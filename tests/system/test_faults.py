@@ -46,9 +46,11 @@ def _steps(run_dir: Path) -> list[int]:
     steps = []
     for line in path.read_text().splitlines():
         try:
-            steps.append(json.loads(line)["step"])
+            rec = json.loads(line)
         except ValueError:  # the line rank 0 is writing right now
             break
+        if "kind" not in rec:  # a step's record, not an evaluation's
+            steps.append(rec["step"])
     return steps
 
 

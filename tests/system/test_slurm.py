@@ -91,7 +91,9 @@ def submitted_id(result) -> str:
 
 
 def losses(run_dir: Path) -> list[tuple[int, float]]:
-    return [(r["step"], r["loss"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+    # Step records only: an evaluation's record ("kind": "eval") has no training loss.
+    records = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    return [(r["step"], r["loss"]) for r in records if "kind" not in r]
 
 
 def plan_tiny(env, cwd, cluster, out, *extra):
@@ -469,7 +471,7 @@ def test_a_run_that_lost_a_node_is_replanned_onto_the_rest_and_completes(slurm_e
         subprocess.run(["scontrol", "update", f"nodename={lost}", "state=resume"], env=env)
     trajectory = losses(run_dir)
     assert [s for s, _ in trajectory] == list(range(1, steps + 1))
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "kind" not in r]
     assert records[0]["layout"]["pp"] == 2 and records[-1]["layout"]["tp"] * records[-1]["layout"]["pp"] * \
         records[-1]["layout"]["dp"] == 2  # the last steps ran on the one node's 2 ranks
 
