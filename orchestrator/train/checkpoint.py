@@ -35,13 +35,17 @@ def tag_for(step: int) -> str:
     return f"step{step:08d}"
 
 
+def sha256_of(path: Path) -> str:
+    """The sha256 of a whole file, read in chunks."""
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def file_digests(tag_dir: Path) -> dict[str, dict]:
     out = {}
     for p in sorted(tag_dir.rglob("*")):
         if p.is_file() and p.name != MANIFEST:
-            with p.open("rb") as f:
-                digest = hashlib.file_digest(f, "sha256").hexdigest()
-            out[str(p.relative_to(tag_dir))] = {"bytes": p.stat().st_size, "sha256": digest}
+            out[str(p.relative_to(tag_dir))] = {"bytes": p.stat().st_size, "sha256": sha256_of(p)}
     return out
 
 

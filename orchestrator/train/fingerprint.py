@@ -30,6 +30,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from orchestrator.train.checkpoint import sha256_of
+from orchestrator.train.indexed import dataset_paths
+from orchestrator.train.prepare import tokenizer_json
+
 # How much of each end of a .bin is hashed.
 END_BYTES = 1 << 20
 # The suffixes of a dataset's files; a prefix given with one of them names the same dataset.
@@ -40,11 +44,6 @@ def prefix_of(path: str | Path) -> Path:
     """A dataset's prefix: ``data/books`` for data/books, data/books.bin or data/books.idx."""
     p = Path(path)
     return p.with_suffix("") if p.suffix in _SUFFIXES else p
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _ends_sha256(path: Path, size: int) -> str:
@@ -64,9 +63,8 @@ def _ends_sha256(path: Path, size: int) -> str:
 def dataset_record(prefix: str | Path, weight: float | None) -> dict:
     """One dataset's part of the fingerprint; its files must exist (the dataset was opened)."""
     p = prefix_of(prefix)
-    bin_path = Path(f"{p}.bin")
-    index = Path(f"{p}.idx")
-    if not index.is_file():
+    bin_path, index = dataset_paths(p)
+    if not index.is_file():  # a legacy token file: its .json sidecar is its index
         index = Path(f"{p}.json")
     size = bin_path.stat().st_size
     return {
@@ -75,7 +73,7 @@ def dataset_record(prefix: str | Path, weight: float | None) -> dict:
         "bin_bytes": size,
         "bin_ends_sha256": _ends_sha256(bin_path, size),
         "index": index.suffix[1:],
-        "index_sha256": _sha256(index),
+        "index_sha256": sha256_of(index),
     }
 
 
@@ -84,11 +82,9 @@ def tokenizer_record(tokenizer, base: Path) -> dict:
     or a directory's tokenizer.json (a Hugging Face tokenizer). A hub name has none."""
     rec: dict = {"type": tokenizer.type, "model": tokenizer.model, "sha256": None}
     if tokenizer.model is not None:
-        p = base / tokenizer.model
-        if p.is_dir():
-            p = p / "tokenizer.json"
+        p = tokenizer_json(base / tokenizer.model)
         if p.is_file():
-            rec["sha256"] = _sha256(p)
+            rec["sha256"] = sha256_of(p)
     return rec
 
 

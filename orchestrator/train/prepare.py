@@ -132,12 +132,16 @@ def documents(source: Source) -> Iterator[str]:
             yield from _text(path, source.per_line)
 
 
+def tokenizer_json(path: Path) -> Path:
+    """The tokenizer.json a path names: the file itself, or the one in a model directory."""
+    return path / "tokenizer.json" if path.is_dir() else path
+
+
 def load_tokenizer(path: Path):
     """A Hugging Face tokenizer from its tokenizer.json (the `tokenizers` library; no hub access)."""
     from tokenizers import Tokenizer
 
-    if path.is_dir():
-        path = path / "tokenizer.json"
+    path = tokenizer_json(path)
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a plain Exception for a missing or unreadable file
