@@ -439,7 +439,8 @@ def test_a_run_that_lost_a_node_is_replanned_onto_the_rest_and_completes(slurm_e
     env = slurm_env
     plan_tiny(env, tmp_path, "loopback", "plans/p", *LAYOUT)
     steps = 40
-    job = submitted_id(dsorch(env, tmp_path, "submit", "plans/p", "--steps", steps, "--save-interval", "5"))
+    job = submitted_id(dsorch(env, tmp_path, "submit", "plans/p", "--steps", steps, "--extend-schedule",
+                                "--save-interval", "5"))
     wait_for(env, tmp_path, job, lambda r: (r["last_step"] or 0) >= 8, timeout=240, what="step 8")
     nodes = subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], env=env, capture_output=True, text=True,
                            check=True).stdout.strip()
@@ -460,7 +461,8 @@ def test_a_run_that_lost_a_node_is_replanned_onto_the_rest_and_completes(slurm_e
         new_plan = tmp_path / "plans" / "p-1n"
         run_dir = next(Path(x["run_dir"]) for x in status(env, tmp_path) if x["job_id"] == job)
         dsorch(env, tmp_path, "cancel", job)
-        done = dsorch(env, tmp_path, "submit", new_plan, "--resume-from", run_dir, "--steps", steps, "--wait",
+        done = dsorch(env, tmp_path, "submit", new_plan, "--resume-from", run_dir, "--steps", steps,
+                      "--extend-schedule", "--wait",
                       timeout=600)
         assert "COMPLETED" in done.stdout
         new_job = submitted_id(done)
