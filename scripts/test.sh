@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1
-exec .venv/bin/python -m pytest -q "$@"
+# The slowest tests, printed at the end: the suite is meant to stay well under 30 minutes.
+exec .venv/bin/python -m pytest -q --durations=25 "$@"
