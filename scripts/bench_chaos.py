@@ -4,7 +4,7 @@ the job, preempts it (SIGUSR2, and SIGTERM followed by SLURM's requeue), SIGKILL
 node and restores it, and fills the run directory's disk once (a tmpfs mounted for the run).
 
     python scripts/bench_chaos.py                 # the short soak: 150 steps, each kind of fault once
-    python scripts/bench_chaos.py --long          # 3000 steps, 40 faults
+    python scripts/bench_chaos.py --long          # 2000 steps, 20 faults
     python scripts/bench_chaos.py --steps 500 --faults 10 --seed 7
 
 The same plan also runs once without faults, next to it. At the end the run must be COMPLETED with
@@ -14,9 +14,11 @@ matching its files: orchestrator/train/checkpoint.py damage). Prints the faults 
 the wall time; exits 1 naming what did not hold.
 
 A killed rank or a full disk fails the job (by design: tests/system/test_faults.py); the driver then
-does what a user does, `dsorch submit --resume`, and counts it. The cluster is shared: run under
-`flock /tmp/dsorch-slurm.lock`. Must run as root for the tmpfs; without it the disk-full fault is
-skipped and the report says so.
+does what a user does, `dsorch submit --resume`, and counts it. The soak drains nodes and requeues
+jobs: on the shared cluster run it under `flock /tmp/dsorch-slurm.lock`, or give it a cluster of
+its own (DSORCH_SLURM_DIR=/tmp/chaos-slurm DSORCH_SLURM_PORT_BASE=7917, which
+scripts/slurm-test-cluster.sh reads; stop it afterwards with the same variables). Must run as root
+for the tmpfs; without it the disk-full fault is skipped and the report says so.
 """
 
 from __future__ import annotations
@@ -295,6 +297,7 @@ def plan(env: dict[str, str], exp: Path, steps: int) -> None:
 class Report:
     steps: int
     seed: int
+    drawn: int  # faults the schedule drew; fewer land when the run ends first
     survived: Counter
     resubmits: int
     starts: int  # allocations that started training (RUN_DIR/starts.jsonl)
@@ -307,7 +310,8 @@ class Report:
     def summary(self) -> str:
         kinds = ", ".join(f"{k} {self.survived[k]}" for k in KINDS)
         lines = [
-            f"{self.steps} steps, seed {self.seed}: {sum(self.survived.values())} faults survived ({kinds}) "
+            f"{self.steps} steps, seed {self.seed}: {sum(self.survived.values())} of {self.drawn} faults "
+            f"survived ({kinds}) "
             f"in {self.wall_s:.0f} s wall time",
             f"  {self.starts} starts of training over {len(self.jobs)} job(s) ({self.resubmits} resubmitted with "
             f"--resume after a failure); largest relative loss difference to the run without faults "
@@ -371,8 +375,8 @@ def run_soak(
             calm_job = out.stdout.split()[2]
             soak.submit("--run-dir", str(run_dir))
             drawn = schedule(rng, faults, kinds, disk_full=on_tmpfs)
-            # Gaps of 2 steps up to twice an even share of the run: all faults land before the end.
-            spread = max(3, 2 * steps // (len(drawn) + 2))
+            # Gaps of 2 steps up to an even share of the run: all faults land before its end.
+            spread = max(3, steps // (len(drawn) + 1))
             try:
                 for kind in drawn:
                     if not soak.wait_for_progress(rng.randint(2, spread)):
@@ -395,6 +399,7 @@ def run_soak(
     return Report(
         steps=steps,
         seed=seed,
+        drawn=len(drawn),
         survived=soak.survived,
         resubmits=soak.resubmits,
         starts=starts,
@@ -408,20 +413,23 @@ def run_soak(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--long", action="store_true", help="3000 steps and 40 faults (the figure in the README)")
-    ap.add_argument("--steps", type=int, default=None, help="training steps (default 150; --long 3000)")
-    ap.add_argument("--faults", type=int, default=None, help=f"faults to inject (default {len(KINDS)}; --long 40)")
+    ap.add_argument("--long", action="store_true", help="2000 steps and 20 faults (the figure in the README)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default 150; --long 2000)")
+    ap.add_argument("--faults", type=int, default=None, help=f"faults to inject (default {len(KINDS)}; --long 20)")
     ap.add_argument("--seed", type=int, default=0, help="the chaos driver's random seed")
     ap.add_argument("--save-interval", type=int, default=10, help="checkpoint every N steps")
     ap.add_argument(
         "--kinds", default=",".join(KINDS), help=f"the kinds of fault, comma-separated (default all: {','.join(KINDS)})"
     )
     args = ap.parse_args()
+    # SIGTERM (kill, timeout) unwinds like an exception: the finally blocks resume a drained node,
+    # cancel the jobs and unmount the tmpfs.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     kinds = tuple(args.kinds.split(","))
     if unknown := sorted(set(kinds) - set(KINDS)):
         ap.error(f"--kinds: unknown {', '.join(unknown)}; the kinds are {', '.join(KINDS)}")
-    steps = args.steps or (3000 if args.long else 150)
-    faults = args.faults if args.faults is not None else (40 if args.long else len(kinds))
+    steps = args.steps or (2000 if args.long else 150)
+    faults = args.faults if args.faults is not None else (20 if args.long else len(kinds))
     cmd = " ".join(["python", "scripts/bench_chaos.py", *sys.argv[1:]])
     print(f"{cmd}: {steps} steps, {faults} faults, seed {args.seed}, checkpoint every {args.save_interval} steps")
     report = run_soak(cluster_env(), steps, faults, args.seed, args.save_interval, kinds)
