@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,16 @@ PROFILES = ROOT / "cluster_profiles"
 
 # Validation imports DeepSpeed; on this CPU machine say so up front (silences its warning).
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def load_script(name: str):
+    """scripts/NAME.py as a module (the scripts are not a package), registered in sys.modules so
+    that its dataclasses find their module."""
+    spec = importlib.util.spec_from_file_location(f"dsorch_script_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def spec_paths() -> list[Path]:

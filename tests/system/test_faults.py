@@ -13,10 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-from ..conftest import EXAMPLES
+from ..conftest import EXAMPLES, load_script
 
 DSORCH = str(Path(sys.executable).with_name("dsorch"))
 STEPS = 60
+# The rank process finder of the soak under faults (the ranks are processes of this machine).
+rank_pid = load_script("bench_chaos").rank_pid
 
 
 def _dsorch(env, cwd, *args, check=True):
@@ -24,19 +26,6 @@ def _dsorch(env, cwd, *args, check=True):
     if check:
         assert r.returncode == 0, f"dsorch {' '.join(map(str, args))}:\n{r.stdout}\n{r.stderr}"
     return r
-
-
-def _rank_pid(run_dir: Path, rank: int) -> int | None:
-    """The training process of ``rank`` of the run writing to ``run_dir`` (from /proc)."""
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            env = dict(kv.split(b"=", 1) for kv in (proc / "environ").read_bytes().split(b"\0") if b"=" in kv)
-        except OSError:
-            continue
-        if b"orchestrator.train" in cmd and str(run_dir).encode() in cmd and env.get(b"RANK") == str(rank).encode():
-            return int(proc.name)
-    return None
 
 
 def _steps(run_dir: Path) -> list[int]:
@@ -70,7 +59,7 @@ def test_a_rank_killed_mid_step_fails_the_job_and_resume_continues(tmp_path):
     deadline = time.monotonic() + 300
     pid = None
     while time.monotonic() < deadline:
-        pid = _rank_pid(run_dir, 2)
+        pid = rank_pid(run_dir, 2)
         if pid is not None and len(_steps(run_dir)) >= 9:
             break
         time.sleep(0.2)

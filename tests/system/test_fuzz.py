@@ -6,18 +6,12 @@ injection (a canary file that must never appear) or leftover file. Long runs:
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ..conftest import ROOT
+from ..conftest import load_script
 
-_spec = importlib.util.spec_from_file_location("dsorch_fuzz", ROOT / "scripts" / "fuzz.py")
-fuzz = importlib.util.module_from_spec(_spec)
-sys.modules["dsorch_fuzz"] = fuzz  # its dataclasses look their module up there
-_spec.loader.exec_module(fuzz)
+fuzz = load_script("fuzz")
 
 
 def _assert_clean(report) -> None:

@@ -165,3 +165,26 @@ def test_steps_past_the_plans_schedule_are_refused_before_queueing(runner, plann
     # The job's training command carries it (the sbatch script only unpickles the job).
     assert "--extend-schedule" in TrainingJob("p", "r", total + 1, extend_schedule=True).command()
     assert "--extend-schedule" not in TrainingJob("p", "r", total).command()
+
+
+def test_a_job_that_failed_since_the_last_status_does_not_block_the_next_submit(runner, planned, tmp_path):
+    """The registry holds the state it last saw: a job it still has as PENDING that the scheduler
+    (a FAKE sacct) reports FAILED is refreshed at submit, so `submit --resume` continues the run
+    instead of refusing it as "pending or running" (found by scripts/bench_chaos.py)."""
+    from orchestrator.run.registry import Registry
+
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    scripts = {"sbatch": "echo 'Submitted batch job 4243'", "srun": "exit 0",
+               "sacct": "echo 'JobID|State|NodeList'; echo '4242|FAILED|node[1-2]'"}
+    for name, body in scripts.items():
+        (fake / name).write_text(f"#!/bin/sh\n{body}\n")
+        (fake / name).chmod(0o755)
+    env = {"PATH": f"{fake}:{os.environ['PATH']}"}
+    first = submit(runner, "plans/l8", env=env)  # job 4243, renamed 4242 below: the earlier job
+    assert first.exit_code == 0, first.output
+    reg = Registry(planned)
+    reg.update(reg.all()[0].key, job_id="4242", state="PENDING")
+    r = submit(runner, "plans/l8", "--resume", env=env)
+    assert r.exit_code == 0 and "submitted job 4243" in r.output, r.output
+    assert [(x.job_id, x.state) for x in reg.all()] == [("4242", "FAILED"), ("4243", "PENDING")]
