@@ -133,6 +133,8 @@ def test_job_sbatch_runs_the_step_in_the_container_and_the_rest_on_the_host(runn
     assert '$DSORCH_PLAN_DIR:$DSORCH_PLAN_DIR,$DSORCH_RUN_DIR:$DSORCH_RUN_DIR' in host
     assert 'scontrol requeue "$SLURM_JOB_ID"' in step
     assert "container:" in (plan / "plan.yaml").read_text()
+    md = (plan / "plan.md").read_text()
+    assert f"## Container ({runtime}: `{image}`)" in md and "On the host: the batch script" in md
 
 
 def test_submit_dry_run_runs_each_task_in_the_container_and_requeues_from_the_host(runner, in_tmp):
