@@ -151,3 +151,19 @@ def test_submit_dry_run_runs_each_task_in_the_container_and_requeues_from_the_ho
     teardown = r.output.split("# teardown", 1)[1]
     assert "requeue.request" in teardown and 'scontrol requeue "$SLURM_JOB_ID"' in teardown
     assert 'export DSORCH_MASTER_ADDR="$MASTER_ADDR"' in r.output.split("# command", 1)[0]
+
+
+def test_in_a_container_rank_0_asks_the_host_for_the_requeue(tmp_path, monkeypatch):
+    """submitit's own USR2 handler (SignalHandler.checkpoint_and_try_requeue) runs as ever, but its
+    requeue leaves run_dir/requeue.request, which the batch script on the host turns into scontrol."""
+    from submitit.core.job_environment import SignalHandler
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    from orchestrator.run.jobs import REQUEUE_REQUEST, _requeue_from_host
+
+    ran = []
+    monkeypatch.setattr("subprocess.check_call", lambda *a, **k: ran.append(a))  # scontrol, were it called
+    handler = SignalHandler(SlurmJobEnvironment(), None, None)
+    _requeue_from_host(handler.checkpoint_and_try_requeue, tmp_path)
+    handler.env._requeue(2)
+    assert (tmp_path / REQUEUE_REQUEST).exists() and ran == []
