@@ -222,7 +222,7 @@ def _print_dry_run(sub: Submission) -> None:
             err=True,
         )
     else:
-        click.echo(scheduler.sbatch_script(sub.spec, sub.folder), nl=False)
+        click.echo(scheduler.sbatch_script(sub.spec, sub.folder, sub.job), nl=False)
 
 
 def _wait_for(key: int, total_steps: int | None = None) -> None:

@@ -272,6 +272,25 @@ def _inputs(plan: Plan, file_hashes: dict[str, str], regenerate: str) -> list[st
     ]
 
 
+def _container(plan: Plan) -> list[str]:
+    """Which command runs where when the profile names a container (spec/container.py)."""
+    c = plan.profile.container
+    if c is None:
+        return []
+    how = "srun's Pyxis options" if c.runtime == "pyxis" else f"`{c.command} exec`"
+    return [
+        f"## Container ({c.runtime}: `{c.image}`)",
+        "",
+        f"- In the container ({how}): each task of the job step: `launch.sh`, torchrun and the ranks "
+        f"(job.sbatch); submitit's task and its rank (`dsorch submit`).",
+        "- On the host: the batch script: its USR2/TERM traps, the stop file it touches, `scontrol requeue`, "
+        "and the first node's address (`scontrol show node`); under `dsorch submit`, rank 0 asks for the "
+        "requeue with `requeue.request` in the run directory and the batch script runs it.",
+        "- Bound at the same path: the plan and run directories (and `dsorch submit`'s job folder), "
+        f"besides the profile's mounts ({', '.join(f'`{m}`' for m in c.mounts) or 'none'}).",
+    ]
+
+
 def _overrides(plan: Plan, unchecked: frozenset[str]) -> list[str]:
     """The spec's overrides and what each replaced in the generated files."""
     ov = plan.spec.overrides
@@ -293,6 +312,7 @@ def render_plan_md(
         _stacks(plan, doc),
         _overrides(plan, unchecked),
         _PICTURES,
+        _container(plan),
         _inputs(plan, file_hashes, regenerate),
     )
     out: list[str] = []

@@ -69,7 +69,8 @@ def plan_doc(plan: Plan, file_hashes: dict[str, str] | None = None) -> dict:
         "spec": plan.spec.model_dump(mode="json"),
         # The cluster profile as planned (extends resolved, --nodes applied): `plan --check` names
         # the fields that changed since.
-        "profile": p.model_dump(mode="json"),
+        # (A profile without a container leaves the key out: plans made before it existed read the same.)
+        "profile": p.model_dump(mode="json", exclude={"container"} if p.container is None else None),
         # sha256 of the other generated files; every reader checks them (orchestrator.plandir.reader).
         **({"files": file_hashes} if file_hashes is not None else {}),
         "model": {

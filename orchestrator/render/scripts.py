@@ -15,6 +15,7 @@ from orchestrator.plan.make import Plan
 from orchestrator.plan.rules import uses_megatron_fsdp
 from orchestrator.render.megatron import checkpoint_dir
 from orchestrator.resources import templates_dir
+from orchestrator.spec.container import bind_list, container_argv, env_exports
 from orchestrator.spec.sbatch import job_name, rank_env, sbatch_parameters
 
 MASTER_PORT = 29500
@@ -99,6 +100,22 @@ def _megatron_save_dir(plan: Plan) -> str:
     return shlex.quote(d) if d.startswith("/") else '"$DSORCH_PLAN_DIR"/' + shlex.quote(d)
 
 
+def _container(plan: Plan) -> dict:
+    """job.sbatch's container values: the words before ``bash launch.sh`` on the srun line (srun's
+    Pyxis options, or ``apptainer exec ... IMAGE``), the profile's mounts (the script adds the plan
+    and run directories), and the host lines that pass env into an Apptainer container."""
+    c = plan.profile.container
+    if c is None:
+        return {"container": None, "container_words": "", "container_mounts": "''", "container_env": []}
+    srun, prefix = container_argv(c, plan.profile.backend == "nccl", '"$container_mounts"', shlex.quote)
+    return {
+        "container": c,
+        "container_words": "".join(w + " " for w in [*srun, *prefix]),
+        "container_mounts": shlex.quote(bind_list(c, [])),
+        "container_env": env_exports(c),
+    }
+
+
 def render_sbatch(plan: Plan) -> str:
     s = plan.profile.slurm
     megatron = plan.runtime == "megatron"
@@ -115,5 +132,6 @@ def render_sbatch(plan: Plan) -> str:
             megatron_save_dir=_megatron_save_dir(plan) if megatron else None,
             save_interval=plan.spec.training.checkpoint.interval,
             train_iters=plan.spec.training.train_steps if megatron else None,
+            **_container(plan),
         )
     )

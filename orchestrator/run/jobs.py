@@ -39,6 +39,12 @@ from orchestrator.train.stop import EXIT_STOPPED
 
 # Rank 0 notes every start of a run here (RUN_DIR/starts.jsonl); `dsorch status` reads it.
 STARTS_FILE = "starts.jsonl"
+# In a container, rank 0 asks the host for the requeue with this file in the run directory: the
+# image need not have SLURM's scontrol, and the batch script (on the host) runs it
+# (run/scheduler.py make_executor).
+REQUEUE_REQUEST = "requeue.request"
+# ... and the first node's NodeAddr in this variable (templates/master_addr.sh.j2, on the host).
+HOST_MASTER_ADDR = "DSORCH_MASTER_ADDR"
 # What rank 0 of the doctor job writes into its folder (run/collectives.py); run/doctor.py reads it.
 DOCTOR_RESULT = "doctor.json"
 # How LocalArray marks an element it killed at its time limit (SLURM's TIMEOUT state).
@@ -72,6 +78,9 @@ class TrainingJob:
     # Jobs pickled before this field unpickle with the class default.
     switch_data: bool = False
     extend_schedule: bool = False  # --steps past the plan's: stretch the LR decay (train/lr_schedule.py)
+    # In a container (the profile's `container`): the batch script on the host requeues the job when
+    # rank 0 leaves REQUEUE_REQUEST (run/scheduler.py), instead of submitit running scontrol here.
+    host_requeue: bool = False
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-u", "-m", "orchestrator.train", "--plan", self.plan_dir, "--run-dir", self.run_dir]
@@ -99,6 +108,8 @@ class TrainingJob:
             if env.global_rank == 0 and callable(submitit_usr2):
                 # Every rank has saved its part of the checkpoint; submitit's own handler calls
                 # self.checkpoint(), requeues the job with scontrol and exits.
+                if self.host_requeue:
+                    _requeue_from_host(submitit_usr2, Path(self.run_dir))
                 submitit_usr2(signal.SIGUSR2, None)
             return {"stopped": True, "rank": env.global_rank}
         if rc == EXIT_STOPPED:
@@ -217,7 +228,10 @@ def _rank_env(env, use_gpus: bool, port_offset: int = 0) -> dict[str, str]:
     SLURM (or of the local executor), the master being the first node's NodeAddr (node names need
     not resolve: train/hosts.py)."""
     dist_env = TorchDistributedEnvironment().export(set_cuda_visible_devices=use_gpus, overwrite=True)
-    master = node_address(dist_env.master_addr) if env.num_nodes > 1 else "127.0.0.1"
+    # In a container, which need not have scontrol, the batch script found it on the host.
+    master = (
+        (os.environ.get(HOST_MASTER_ADDR) or node_address(dist_env.master_addr)) if env.num_nodes > 1 else "127.0.0.1"
+    )
     return dict(os.environ, MASTER_ADDR=master, MASTER_PORT=str(dist_env.master_port + port_offset))
 
 
@@ -248,6 +262,16 @@ def _run_rank_child(
             child.send_signal(early)
     children.append(child)
     return child.wait(), received
+
+
+def _requeue_from_host(handler, run_dir: Path) -> None:
+    """Make submitit's USR2 handler (``SignalHandler.checkpoint_and_try_requeue``, bound method,
+    submitit/core/job_environment.py) leave REQUEUE_REQUEST instead of running ``scontrol requeue``
+    (``SlurmJobEnvironment._requeue``): the rest of it (the checkpoint pickle, the exit) stays submitit's."""
+    owner = getattr(handler, "__self__", None)
+    if owner is None or not hasattr(owner, "env"):
+        return
+    owner.env._requeue = lambda countdown: (run_dir / REQUEUE_REQUEST).touch()
 
 
 def _record_start(env, run_dir: Path, job_id: str) -> None:

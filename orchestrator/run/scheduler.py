@@ -8,6 +8,7 @@ What each task runs on the nodes is in run/jobs.py.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import shlex
@@ -15,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +25,17 @@ from submitit.core.core import PicklingExecutor
 from submitit.core.utils import JobPaths
 
 from orchestrator.errors import JobError
-from orchestrator.run.jobs import DoctorJob, LocalArray, TrainingJob, state_from_result
+from orchestrator.resources import templates_dir
+from orchestrator.run.jobs import (
+    HOST_MASTER_ADDR,
+    REQUEUE_REQUEST,
+    DoctorJob,
+    LocalArray,
+    TrainingJob,
+    state_from_result,
+)
 from orchestrator.spec.cluster import ClusterProfile, SlurmSpec
+from orchestrator.spec.container import ContainerSpec, bind_list, container_argv, env_exports, python_command
 from orchestrator.spec.sbatch import parse_slurm_time, rank_env, sbatch_parameters
 
 # --------------------------------------------------------------------------------------------
@@ -45,6 +56,7 @@ class JobSpec:
     time_min: int  # slurm.time, unless the job sets its own (a trial, the doctor)
     env: tuple[tuple[str, str], ...]  # every rank's environment: spec/sbatch.py rank_env
     slurm: SlurmSpec
+    container: ContainerSpec | None = None
 
     @classmethod
     def of(cls, profile: ClusterProfile, name: str, time_min: int | None = None) -> JobSpec:
@@ -58,6 +70,7 @@ class JobSpec:
             time_min=time_min if time_min is not None else parse_slurm_time(profile.slurm.time),
             env=tuple(rank_env(profile).items()),
             slurm=profile.slurm,
+            container=profile.container,
         )
 
 
@@ -67,7 +80,7 @@ def _setup_lines(spec: JobSpec) -> list[str]:
     return lines
 
 
-def _script_only_executor(folder: Path) -> submitit.SlurmExecutor:
+def _script_only_executor(folder: Path, python: str | None = None) -> submitit.SlurmExecutor:
     """submitit's SlurmExecutor for writing the sbatch script where SLURM is not installed (a laptop
     running ``submit --dry-run``): its constructor refuses when ``srun`` is not on PATH
     (``SlurmExecutor.affinity``), although rendering the script needs no SLURM at all. The script
@@ -78,12 +91,60 @@ def _script_only_executor(folder: Path) -> submitit.SlurmExecutor:
         def affinity(cls) -> int:
             return 2
 
-    return ScriptOnlySlurmExecutor(folder=str(folder), max_num_timeout=3)
+    return ScriptOnlySlurmExecutor(folder=str(folder), max_num_timeout=3, python=python)
 
 
-def make_executor(spec: JobSpec, folder: Path, script_only: bool = False) -> PicklingExecutor:
+def _container_dirs(folder: Path, jobs: Sequence[object]) -> list[str]:
+    """What a containerised task must see at its own path: submitit's folder (the pickles and logs)
+    and each job's plan, run and data directories, or the doctor's output."""
+    dirs = [str(folder)]
+    for job in jobs:
+        if isinstance(job, TrainingJob):
+            dirs += [job.plan_dir, job.run_dir]
+            if job.data is not None:
+                dirs.append(str(Path(job.data).parent))
+        elif isinstance(job, DoctorJob):
+            dirs.append(str(Path(job.out).parent))
+    return list(dict.fromkeys(dirs))
+
+
+def _container_parameters(spec: JobSpec, folder: Path, jobs: Sequence[object]) -> tuple[str | None, dict]:
+    """(submitit's ``python``, executor parameters) that run each task in the profile's container.
+    The batch script stays on the host (spec/container.py): it makes the bound directories, passes
+    env in, and requeues when rank 0 left REQUEUE_REQUEST (TrainingJob.host_requeue)."""
+    c = spec.container
+    if c is None:
+        return None, {}
+    dirs = _container_dirs(folder, jobs)
+    bad = [d for d in dirs if "," in d or ":" in d]
+    if bad:
+        raise JobError(
+            f"{bad[0]} has a ',' or ':', which container mount lists read as separators; the container "
+            f"needs it bound at the same path. Move it (or the experiment directory) to a path without them."
+        )
+    binds = bind_list(c, dirs)
+    setup = [f"mkdir -p {' '.join(shlex.quote(d) for d in dirs)}", *env_exports(c)]
+    # The first node's address, found here with scontrol as job.sbatch finds it (one shell source).
+    setup += [ln for ln in (templates_dir() / "master_addr.sh.j2").read_text().splitlines() if not ln.startswith("#")]
+    setup.append(f'export {HOST_MASTER_ADDR}="$MASTER_ADDR"')
+    teardown: list[str] = []
+    job = jobs[0] if len(jobs) == 1 else None  # a job array (trials) saves nothing and is not requeued
+    if isinstance(job, TrainingJob) and job.save:
+        marker = shlex.quote(str(Path(job.run_dir) / REQUEUE_REQUEST))
+        setup.append(f"rm -f {marker}")
+        teardown = [f'if [[ -f {marker} ]]; then rm -f {marker}; scontrol requeue "$SLURM_JOB_ID"; fi']
+    srun, _ = container_argv(c, spec.use_gpus, binds, lambda w: w)  # submitit quotes srun_args
+    params: dict = {"setup": setup, "teardown": teardown}
+    if srun:
+        params["srun_args"] = srun
+    return python_command(c, spec.use_gpus, binds), params
+
+
+def make_executor(
+    spec: JobSpec, folder: Path, script_only: bool = False, jobs: Sequence[object] = ()
+) -> PicklingExecutor:
     """submitit's executor for the job; both kinds pickle the job and write the script sbatch_script
-    shows (``PicklingExecutor``)."""
+    shows (``PicklingExecutor``). ``jobs`` name the directories a container must see."""
     if spec.kind == "local":
         local = submitit.LocalExecutor(folder=str(folder))
         local.update_parameters(
@@ -94,7 +155,12 @@ def make_executor(spec: JobSpec, folder: Path, script_only: bool = False) -> Pic
             setup=_setup_lines(spec),
         )
         return local
-    ex = _script_only_executor(folder) if script_only else submitit.SlurmExecutor(folder=str(folder), max_num_timeout=3)
+    python, container = _container_parameters(spec, folder, jobs)
+    ex = (
+        _script_only_executor(folder, python)
+        if script_only
+        else submitit.SlurmExecutor(folder=str(folder), max_num_timeout=3, python=python)
+    )
     sbatch = sbatch_parameters(spec.slurm)
     # The profile's options that submitit has a keyword for go in as keywords; slurm.extra goes in as
     # additional_parameters, which _make_sbatch_string (submitit/slurm/slurm.py) writes as given.
@@ -105,9 +171,10 @@ def make_executor(spec: JobSpec, folder: Path, script_only: bool = False) -> Pic
         cpus_per_task=spec.slurm.cpus_per_task,
         time=spec.time_min,
         signal_delay_s=spec.slurm.signal_delay_s,
-        setup=_setup_lines(spec),
+        setup=_setup_lines(spec) + container.pop("setup", []),
         additional_parameters=dict(sbatch.extra),
         **dict(sbatch.options),
+        **container,
     )
     if spec.use_gpus:
         params["gpus_per_node"] = spec.tasks_per_node
@@ -115,10 +182,10 @@ def make_executor(spec: JobSpec, folder: Path, script_only: bool = False) -> Pic
     return ex
 
 
-def sbatch_script(spec: JobSpec, folder: Path) -> str:
+def sbatch_script(spec: JobSpec, folder: Path, job: object = None) -> str:
     """The sbatch script submitit would submit for this job (for --dry-run), byte for byte: the
     same executor parameters and the same (quoted) command line; needs no SLURM installed."""
-    ex = make_executor(spec, folder, script_only=True)
+    ex = make_executor(spec, folder, script_only=True, jobs=[job] if job is not None else [])
     return ex._make_submission_file_text(ex._submitit_command_str, "DRY_RUN")
 
 
@@ -174,7 +241,9 @@ def _detached_stdio(detach: bool):
 
 def submit(spec: JobSpec, folder: Path, job: TrainingJob | DoctorJob) -> str:
     """Queue ``job``, which every task runs; returns its job id."""
-    ex = make_executor(spec, folder)
+    if spec.container is not None and isinstance(job, TrainingJob):
+        job = dataclasses.replace(job, host_requeue=True)
+    ex = make_executor(spec, folder, jobs=[job])
     try:
         with _detached_stdio(spec.kind == "local"):
             submitted = ex.submit(job)
@@ -190,7 +259,7 @@ def submit_array(spec: JobSpec, folder: Path, jobs: list[TrainingJob], timeout_s
     """``jobs`` as one job array; returns the element ids ("JOB_i"). On SLURM one element runs at a
     time (``--array=0-N%1``): each element is planned for the whole allocation and a measurement
     must not share nodes with its siblings. The local executor has no arrays (LocalArray)."""
-    ex = make_executor(spec, folder)
+    ex = make_executor(spec, folder, jobs=jobs)
     try:
         with _detached_stdio(spec.kind == "local"):
             if spec.kind == "local":

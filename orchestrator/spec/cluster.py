@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from orchestrator.errors import DsorchError, ProfileNotFound, SpecError
 from orchestrator.resources import shipped_profiles_dir
+from orchestrator.spec.container import ContainerSpec
 
 # the one reader of sbatch's --time formats
 from orchestrator.spec.sbatch import parse_slurm_time
@@ -201,6 +202,8 @@ class ClusterProfile(BaseModel):
     features: Features = Features()
     efficiency: Efficiency = Efficiency()
     slurm: SlurmSpec = SlurmSpec()
+    # Run the job step in a container (spec/container.py); None: on the host's Python.
+    container: ContainerSpec | None = None
 
     @model_validator(mode="after")
     def _domain(self) -> ClusterProfile:
@@ -209,6 +212,11 @@ class ClusterProfile(BaseModel):
             raise ValueError(
                 f"intra_node.domain_gpus {d} must be a multiple of gpus_per_node {self.gpus_per_node} "
                 f"(an NVLink domain is whole nodes); leave it out for one node per domain"
+            )
+        if self.container is not None and self.executor != "slurm":
+            raise ValueError(
+                "container: the local executor runs processes on this machine, not through srun; "
+                "remove the container section or set executor: slurm"
             )
         return self
 
