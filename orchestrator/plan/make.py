@@ -68,10 +68,11 @@ class Plan:
 
 
 def allocation_seconds(profile: ClusterProfile) -> float | None:
-    """The time an allocation trains before SLURM's signal (slurm.time less signal_delay_s); None
-    where no limit applies: the local executor, or a time limit of 0 (sbatch(1): no limit)."""
+    """The time an allocation trains before SLURM's signal (slurm.time less signal_delay_s; the local
+    executor takes the same limit, run/scheduler.py make_executor timeout_min); None for a time limit
+    of 0 (sbatch(1): no limit)."""
     minutes = parse_slurm_time(profile.slurm.time)
-    if profile.executor != "slurm" or minutes == 0:
+    if minutes == 0:
         return None
     return float(minutes * 60 - profile.slurm.signal_delay_s)
 

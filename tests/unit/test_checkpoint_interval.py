@@ -113,6 +113,10 @@ def test_the_405b_plan_checkpoints_well_inside_its_allocation_and_scripts_use_it
         _expected_steps(plan.chosen.step_time_s, expect, p.filesystem.write_gbps, ck.mtbf_s), ck.cap_steps
     )
     assert ck.interval_s + ck.write_s < limit / 2  # well under the allocation, not just under it
+    # The profile: 24-hour allocations. The interval is the same and still well inside one.
+    day = p.model_copy(update={"slurm": p.slurm.model_copy(update={"time": "24:00:00"})})
+    assert plan_checkpoint(plan.spec, day, plan.runtime, plan.chosen).steps == ck.steps
+    assert ck.interval_s + ck.write_s < 12 * 3600
     assert dict(megatron_flags(plan))["--save-interval"] == str(ck.steps)
     assert f"Checkpoints are also written every {ck.steps} steps." in render_sbatch(plan)
     doc = notes_doc(plan)["checkpoint"]
@@ -147,9 +151,11 @@ def test_a_spec_interval_is_kept_and_auto_is_the_default():
     assert len(ck.warnings()) == 2
 
 
-def test_the_local_executor_has_no_time_limit_to_cap_by():
-    loaded = load_profile("local", PROFILES)
-    assert allocation_seconds(loaded.profile) is None
+def test_a_time_limit_of_zero_is_no_limit_to_cap_by():
+    profile = load_profile("local", PROFILES).profile
+    assert allocation_seconds(profile) == parse_slurm_time(profile.slurm.time) * 60 - profile.slurm.signal_delay_s
+    unlimited = profile.model_copy(update={"slurm": profile.slurm.model_copy(update={"time": "0"})})
+    assert allocation_seconds(unlimited) is None
 
 
 @pytest.mark.parametrize("bad", [0, -5, True, "often", 2.5, 1_000_000_001])
