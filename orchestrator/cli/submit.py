@@ -74,9 +74,9 @@ Examples:
 @click.option(
     "--save-interval",
     type=click.IntRange(0, 1_000_000_000_000),
-    default=0,
-    show_default=True,
-    help="Checkpoint every N steps (0: only at the end and when preempted).",
+    default=None,
+    help="Checkpoint every N steps (0: only at the end and when preempted). Default: the plan's interval, "
+    "chosen for the cluster's failure rate (plan.md says how).",
 )
 @click.option(
     "--run-dir",

@@ -10,12 +10,14 @@ from dataclasses import dataclass
 
 from orchestrator import __version__
 from orchestrator.costmodel.calibration import default_memory_margin
+from orchestrator.costmodel.checkpoint import CheckpointInterval, checkpoint_bytes, choose_interval
 from orchestrator.errors import LayoutError, NoFeasibleLayout
 from orchestrator.plan.layout import Layout, Pins
 from orchestrator.plan.rules import MEGATRON_FSDP_ZERO, check_model, check_training
 from orchestrator.plan.solver import Scored, SearchResult, explain_pins, minimum_nodes, search
 from orchestrator.spec.cluster import ClusterProfile, LoadedProfile
 from orchestrator.spec.model import SpecFile
+from orchestrator.spec.sbatch import parse_slurm_time
 
 # Layouts a plan lists: the chosen one and 7 alternatives, unless `dsorch plan --top N` asks for more.
 KEEP = 8
@@ -58,6 +60,38 @@ class Plan:
     @property
     def alternatives(self) -> list[Scored]:
         return self.result.ranked[1:]
+
+    @property
+    def checkpoint(self) -> CheckpointInterval:
+        """How often the run checkpoints (--save-interval), from the chosen layout's step time."""
+        return plan_checkpoint(self.spec, self.profile, self.runtime, self.chosen)
+
+
+def allocation_seconds(profile: ClusterProfile) -> float | None:
+    """The time an allocation trains before SLURM's signal (slurm.time less signal_delay_s; the local
+    executor takes the same limit, run/scheduler.py make_executor timeout_min); None for a time limit
+    of 0 (sbatch(1): no limit)."""
+    minutes = parse_slurm_time(profile.slurm.time)
+    if minutes == 0:
+        return None
+    return float(minutes * 60 - profile.slurm.signal_delay_s)
+
+
+def plan_checkpoint(spec: SpecFile, profile: ClusterProfile, runtime: str, chosen: Scored) -> CheckpointInterval:
+    """The checkpoint interval of a plan: the spec's, or Young/Daly's from the chosen layout's step
+    time, the checkpoint's size over the profile's write bandwidth, and the job's MTBF (node MTBF
+    over the nodes: a failure of any node stops the job)."""
+    m, t = spec.model, spec.training
+    size = checkpoint_bytes(m.num_params + m.mtp_params, runtime, t.precision, chosen.layout.zero_stage)
+    given = t.checkpoint.interval
+    return choose_interval(
+        chosen.step_time_s,
+        size,
+        profile.filesystem.write_gbps,
+        profile.reliability.node_mtbf_hours * 3600.0 / profile.nodes,
+        allocation_seconds(profile),
+        None if given == "auto" else given,
+    )
 
 
 def _nodes(n: int) -> str:

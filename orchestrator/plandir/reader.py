@@ -170,6 +170,14 @@ class PlanDir:
         return [chosen, *d.alternatives]
 
     @property
+    def checkpoint_interval(self) -> int:
+        """The plan's checkpoint interval in steps: what `dsorch plan` chose (render/notes.py, the same
+        number as job.sbatch's --save-interval), read from plan.yaml's explain.notes.checkpoint; 0 for a
+        plan written before dsorch chose one (checkpoints then come only at the end and when stopped)."""
+        value = self.doc.explain.get("notes", {}).get("checkpoint", {}).get("interval_steps")
+        return value if isinstance(value, int) and value > 0 else 0
+
+    @property
     def ds_config(self) -> dict | None:
         text = self.texts.get("ds_config.json")
         return None if text is None else json.loads(text)

@@ -450,7 +450,7 @@ def _pretrain_gpt_flags(plan: Plan) -> _Flags:
     yield "--eval-iters", t.data.eval_iters
     yield "--save", checkpoint_dir(plan)
     yield "--load", checkpoint_dir(plan)
-    yield "--save-interval", t.checkpoint.interval
+    yield "--save-interval", plan.checkpoint.steps
     # Checkpoint and exit on EXIT_SIGNAL (megatron/training/training.py, DistributedSignalHandler);
     # job.sbatch then requeues the job, and --load resumes it.
     yield "--exit-signal-handler", None

@@ -83,6 +83,44 @@ def _unmeasured_runtime(plan: Plan) -> str | None:
     )
 
 
+def _checkpoint(plan: Plan) -> dict:
+    """How often the run checkpoints, and why (costmodel/checkpoint.py)."""
+    ck = plan.checkpoint
+    return {
+        "interval_steps": ck.steps,
+        "interval_hours": _r(ck.interval_s / 3600.0),
+        "basis": "training.checkpoint.interval" if ck.given else ("young_daly_capped" if ck.capped else "young_daly"),
+        "young_daly_steps": ck.optimum_steps,
+        "size_gb": _r(ck.size_bytes / 1e9, 6),
+        "write_gbps": plan.profile.filesystem.write_gbps,
+        "write_s": _r(ck.write_s, 6),
+        "job_mtbf_hours": _r(ck.mtbf_s / 3600.0, 2),
+        "allocation_hours": None if ck.limit_s is None else _r(ck.limit_s / 3600.0),
+        # Daly 2006's approximation: a failure lands uniformly inside the interval.
+        "lost_per_failure_hours": _r(ck.lost_s / 3600.0),
+        "warnings": ck.warnings(),
+    }
+
+
+def _checkpoint_text(plan: Plan) -> list[str]:
+    """The checkpoint interval as sentences: what it is, what it rests on, and what is wrong with it."""
+    c = _checkpoint(plan)
+    how = {
+        "training.checkpoint.interval": "as the spec sets it",
+        "young_daly": "Young/Daly's sqrt(2 x write x MTBF)",
+        "young_daly_capped": (
+            f"Young/Daly's {c['young_daly_steps']} steps, capped so that a checkpoint lands in each allocation"
+        ),
+    }[c["basis"]]
+    first = (
+        f"checkpoint every {c['interval_steps']} steps ({c['interval_hours']:.3g} h; {how}): a {c['size_gb']:.4g} GB "
+        f"write takes {c['write_s']:.3g} s at {c['write_gbps']:g} GB/s (filesystem.write_gbps), the job's MTBF is "
+        f"{c['job_mtbf_hours']:.4g} h (reliability.node_mtbf_hours / nodes), and a failure loses "
+        f"{c['lost_per_failure_hours']:.3g} h of work on average (half an interval plus the write, Daly 2006)"
+    )
+    return [first, *c["warnings"]]
+
+
 def notes_doc(plan: Plan) -> dict:
     """plan.yaml's ``explain.notes``."""
     c = plan.chosen
@@ -96,6 +134,7 @@ def notes_doc(plan: Plan) -> dict:
         "outside_fitted_domain": c.interval is None,
         "unmeasured_runtime": _unmeasured_runtime(plan),
         "measure": _trial(plan) if (c.interval is None or _unmeasured_runtime(plan)) else None,
+        "checkpoint": _checkpoint(plan),
     }
 
 
@@ -139,6 +178,7 @@ def notes_text(plan: Plan) -> list[str]:
             "`dsorch trial` measures the deepspeed runtime only: a short Megatron-LM run of this plan "
             "(`dsorch submit`) is what measures this layout"
         )
+    out += _checkpoint_text(plan)
     ov = plan.spec.overrides
     if ov.megatron_args or (ov.ds_config and plan.runtime == "deepspeed"):
         # A megatron plan has no ds_config.json to set keys in (plan.md says so).

@@ -130,7 +130,7 @@ def render_sbatch(plan: Plan) -> str:
             slurm=s,
             sbatch_options=sbatch_options(plan),
             megatron_save_dir=_megatron_save_dir(plan) if megatron else None,
-            save_interval=plan.spec.training.checkpoint.interval,
+            save_interval=plan.checkpoint.steps,
             train_iters=plan.spec.training.train_steps if megatron else None,
             **_container(plan),
         )

@@ -56,13 +56,14 @@ def prepare_submission(
     run_dir: Path | None,
     profiles_dir: str | None,
     experiment_dir: Path,
-    save_interval: int = 0,
+    save_interval: int | None = None,
     runs_dir: Path | None = None,
     switch_data: bool = False,
     extend_schedule: bool = False,
 ) -> Submission:
     """A checked submission of ``plan_dir``. ``data``: a dataset prefix that overrides the plan's
-    training.data (None: the plan's); ``switch_data``: resume on other data than the checkpoint's."""
+    training.data (None: the plan's); ``switch_data``: resume on other data than the checkpoint's;
+    ``save_interval`` None: the plan's checkpoint interval."""
     plan_dir = Path(plan_dir)
     pd = load_plan_dir(plan_dir)  # schema, hashes, consistency: a tampered plan stops here
     planned = pd.doc.cluster
@@ -112,7 +113,7 @@ def prepare_submission(
         steps,
         _data_path(data),
         spec.use_gpus,
-        save_interval,
+        pd.checkpoint_interval if save_interval is None else save_interval,
         switch_data=switch_data,
         extend_schedule=extend_schedule,
     )

@@ -119,6 +119,31 @@ class SlurmSpec(BaseModel):
         return self
 
 
+class FileSystem(BaseModel):
+    """Where checkpoints go: the write bandwidth the whole job gets to the checkpoint directory
+    (all ranks together), which prices a checkpoint's write (costmodel/checkpoint.py)."""
+
+    model_config = FROZEN
+    # GB/s (1e9 bytes), aggregate. The default is an assumption, not a measurement: one NFS server
+    # or a busy parallel file system's share, on the low side of what GPU clusters have so that the
+    # checkpoint interval comes out no shorter than it should. Measure yours (e.g. `fio --rw=write
+    # --bs=1M --numjobs=<ranks>` from every node at once, or one checkpoint's size over its save time)
+    # and set it.
+    write_gbps: float = Field(default=5.0, gt=0, le=1_000_000, description="GB/s the job writes in all")
+
+
+class Reliability(BaseModel):
+    """How often a node fails, which sets the job's mean time between failures (node MTBF / nodes)
+    and so the checkpoint interval (Young 1974; Daly 2006)."""
+
+    model_config = FROZEN
+    # Hours between unexpected interruptions per node. Default: the Llama 3 paper (Dubey et al.
+    # 2024, Sec. 3.3.4) reports 419 unexpected interruptions in a 54-day snapshot on 16,384 H100
+    # GPUs (2,048 nodes of 8): 54 x 24 x 2,048 / 419 = 6,335 node-hours per failure; rounded down
+    # to 5,000 because a cluster less tended than Meta's fails more often.
+    node_mtbf_hours: float = Field(default=5000.0, gt=0, le=1_000_000_000, description="hours per node")
+
+
 class Efficiency(BaseModel):
     """Free parameters of the time model, physical fractions in [0, 1] (and one stall time).
 
@@ -204,6 +229,8 @@ class ClusterProfile(BaseModel):
     slurm: SlurmSpec = SlurmSpec()
     # Run the job step in a container (spec/container.py); None: on the host's Python.
     container: ContainerSpec | None = None
+    filesystem: FileSystem = FileSystem()
+    reliability: Reliability = Reliability()
 
     @model_validator(mode="after")
     def _domain(self) -> ClusterProfile:

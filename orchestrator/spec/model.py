@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import SpecError
 from orchestrator.spec.overrides import Overrides
@@ -521,7 +521,19 @@ class CheckpointSpec(BaseModel):
     dir: str = Field(
         default="checkpoints", pattern=_ONE_WORD, description="relative paths are relative to the plan directory"
     )
-    interval: int = Field(default=1000, gt=0, le=1_000_000_000, description="--save-interval, in steps")
+    # auto: Young/Daly's interval from the plan's step time, the checkpoint's write time and the
+    # cluster's failure rate, capped by the allocation's time limit (costmodel/checkpoint.py).
+    interval: int | Literal["auto"] = Field(
+        default="auto", description="--save-interval, in steps, or auto (chosen with the plan)"
+    )
+
+    @field_validator("interval", mode="before")
+    @classmethod
+    def _steps_or_auto(cls, v: object) -> object:
+        # One message for both arms of the union (pydantic would name each arm apart).
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1_000_000_000):
+            return v
+        raise ValueError("give a number of steps from 1 to 1000000000, or auto")
 
 
 class WandbSpec(BaseModel):

@@ -102,13 +102,19 @@ def case_spec(model: dict, training: dict | None = None) -> SpecFile:
         {"name": "t", "source": "test", "model": model, "training": TRAINING | (training or {})})
 
 
+# A stand-in for Plan.checkpoint (plan/make.py; tests/unit/test_checkpoint_interval.py tests it):
+# these tests check the other flags, so the interval is fixed.
+CHECKPOINT = SimpleNamespace(steps=1000)
+
+
 def case_plan(name: str, runtime: str = "megatron", deepep: bool = False):
     """A stand-in for a Plan: what megatron_flags reads (spec, layout, runtime, profile)."""
     model, training, layout = CASES[name]
     profile = load_profile("dgx16").profile
     if deepep:
         profile = profile.model_copy(update={"features": Features(deepep=True)})
-    return SimpleNamespace(spec=case_spec(model, training), layout=layout, runtime=runtime, profile=profile)
+    return SimpleNamespace(spec=case_spec(model, training), layout=layout, runtime=runtime, profile=profile,
+                           checkpoint=CHECKPOINT)
 
 
 def _flags(plan) -> dict[str, str | None]:
@@ -244,7 +250,7 @@ def test_dispatcher_follows_the_profile_and_the_spec():
 def test_dense_plans_carry_no_moe_flags():
     spec = case_spec({k: v for k, v in MIXTRAL.items() if k != "moe"})
     plan = SimpleNamespace(spec=spec, layout=_layout(pp=4, vpp=8, dp=64), runtime="megatron",
-                           profile=load_profile("dgx16").profile)
+                           profile=load_profile("dgx16").profile, checkpoint=CHECKPOINT)
     f = _flags(plan)
     assert not [k for k in f if "moe" in k or "expert" in k or k in ("--num-experts", "--mtp-num-layers")]
 

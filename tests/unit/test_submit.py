@@ -188,3 +188,22 @@ def test_a_job_that_failed_since_the_last_status_does_not_block_the_next_submit(
     r = submit(runner, "plans/l8", "--resume", env=env)
     assert r.exit_code == 0 and "submitted job 4243" in r.output, r.output
     assert [(x.job_id, x.state) for x in reg.all()] == [("4242", "FAILED"), ("4243", "PENDING")]
+
+
+def test_a_submission_checkpoints_at_the_plans_interval_unless_told_otherwise(planned):
+    import yaml
+
+    from orchestrator.plandir.reader import load_plan_dir
+    from orchestrator.run.submission import prepare_submission
+
+    plan_dir = planned / "plans" / "l8"
+    chosen = yaml.safe_load((plan_dir / "plan.yaml").read_text())["explain"]["notes"]["checkpoint"]["interval_steps"]
+    assert chosen > 0 and load_plan_dir(plan_dir).checkpoint_interval == chosen
+    # The same interval job.sbatch passes: plain `sbatch job.sbatch` and `dsorch submit` agree.
+    assert f"--save-interval {chosen} " in (plan_dir / "job.sbatch").read_text()
+    cmd = prepare_submission(plan_dir, None, None, None, None, None, None, planned).job.command()
+    assert cmd[cmd.index("--save-interval") + 1] == str(chosen)
+    given = prepare_submission(plan_dir, None, None, None, None, None, None, planned, save_interval=7).job.command()
+    assert given[given.index("--save-interval") + 1] == "7"
+    none = prepare_submission(plan_dir, None, None, None, None, None, None, planned, save_interval=0).job.command()
+    assert "--save-interval" not in none

@@ -32,7 +32,9 @@ def _plan(training: dict, runtime: str = "megatron"):
     doc = yaml.safe_load((EXAMPLES / "tiny.yaml").read_text())
     doc["training"] = doc["training"] | training
     spec = SpecFile.model_validate(doc)
-    return SimpleNamespace(spec=spec, layout=LAYOUT, runtime=runtime, profile=load_profile("local").profile)
+    # checkpoint: a stand-in for Plan.checkpoint (tested in test_checkpoint_interval.py), fixed here.
+    return SimpleNamespace(spec=spec, layout=LAYOUT, runtime=runtime, profile=load_profile("local").profile,
+                           checkpoint=SimpleNamespace(steps=1000))
 
 
 def _checked(plan) -> dict[str, str | None]:
