@@ -131,7 +131,9 @@ class LoginSpec(BaseModel):
     identity_file: str | None = None  # None: ssh's own choice (agent, ~/.ssh/config, default keys)
     remote_dir: str  # the experiment directory on the login node; relative paths start at the home
     known_hosts: str | None = None  # None: ssh's own (~/.ssh/known_hosts)
-    dsorch: str = "dsorch"  # the command that runs dsorch on the login node (a venv's bin/dsorch)
+    # The command that runs dsorch on the login node (a venv's bin/dsorch): a shell command line run
+    # there as written, as slurm.setup lines are.
+    dsorch: str = "dsorch"
 
     @model_validator(mode="after")
     def _safe(self) -> LoginSpec:

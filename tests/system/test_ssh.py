@@ -100,11 +100,21 @@ def test_submit_status_logs_cancel_from_the_laptop(slurm_env, sshd, tmp_path):
     laptop, env = _laptop(tmp_path, slurm_env, *sshd)
     dsorch(env, laptop, "plan", EXAMPLES / "tiny.yaml", "--cluster", "loopback-ssh", "--out", "plans/t", *TWO_RANKS)
     job = submitted_id(dsorch(env, laptop, "submit", "plans/t", "--steps", "4"))
-    seen = wait_for(env, laptop, job, lambda r: r["state"] in ("RUNNING", "COMPLETED"), timeout=120, what="start")
-    assert seen["executor"] == "remote"
+    # A second job of the same plan (--force: both registries refuse it otherwise), on the other
+    # node at the same time, to cancel.
+    second = submitted_id(dsorch(env, laptop, "submit", "plans/t", "--steps", "100000", "--extend-schedule", "--force"))
+    rec = wait_for(env, laptop, second, lambda r: r["state"] == "RUNNING", timeout=120, what="RUNNING")
+    assert rec["executor"] == "remote"
+    assert f"cancelled job {second}" in dsorch(env, laptop, "cancel", second).stdout
+    assert next(r for r in status(env, laptop) if r["job_id"] == second)["state"] == "CANCELLED"
+    deadline = time.monotonic() + 60
+    while (sacct := _sacct(slurm_env, second)) != "CANCELLED":
+        assert time.monotonic() < deadline, sacct
+        time.sleep(2)
+
     rec = wait_for(env, laptop, job, lambda r: r["state"] == "COMPLETED", timeout=180, what="COMPLETED")
-    assert rec["last_step"] == 4
-    # The run's metrics came back into the laptop's own run directory, checkpoints stayed there.
+    assert rec["last_step"] == 4 and _sacct(slurm_env, job) == "COMPLETED"
+    # The run's metrics came back into the laptop's own run directory; its checkpoints stayed there.
     run_dir = Path(rec["run_dir"])
     assert run_dir.is_relative_to(laptop) and not (run_dir / "checkpoints").exists()
     steps = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"kind"' not in line]
@@ -112,18 +122,12 @@ def test_submit_status_logs_cancel_from_the_laptop(slurm_env, sshd, tmp_path):
     assert "COMPLETED" in dsorch(env, laptop, "status").stdout
     out = dsorch(env, laptop, "logs", job, "--rank", "1").stdout
     assert "_log.out <==" in out and len(out.splitlines()) > 2
+    assert list((laptop / ".dsorch" / "jobs").rglob(f"{job}_1_log.out"))  # the logs came back too
 
-    second = submitted_id(dsorch(env, laptop, "submit", "plans/t", "--steps", "100000", "--extend-schedule"))
-    wait_for(env, laptop, second, lambda r: r["state"] == "RUNNING", timeout=120, what="RUNNING")
-    assert f"cancelled job {second}" in dsorch(env, laptop, "cancel", second).stdout
-    deadline = time.monotonic() + 60
-    while (rec := next(r for r in status(env, laptop) if r["job_id"] == second))["state"] != "CANCELLED":
-        assert time.monotonic() < deadline, rec
-        time.sleep(2)
-    sacct = subprocess.run(
-        ["sacct", "-n", "-X", "-j", second, "-o", "State"], env=slurm_env, capture_output=True, text=True
-    ).stdout.split()
-    assert sacct and sacct[0].rstrip("+") in ("CANCELLED", "COMPLETING"), sacct
+
+def _sacct(env, job: str) -> str:
+    out = subprocess.run(["sacct", "-n", "-X", "-j", job, "-o", "State"], env=env, capture_output=True, text=True)
+    return out.stdout.split()[0].rstrip("+") if out.stdout.split() else "UNKNOWN"
 
 
 def test_an_unknown_host_key_is_one_paragraph(sshd, tmp_path):
