@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.run.remote import Remote
+from orchestrator.spec.cluster import load_profile
+
 from ..conftest import EXAMPLES, ROOT
 from .test_slurm import DSORCH, PROFILES, dsorch, slurm_env, status, submitted_id, wait_for  # noqa: F401 (a fixture)
 
@@ -96,8 +99,15 @@ def _laptop(tmp_path: Path, env: dict, port: int, key: Path, known_hosts: Path) 
 TWO_RANKS = ["--nodes", "1", "--tp", "2", "--pp", "1", "--mbs", "4", "--zero", "1", "--no-sp", "--recompute", "none"]
 
 
-def test_submit_status_logs_cancel_from_the_laptop(slurm_env, sshd, tmp_path):
+def _close_connection(laptop: Path) -> None:
+    """End the shared connection now: its session would outlive the sshd's listener by ControlPersist."""
+    login = load_profile("loopback-ssh", laptop / "profiles").profile.login
+    Remote("loopback-ssh", login).close()
+
+
+def test_submit_status_logs_cancel_from_the_laptop(slurm_env, sshd, tmp_path, request):
     laptop, env = _laptop(tmp_path, slurm_env, *sshd)
+    request.addfinalizer(lambda: _close_connection(laptop))
     dsorch(env, laptop, "plan", EXAMPLES / "tiny.yaml", "--cluster", "loopback-ssh", "--out", "plans/t", *TWO_RANKS)
     job = submitted_id(dsorch(env, laptop, "submit", "plans/t", "--steps", "4"))
     # A second job of the same plan (--force: both registries refuse it otherwise), on the other
