@@ -13,7 +13,9 @@
 #
 # What `start` does (must run as root; no systemd needed):
 #   * installs, only when missing, munge slurmctld slurmd slurm-client slurmdbd
-#     mariadb-server (apt-get update first, noninteractive, no recommends);
+#     mariadb-server, and openssh-server openssh-client for tests/system/test_ssh.py
+#     (its own sshd in front of this cluster; nothing here starts one) (apt-get
+#     update first, noninteractive, no recommends; openssh-server took 10 s);
 #   * writes everything under the state dir ${DSORCH_SLURM_DIR:-/tmp/dsorch-slurm}:
 #       etc/   slurm.conf, slurmdbd.conf (0600), plugstack.conf, secrets
 #       log/   one log per daemon (printed when start fails)
@@ -77,7 +79,7 @@ export PATH
 STATE_DIR="${DSORCH_SLURM_DIR:-/tmp/dsorch-slurm}"
 CLUSTER_NAME="${DSORCH_SLURM_CLUSTER:-dsorch}"
 ACCOUNT_NAME="${DSORCH_SLURM_ACCOUNT:-dsorch}"
-PACKAGES=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server)
+PACKAGES=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server openssh-server openssh-client)
 NODES=(node1 node2)
 START_TIMEOUT="${DSORCH_SLURM_START_TIMEOUT:-90}"
 

@@ -76,10 +76,12 @@ def doctor(cluster, nodes, max_size, iters, timeout, write, name, profiles_dir):
         submit_checks,
         write_measured_profile,
     )
+    from orchestrator.run.remote import not_over_ssh_yet
 
     project = cwd_project()
     pdir = resolve_profiles_dir(project, profiles_dir)
     lp = load_cluster(project, project.cluster(cluster), pdir)
+    not_over_ssh_yet(lp.profile.name, lp.profile.login, "doctor")
     sub = submit_checks(project.root, lp.profile, nodes=nodes, max_size_mib=max_size, iters=iters, timeout_min=timeout)
     profile = sub.profile
     click.echo(

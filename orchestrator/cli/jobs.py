@@ -70,10 +70,13 @@ def logs(job, rank, follow):
     import shutil
 
     from orchestrator.run import scheduler
-    from orchestrator.run.submission import eval_text, latest_eval, refresh
+    from orchestrator.run.submission import eval_text, latest_eval, refresh, remote_of
 
     reg = open_registry()
     rec = reg.get(job)
+    if rec.executor == "remote":  # the login node's dsorch prints them, as it sees them
+        remote_of(rec).dsorch("logs", rec.job_id, "--rank", str(rank), *(["--follow"] * follow), stream=True)
+        return
     out, err = scheduler.log_paths(Path(rec.log_dir), rec.job_id, rank)
     if not follow:
         if not out.exists() and not err.exists():
@@ -119,12 +122,15 @@ def logs(job, rank, follow):
 def cancel(job):
     """Cancel a pending or running job."""
     from orchestrator.run import scheduler
+    from orchestrator.run.submission import remote_of
 
     reg = open_registry()
     rec = reg.get(job)
     if not rec.active:
         raise UserError(f"job {rec.job_id} is already {rec.state}; nothing to cancel.")
-    if rec.job_id != "pending":  # a row whose submission never reached the scheduler
+    if rec.executor == "remote":
+        remote_of(rec).dsorch("cancel", rec.job_id)
+    elif rec.job_id != "pending":  # a row whose submission never reached the scheduler
         scheduler.cancel(rec.executor, rec.job_id)
     reg.update(rec.key, state="CANCELLED")
     click.echo(f"cancelled job {rec.job_id}")

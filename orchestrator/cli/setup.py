@@ -180,6 +180,8 @@ def profiles(name, as_json, profiles_dir):
         doc = {
             "source": {"origin": lp.source.origin, "path": str(lp.source.path)},
             **lp.profile.model_dump(mode="json"),
+            # left out of the dump on purpose (plan.yaml), shown here where it was written
+            **({"login": lp.profile.login.model_dump(mode="json")} if lp.profile.login else {}),
         }
         if as_json:
             click.echo(json.dumps(doc, indent=2))

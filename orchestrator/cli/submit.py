@@ -123,7 +123,14 @@ def submit(
     from orchestrator.cli.project import find_plan
     from orchestrator.run import scheduler
     from orchestrator.run.registry import Registry
-    from orchestrator.run.submission import prepare_submission, record_submission
+    from orchestrator.run.submission import (
+        prepare_submission,
+        record_remote_submission,
+        record_submission,
+        remote_args,
+        remote_dry_run,
+        remote_for,
+    )
 
     ds_env()
     project = cwd_project()
@@ -132,6 +139,7 @@ def submit(
         click.echo(f"plan: {display_path(plan_dir)}", err=True)
     reg = Registry(project.root)
     run_dir = _run_dir(run_dir, resume, resume_from)
+    pdir = resolve_profiles_dir(project, profiles_dir)
     sub = prepare_submission(
         plan_dir,
         cluster,
@@ -139,22 +147,31 @@ def submit(
         steps,
         data,
         run_dir,
-        resolve_profiles_dir(project, profiles_dir),
+        pdir,
         project.root,
         save_interval,
         runs_dir=project.runs_dir,
         switch_data=switch_data,
         extend_schedule=extend_schedule,
     )
-    if resume:
-        sub = _resumed(reg, sub)
-    elif resume_from is not None:
-        sub = _same_data(reg, sub, str(resume_from.resolve()))
-    if dry_run:
-        _print_dry_run(sub)
-        return
-    scheduler.check_scheduler(sub.spec.kind, dry_run="prints the sbatch script")
-    record = record_submission(reg, sub, force)
+    via = remote_for(sub, pdir)
+    if via is not None:  # the profile's login section: the SLURM side runs on the login node
+        local_only = {"--data": data, "--run-dir": run_dir, "--resume": resume, "--resume-from": resume_from}
+        args = remote_args(sub.cluster, local_only, steps, extend_schedule, save_interval)
+        if dry_run:
+            click.echo(remote_dry_run(sub, via, project.root, pdir, args), nl=False)
+            return
+        record = record_remote_submission(reg, sub, via, project.root, pdir, args, force)
+    else:
+        if resume:
+            sub = _resumed(reg, sub)
+        elif resume_from is not None:
+            sub = _same_data(reg, sub, str(resume_from.resolve()))
+        if dry_run:
+            _print_dry_run(sub)
+            return
+        scheduler.check_scheduler(sub.spec.kind, dry_run="prints the sbatch script")
+        record = record_submission(reg, sub, force)
     click.echo(
         f"submitted job {record.job_id} ({record.executor}, cluster {record.cluster}): plan {record.plan_dir}, "
         f"run dir {record.run_dir}"

@@ -118,10 +118,12 @@ def trial(
             return
         _finish_trials(project, reg, target, manifest, pdir, name, wait)
         return
+    from orchestrator.run.remote import not_over_ssh_yet
     from orchestrator.spec.model import load_spec
 
     spec_file, loaded_spec = load_spec(target)
     lp = load_cluster(project, project.cluster(cluster), pdir)
+    not_over_ssh_yet(lp.profile.name, lp.profile.login, "trial")
     proposal = trials.propose(spec_file, lp, top, steps, nodes, gpus_per_node)
     if out is None:
         out = (

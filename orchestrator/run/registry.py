@@ -7,17 +7,20 @@ in WAL mode with a busy timeout survives crashes (every change is one transactio
 job of the same plan and inserts its row in one ``BEGIN IMMEDIATE`` transaction, so two
 concurrent submits cannot both pass the check).
 
-Schema (``PRAGMA user_version`` = 2; a version-1 file gains the ``data`` column on first use)::
+Schema (``PRAGMA user_version`` = 3; an older file gains the ``data`` (2) and ``login`` (3) columns
+on first use)::
 
     jobs(key INTEGER PRIMARY KEY AUTOINCREMENT,  -- dsorch's own id, stable across requeues
-         job_id TEXT,        -- SLURM job id, or the local controller's pid
-         executor TEXT,      -- 'slurm' | 'local'
+         job_id TEXT,        -- SLURM job id (on the login node for 'remote'), or the local controller's pid
+         executor TEXT,      -- 'slurm' | 'local' | 'remote' (submitted over SSH: run/remote.py)
          cluster TEXT, plan_dir TEXT, plan_sha256 TEXT, submitted_at TEXT (UTC ISO 8601),
          state TEXT,         -- SLURM's state names: PENDING RUNNING COMPLETED FAILED CANCELLED ...
          run_dir TEXT, log_dir TEXT, requeues INTEGER, last_step INTEGER, last_loss REAL,
          elapsed_s REAL, error TEXT, updated_at TEXT,
          data TEXT)          -- `dsorch submit --data`: what --resume and requeues train on again;
                              -- NULL: the plan's training.data
+         login TEXT)         -- 'remote' jobs: the profile's login section as JSON at submit time
+                             -- (host, port, identity_file, remote_dir, known_hosts, dsorch)
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 
 from orchestrator.errors import DsorchError, JobError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ACTIVE_STATES = frozenset(
     {
         "PENDING",
@@ -64,7 +67,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     elapsed_s REAL,
     error TEXT,
     updated_at TEXT NOT NULL,
-    data TEXT
+    data TEXT,
+    login TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_plan ON jobs (plan_dir);
 CREATE INDEX IF NOT EXISTS jobs_job_id ON jobs (job_id);
@@ -90,6 +94,7 @@ class JobRecord:
     error: str | None
     updated_at: str
     data: str | None = None  # `dsorch submit --data`, absolute; None: the plan's training.data
+    login: str | None = None  # executor 'remote': the profile's login section (JSON) it went through
 
     @property
     def active(self) -> bool:
@@ -171,8 +176,8 @@ class Registry:
                     con.execute(statement)
                 con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             con.execute("COMMIT")
-        elif version == 1:
-            _migrate_v1(con)
+        elif version < SCHEMA_VERSION:
+            _migrate(con)
         elif version > SCHEMA_VERSION:
             raise JobError(f"{self.path} was written by a newer dsorch (schema {version}); upgrade dsorch.")
         if write:
@@ -277,13 +282,22 @@ class Registry:
             _update(con, key, values)
 
 
-def _migrate_v1(con: sqlite3.Connection) -> None:
-    """Schema 1 -> 2: the ``data`` column (NULL for the jobs before it: they trained on what their
-    --data said, which schema 1 did not keep)."""
+# The columns each schema version added, in order: an older file gains them on first use.
+_ADDED = {
+    # NULL for the jobs before it: they trained on what their --data said, which schema 1 did not keep.
+    2: "ALTER TABLE jobs ADD COLUMN data TEXT",
+    # NULL for every job before it: none went over SSH.
+    3: "ALTER TABLE jobs ADD COLUMN login TEXT",
+}
+
+
+def _migrate(con: sqlite3.Connection) -> None:
+    """An older schema brought to SCHEMA_VERSION, one version at a time, in one transaction."""
     con.execute("BEGIN IMMEDIATE")
-    if con.execute("PRAGMA user_version").fetchone()[0] == 1:  # another process may have done it
-        con.execute("ALTER TABLE jobs ADD COLUMN data TEXT")
-        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    version = con.execute("PRAGMA user_version").fetchone()[0]  # another process may have done it
+    for step in range(version + 1, SCHEMA_VERSION + 1):
+        con.execute(_ADDED[step])
+    con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     con.execute("COMMIT")
 
 
@@ -312,7 +326,7 @@ def _salvage(path: Path) -> tuple[list[tuple], int]:
             top = con.execute("SELECT MAX(key) FROM jobs").fetchone()[0] or 0
         except (sqlite3.Error, UnicodeDecodeError, TypeError, ValueError):
             return [], 0  # no table, or not a database at all: nothing to salvage
-        # A schema-1 file has no ``data`` column: NULL in its place.
+        # An older file lacks the later columns (``data``, ``login``): NULL in their place.
         try:
             present = {r[1] for r in con.execute("PRAGMA table_info(jobs)")}
         except (sqlite3.Error, UnicodeDecodeError):

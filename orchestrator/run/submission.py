@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -16,9 +17,10 @@ from pathlib import Path
 
 from orchestrator.errors import JobError
 from orchestrator.plandir.reader import GENERATED, load_plan_dir
-from orchestrator.run import scheduler
+from orchestrator.run import remote, scheduler
 from orchestrator.run.jobs import STARTS_FILE, TrainingJob
 from orchestrator.run.registry import ACTIVE_STATES, JobRecord, Registry, now_utc
+from orchestrator.run.remote import Remote
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.sbatch import job_name
 from orchestrator.train.config import check_trainable
@@ -143,23 +145,29 @@ def _refresh_active(reg: Registry, plans: list[str]) -> None:
             refresh(reg, rec)
 
 
+def _new_row(sub: Submission, executor: str, **values) -> dict:
+    """The registry row of ``sub`` before the scheduler took it ("pending"); ``values`` add to it."""
+    return {
+        "job_id": "pending",
+        "executor": executor,
+        "cluster": sub.cluster,
+        "plan_dir": sub.plan_display,
+        "plan_sha256": sub.plan_sha256,
+        "submitted_at": now_utc(),
+        "state": "SUBMITTED",
+        "run_dir": "",
+        "log_dir": str(sub.folder),
+        "data": sub.job.data,
+        **values,
+    }
+
+
 def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
     _refresh_active(reg, [sub.plan_display])
     with reg.reserve(sub.plan_display, force) as (insert, update):
         # The run directory is named after dsorch's own key, known only once the row exists; the
         # row and the submission are one transaction, so a refused submission leaves no row.
-        key = insert(
-            job_id="pending",
-            executor=sub.spec.kind,
-            cluster=sub.cluster,
-            plan_dir=sub.plan_display,
-            plan_sha256=sub.plan_sha256,
-            submitted_at=now_utc(),
-            state="SUBMITTED",
-            run_dir="",
-            log_dir=str(sub.folder),
-            data=sub.job.data,
-        )
+        key = insert(**_new_row(sub, sub.spec.kind))
         run_dir = Path(str(sub.run_dir).replace("{key}", str(key))).resolve()
         job = dataclasses.replace(sub.job, run_dir=str(run_dir))
         with _no_leftovers(sub.folder):
@@ -181,18 +189,7 @@ def record_array(
         keys, jobs = [], []
         for sub in subs:
             run_dir = str(sub.run_dir.resolve())
-            key = insert(
-                job_id="pending",
-                executor=spec.kind,
-                cluster=sub.cluster,
-                plan_dir=sub.plan_display,
-                plan_sha256=sub.plan_sha256,
-                submitted_at=now_utc(),
-                state="SUBMITTED",
-                run_dir=run_dir,
-                log_dir=str(folder),
-                data=sub.job.data,
-            )
+            key = insert(**_new_row(sub, spec.kind, run_dir=run_dir, log_dir=str(folder)))
             keys.append(key)
             jobs.append(dataclasses.replace(sub.job, run_dir=run_dir, save=False))
         with _no_leftovers(folder):
@@ -200,6 +197,86 @@ def record_array(
         for key, job_id in zip(keys, ids, strict=True):  # submit_array: one id per job
             update(key, job_id=job_id, state="PENDING")
     return [reg.get(str(k)) for k in keys]
+
+
+def remote_for(sub: Submission, profiles_dir: str | None) -> Remote | None:
+    """The login node a submission goes through: its profile's login section, off the login node."""
+    login = remote.login_of(load_profile(sub.cluster, profiles_dir).profile.login)
+    return None if login is None else Remote(sub.cluster, login)
+
+
+def remote_args(
+    cluster: str, local_only: dict[str, object], steps: int | None, extend_schedule: bool, save_interval: int
+) -> list[str]:
+    """The login node's `dsorch submit` options for this one's; refused: those that name files or
+    runs on this machine (``local_only``, flag -> value)."""
+    named = [flag for flag, value in local_only.items() if value]
+    if named:
+        raise JobError(
+            f"{', '.join(named)}: not over SSH yet (profile {cluster} has a login section, so the job is "
+            f"submitted on the login node); run `dsorch submit` there for these."
+        )
+    args = ["--steps", str(steps)] if steps else []
+    args += ["--extend-schedule"] if extend_schedule else []
+    return args + (["--save-interval", str(save_interval)] if save_interval else [])
+
+
+def _remote_plan(sub: Submission) -> str:
+    """Where the plan directory goes under login.remote_dir: where it is in the experiment directory."""
+    return sub.plan_display if not Path(sub.plan_display).is_absolute() else f"plans/{sub.plan_dir.name}"
+
+
+def _remote_submit_args(sub: Submission, profiles_dir: str | None, args: list[str]) -> list[str]:
+    profiles = ["--profiles-dir", remote.REMOTE_PROFILES] if profiles_dir else []
+    return [_remote_plan(sub), *profiles, *args]
+
+
+def remote_dry_run(
+    sub: Submission, via: Remote, experiment_dir: Path, profiles_dir: str | None, args: list[str]
+) -> str:
+    """`submit --dry-run` through the login node: the sbatch script its dsorch would submit."""
+    via.ship(experiment_dir, sub.plan_dir, _remote_plan(sub), profiles_dir)
+    return via.dsorch("submit", *_remote_submit_args(sub, profiles_dir, args), "--dry-run").stdout.decode(
+        errors="replace"
+    )
+
+
+def record_remote_submission(
+    reg: Registry, sub: Submission, via: Remote, experiment_dir: Path, profiles_dir: str | None, args: list[str],
+    force: bool,
+) -> JobRecord:  # fmt: skip
+    """``sub`` shipped to the login node and submitted there (``dsorch submit`` with ``args``), one
+    local registry row for it in one transaction with the submission, as record_submission."""
+    via.ship(experiment_dir, sub.plan_dir, _remote_plan(sub), profiles_dir)
+    with reg.reserve(sub.plan_display, force) as (insert, update):
+        key = insert(**_new_row(sub, "remote", login=via.login.model_dump_json()))
+        job_id = via.submit([*_remote_submit_args(sub, profiles_dir, args), *(["--force"] if force else [])])
+        run_dir = Path(str(sub.run_dir).replace("{key}", str(key))).resolve()
+        update(key, job_id=job_id, state="PENDING", run_dir=str(run_dir))
+    return reg.get(str(key))
+
+
+def remote_of(rec: JobRecord) -> Remote:
+    """The login node a remote job went through, as the registry recorded it at submit time."""
+    from orchestrator.spec.cluster import LoginSpec
+
+    return Remote(rec.cluster, LoginSpec.model_validate_json(rec.login or "{}"))
+
+
+def _refresh_remote(reg: Registry, rec: JobRecord) -> JobRecord:
+    """A remote job's row as the login node's registry has it; once it ended, its run directory
+    (without checkpoints) and its logs come back into the local ones."""
+    via = remote_of(rec)
+    row = via.job(rec.job_id)
+    keep = ("state", "last_step", "last_loss", "requeues", "elapsed_s", "error")
+    values = {k: row.get(k) for k in keep}
+    if values["state"] not in ACTIVE_STATES:
+        if row.get("run_dir"):
+            via.bring_back(row["run_dir"], Path(rec.run_dir), exclude="checkpoints")
+        if row.get("log_dir") and re.fullmatch(r"[0-9_]+", rec.job_id):
+            via.bring_back(row["log_dir"], Path(rec.log_dir), only=f"{rec.job_id}_*")
+    reg.update(rec.key, **values)
+    return reg.get(str(rec.key))
 
 
 @contextlib.contextmanager
@@ -268,6 +345,8 @@ def refresh(reg: Registry, rec: JobRecord) -> JobRecord:
     """Ask the scheduler for an active job's state, read its progress, store and return it."""
     if not rec.active or rec.job_id == "pending":
         return rec
+    if rec.executor == "remote":
+        return _refresh_remote(reg, rec)
     state, error = scheduler.job_state(rec.executor, Path(rec.log_dir), rec.job_id, rec.state)
     step, loss, requeues, elapsed = _progress(Path(rec.run_dir), finished=state not in ACTIVE_STATES)
     values = dict(state=state, last_step=step, last_loss=loss, requeues=requeues)

@@ -144,6 +144,36 @@ class Reliability(BaseModel):
     node_mtbf_hours: float = Field(default=5000.0, gt=0, le=1_000_000_000, description="hours per node")
 
 
+class LoginSpec(BaseModel):
+    """How a laptop reaches the cluster's login node over OpenSSH (orchestrator/run/remote.py):
+    `dsorch submit/status/logs/cancel` then run their SLURM side there. Values reach an ssh command
+    line and a remote shell: like ``slurm``'s they may not contain line breaks, and the host may not
+    start with '-' (ssh would read it as an option). No password is kept: the key file (or the
+    ssh agent) and the host key in known_hosts are what let dsorch in."""
+
+    model_config = FROZEN
+    host: str = Field(pattern=r"^(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9._:\[\]-]+$", max_length=300)  # user@host
+    port: int = Field(default=22, gt=0, le=65_535)
+    identity_file: str | None = None  # None: ssh's own choice (agent, ~/.ssh/config, default keys)
+    remote_dir: str  # the experiment directory on the login node; relative paths start at the home
+    known_hosts: str | None = None  # None: ssh's own (~/.ssh/known_hosts)
+    # The command that runs dsorch on the login node (a venv's bin/dsorch): a shell command line run
+    # there as written, as slurm.setup lines are.
+    dsorch: str = "dsorch"
+
+    @model_validator(mode="after")
+    def _safe(self) -> LoginSpec:
+        import re
+
+        if self.host.startswith("-"):
+            raise ValueError(f"login.host {self.host!r} starts with '-', which ssh reads as an option; write user@host")
+        for key in ("identity_file", "remote_dir", "known_hosts", "dsorch"):
+            value = getattr(self, key)
+            if value is not None and (not value.strip() or not re.fullmatch(_NO_LINE_BREAKS, value)):
+                raise ValueError(f"login.{key} is empty or contains a line break; write it on one line")
+        return self
+
+
 class Efficiency(BaseModel):
     """Free parameters of the time model, physical fractions in [0, 1] (and one stall time).
 
@@ -231,6 +261,11 @@ class ClusterProfile(BaseModel):
     container: ContainerSpec | None = None
     filesystem: FileSystem = FileSystem()
     reliability: Reliability = Reliability()
+
+    # A laptop's way to the login node: submit, status, logs and cancel over SSH (run/remote.py).
+    # How to reach the cluster, not what it is: left out of every dump (plan.yaml's profile), so a
+    # plan made on the laptop and on the login node is the same plan.
+    login: LoginSpec | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
     def _domain(self) -> ClusterProfile:

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from orchestrator.errors import DsorchError
-from orchestrator.run.registry import Registry
+from orchestrator.run.registry import SCHEMA_VERSION, Registry
 
 
 def _fields(job_id, plan="plans/a", state="PENDING"):
@@ -25,7 +25,7 @@ def test_insert_get_update(tmp_path):
     reg.update(key, state="COMPLETED", last_step=5, last_loss=1.5)
     rec = reg.get("101")
     assert (rec.state, rec.last_step, rec.last_loss, rec.active) == ("COMPLETED", 5, 1.5, False)
-    assert sqlite3.connect(reg.path).execute("PRAGMA user_version").fetchone()[0] == 2
+    assert sqlite3.connect(reg.path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_refuses_second_active_job_of_a_plan_unless_forced(tmp_path):

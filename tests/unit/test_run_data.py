@@ -160,8 +160,8 @@ def test_the_registry_keeps_the_data_and_upgrades_a_schema_1_file(tmp_path):
     """)
     con.close()
     assert reg.repair() == (1, 0, None)  # reads (and upgrades) the old file: nothing damaged
-    assert [(r.job_id, r.data) for r in reg.all()] == [("9", None)]
-    assert sqlite3.connect(reg.path).execute("PRAGMA user_version").fetchone()[0] == 2
+    assert [(r.job_id, r.data, r.login) for r in reg.all()] == [("9", None, None)]
+    assert sqlite3.connect(reg.path).execute("PRAGMA user_version").fetchone()[0] == 3  # 1 -> 2 -> 3
     with reg.reserve("plans/a", force=False) as (insert, _):
         insert(job_id="10", executor="slurm", cluster="c", plan_dir="plans/a", plan_sha256="x", submitted_at="t",
                state="PENDING", run_dir="runs/r", log_dir="logs", data="/d/corpus")
