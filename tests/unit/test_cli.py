@@ -467,3 +467,34 @@ def test_a_directory_in_the_way_leaves_the_old_plan_untouched(runner, in_tmp):
     after = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
     assert after == {k: v for k, v in before.items() if k != "plan.yaml"}
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`dsorch logs JOB | head` closes the pipe before the log is out: the command stops without an
+    error message, as other command-line tools do, rather than reporting "Broken pipe" as a path
+    problem."""
+    import subprocess
+    import sys
+
+    from orchestrator.run.registry import Registry
+    from orchestrator.run.scheduler import log_paths
+
+    out, _ = log_paths(tmp_path / "jobs", "4242", 0)
+    out.parent.mkdir(parents=True)
+    out.write_text("a line of a long training log\n" * 10_000)  # far past a pipe's buffer
+    with Registry(tmp_path).reserve("plan", force=False) as (insert, _update):
+        insert(job_id="4242", executor="local", cluster="local", plan_dir="plan", plan_sha256="0", state="COMPLETED",
+               submitted_at="2026-01-01T00:00:00+00:00", run_dir=str(tmp_path / "run"), log_dir=str(out.parent),
+               requeues=0)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # no reader left: writes fail with EPIPE, as after `head` has exited
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", "from orchestrator.cli.main import main; main()", "logs", "4242"],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert r.stderr == "", r.stderr
+    assert r.returncode != 0  # not all of the output arrived (click exits 1, as `cat` exits non-zero)
