@@ -234,6 +234,13 @@ def test_unknown_cluster(runner, in_tmp):
     assert "unknown cluster profile 'dgx61'. Did you mean 'dgx16'?" in r.output
 
 
+def test_several_nodes_of_the_local_executor_are_refused_at_plan_time(runner, in_tmp):
+    r = plan(runner, "examples/tiny.yaml", "--cluster", "local", "--nodes", "2", "--out", in_tmp / "p")
+    assert r.exit_code == 2, r.output
+    assert "--nodes 2: profile 'local' runs on this machine (executor: local), which is one node" in r.output
+    assert not (in_tmp / "p").exists()
+
+
 def test_unwritable_out(runner, in_tmp):
     blocker = in_tmp / "file"
     blocker.write_text("x")
