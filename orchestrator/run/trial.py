@@ -517,10 +517,11 @@ def collect(
     return collected
 
 
-def check_profile_name(name: str) -> None:
+def check_profile_name(name: str, given_as: str | None = None) -> None:
+    """``given_as``: the option the name came from, where not --name (calibrate's --out FILE)."""
     if not PROFILE_NAME.fullmatch(name):
         raise OutputError(
-            f"--name {name!r}: a profile name is letters, digits, '.', '_' and '-' (it names a file "
+            f"{given_as or '--name'} {name!r}: a profile name is letters, digits, '.', '_' and '-' (it names a file "
             f"and goes into plan.yaml); choose another."
         )
 
