@@ -24,6 +24,7 @@ from submitit.core.utils import JobPaths
 
 from orchestrator.errors import JobError
 from orchestrator.run.jobs import DoctorJob, LocalArray, TrainingJob, state_from_result
+from orchestrator.run.ports import local_master_port
 from orchestrator.spec.cluster import ClusterProfile, SlurmSpec
 from orchestrator.spec.sbatch import parse_slurm_time, rank_env, sbatch_parameters
 
@@ -81,9 +82,9 @@ def _script_only_executor(folder: Path) -> submitit.SlurmExecutor:
     return ScriptOnlySlurmExecutor(folder=str(folder), max_num_timeout=3)
 
 
-def make_executor(spec: JobSpec, folder: Path, script_only: bool = False) -> PicklingExecutor:
+def make_executor(spec: JobSpec, folder: Path, script_only: bool = False, ports: int = 1) -> PicklingExecutor:
     """submitit's executor for the job; both kinds pickle the job and write the script sbatch_script
-    shows (``PicklingExecutor``)."""
+    shows (``PicklingExecutor``). ``ports``: master ports a local job uses (one per LocalArray element)."""
     if spec.kind == "local":
         local = submitit.LocalExecutor(folder=str(folder))
         local.update_parameters(
@@ -91,7 +92,8 @@ def make_executor(spec: JobSpec, folder: Path, script_only: bool = False) -> Pic
             nodes=1,
             timeout_min=spec.time_min,
             gpus_per_node=spec.tasks_per_node if spec.use_gpus else 0,
-            setup=_setup_lines(spec),
+            # A free port outside the ephemeral range rather than submitit's (run/ports.py says why).
+            setup=[*_setup_lines(spec), f"export MASTER_PORT={local_master_port(ports)}"],
         )
         return local
     ex = _script_only_executor(folder) if script_only else submitit.SlurmExecutor(folder=str(folder), max_num_timeout=3)
@@ -190,7 +192,7 @@ def submit_array(spec: JobSpec, folder: Path, jobs: list[TrainingJob], timeout_s
     """``jobs`` as one job array; returns the element ids ("JOB_i"). On SLURM one element runs at a
     time (``--array=0-N%1``): each element is planned for the whole allocation and a measurement
     must not share nodes with its siblings. The local executor has no arrays (LocalArray)."""
-    ex = make_executor(spec, folder)
+    ex = make_executor(spec, folder, ports=len(jobs))
     try:
         with _detached_stdio(spec.kind == "local"):
             if spec.kind == "local":
