@@ -241,6 +241,23 @@ def test_several_nodes_of_the_local_executor_are_refused_at_plan_time(runner, in
     assert not (in_tmp / "p").exists()
 
 
+def test_a_signal_delay_of_over_half_the_time_limit_is_warned_of_at_plan_time(runner, in_tmp):
+    """job.sbatch checkpoints and requeues at SLURM's warning: a warning 90 s before a 2-minute
+    limit leaves each allocation 30 s of training."""
+    (in_tmp / "profiles").mkdir()
+    for name, time_limit in (("short", "00:02:00"), ("enough", "00:03:00")):
+        (in_tmp / "profiles" / f"{name}.yaml").write_text(f"extends: dgx16\nslurm: {{time: '{time_limit}'}}\n")
+    r = plan(runner, "examples/llama3-8b.yaml", "--cluster", "short", "--profiles-dir", "profiles", "--out", "p")
+    assert r.exit_code == 0, r.output
+    warning = "slurm.signal_delay_s 90 s leaves 30 s of the 00:02:00 time limit for training (less than half"
+    assert warning in " ".join(r.output.split())
+    assert yaml.safe_load((in_tmp / "p" / "plan.yaml").read_text())["explain"]["notes"]["signal_delay"].startswith(
+        "slurm.signal_delay_s 90 s leaves 30 s"
+    )
+    r = plan(runner, "examples/llama3-8b.yaml", "--cluster", "enough", "--profiles-dir", "profiles", "--out", "q")
+    assert r.exit_code == 0 and "signal_delay_s" not in r.output, r.output
+
+
 def test_unwritable_out(runner, in_tmp):
     blocker = in_tmp / "file"
     blocker.write_text("x")
