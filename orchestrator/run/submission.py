@@ -132,18 +132,7 @@ def _display(p: Path, base: Path) -> str:
         return str(p.resolve())
 
 
-def _refresh_active(reg: Registry, plans: list[str]) -> None:
-    """Ask the scheduler about the plans' jobs the registry still holds as active: a row is only
-    updated when someone runs `dsorch status`, so a job that failed since would otherwise refuse
-    the `submit --resume` that continues it ("already has a job pending or running: N (PENDING)",
-    met by scripts/bench_chaos.py after a killed rank)."""
-    for rec in reg.all():
-        if rec.plan_dir in plans and rec.active:
-            refresh(reg, rec)
-
-
 def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
-    _refresh_active(reg, [sub.plan_display])
     with reg.reserve(sub.plan_display, force) as (insert, update):
         # The run directory is named after dsorch's own key, known only once the row exists; the
         # row and the submission are one transaction, so a refused submission leaves no row.
@@ -175,7 +164,6 @@ def record_array(
     record_submission): refused while any of the plans has an active job."""
     first = subs[0]
     spec = dataclasses.replace(first.spec, time_min=time_min)
-    _refresh_active(reg, [sub.plan_display for sub in subs])
     with reg.reserve([sub.plan_display for sub in subs], force=False) as (insert, update):
         keys, jobs = [], []
         for sub in subs:
