@@ -14,7 +14,7 @@ from orchestrator.errors import LayoutError, NoFeasibleLayout
 from orchestrator.plan.layout import Layout, Pins
 from orchestrator.plan.rules import MEGATRON_FSDP_ZERO, check_model, check_training
 from orchestrator.plan.solver import Scored, SearchResult, explain_pins, minimum_nodes, search
-from orchestrator.spec.cluster import ClusterProfile, LoadedProfile
+from orchestrator.spec.cluster import ClusterProfile, LoadedProfile, check_local_nodes
 from orchestrator.spec.model import SpecFile
 
 # Layouts a plan lists: the chosen one and 7 alternatives, unless `dsorch plan --top N` asks for more.
@@ -96,6 +96,7 @@ def make_plan(
             f"GPUs per node; --gpus-per-node plans for part of a node (a larger count needs a profile "
             f"that says so, e.g. one that extends it with gpus_per_node: {gpus_per_node})."
         )
+    check_local_nodes(loaded.profile, nodes)
     if memory_margin_gib >= loaded.profile.gpu.memory_gib:
         raise LayoutError(
             f"--memory-margin {memory_margin_gib:g} GiB leaves nothing of the {loaded.profile.gpu.memory_gib:g} "

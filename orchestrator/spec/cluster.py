@@ -327,6 +327,15 @@ def _where(chain: list[Loaded], key: tuple) -> str:
     return str(chain[0].path)
 
 
+def check_local_nodes(profile: ClusterProfile, nodes: int | None) -> None:
+    """``--nodes N`` on a profile of the local executor, which runs one node (below)."""
+    if nodes is not None and nodes > 1 and profile.executor == "local":
+        raise SpecError(
+            f"--nodes {nodes}: profile '{profile.name}' runs on this machine (executor: local), which is one node; "
+            f"use --nodes 1 (or leave it out), or a SLURM cluster's profile."
+        )
+
+
 def _check_local_nodes(profile: ClusterProfile, chain: list[Loaded]) -> None:
     """The local executor runs every rank on this machine, one node (scheduler.make_executor gives
     submitit's LocalExecutor nodes=1): a profile of several local nodes would plan for more ranks
