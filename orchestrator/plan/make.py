@@ -179,6 +179,12 @@ def _nothing_fits(
                 f"With Megatron-FSDP's sharded gradients (--zero {MEGATRON_FSDP_ZERO}, searched only when "
                 f"pinned) {fsdp.layout.short()} fits at {fsdp.memory_gib['total']:.1f} GiB per GPU."
             )
+    if profile.executor == "local":  # more nodes are not to be had (spec/cluster.py check_local_nodes)
+        lines.append(
+            f"{profile.name} runs on this machine, one node (executor: local): plan for a SLURM cluster's "
+            f"profile, or use a smaller model, a shorter seq_length or a smaller global batch."
+        )
+        return " ".join(lines)
     more = minimum_nodes(spec.model, spec.training, profile, runtime, pins, memory_margin_gib=margin)
     if more is not None:
         n, best = more

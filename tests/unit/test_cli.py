@@ -44,7 +44,7 @@ def test_every_shipped_pair_plans_and_validates(runner, in_tmp, spec, profile, r
         assert not out.exists(), "nothing may be written when planning fails"
         m = re.search(r"rerun with --nodes (\d+)", r.output)
         if m is None:
-            assert "No node count up to 64x" in r.output
+            assert "No node count up to 64x" in r.output or "runs on this machine, one node" in r.output, r.output
             return
         r = plan(runner, f"examples/{spec.name}", "--cluster", profile, "--runtime", runtime, "--out", out,
                  "--nodes", m.group(1))
