@@ -201,7 +201,6 @@ def test_nothing_fits_suggests_node_count(runner, in_tmp):
                                    "(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1"),
     (["--tp", "1", "--sp"], "sequence parallelism splits the tensor-parallel region's activations and needs tp > 1"),
     (["--vpp", "2", "--pp", "2"], "vpp=2: DeepSpeed's pipeline engine runs plain 1F1B with no interleaved schedule"),
-    (["--nodes", "2", "--pp", "8"], "pp=8 cannot split num_layers=4 into stages"),
     (["--gpus-per-node", "8"], "--gpus-per-node 8: profile 'local' has 4 GPUs per node"),
     (["--memory-margin", "4"], "--memory-margin 4 GiB leaves nothing of the 4 GiB per GPU"),
     (["--tp", "4"], "tp=4 does not divide num_kv_heads=2"),
@@ -211,6 +210,17 @@ def test_illegal_pins_name_the_rule(runner, in_tmp, args, message):
     r = plan(runner, "examples/tiny.yaml", "--cluster", "local", *args, "--out", in_tmp / "p")
     assert r.exit_code == 2, r.output
     assert message in " ".join(r.output.split())
+    assert "Traceback" not in r.output and not (in_tmp / "p").exists()
+
+
+def test_more_stages_than_layers_names_the_rule(runner, in_tmp):
+    # 8 GPUs of the local profile's hardware: a SLURM cluster's profile (the local executor runs one node).
+    (in_tmp / "profiles").mkdir()
+    (in_tmp / "profiles" / "cpus.yaml").write_text("extends: local\nexecutor: slurm\n")
+    r = plan(runner, "examples/tiny.yaml", "--cluster", "cpus", "--profiles-dir", in_tmp / "profiles", "--nodes", "2",
+             "--pp", "8", "--out", in_tmp / "p")
+    assert r.exit_code == 2, r.output
+    assert "pp=8 cannot split num_layers=4 into stages" in " ".join(r.output.split())
     assert "Traceback" not in r.output and not (in_tmp / "p").exists()
 
 
