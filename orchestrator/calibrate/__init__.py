@@ -25,7 +25,7 @@ Records file (YAML with a top-level ``records:`` list, or JSONL with one record 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +82,7 @@ def calibrate(
     profile: ClusterProfile,
     *,
     plan_dir: Path | None = None,
+    plans_by_run: Mapping[Path, Path] | None = None,
     free: tuple[str, ...] | None = None,
     prior_weight: float = 0.02,
     memory_only: Sequence[CalibrationRecord] = (),
@@ -94,9 +95,9 @@ def calibrate(
     profile's framework overhead; a record without ``mem_kind`` is taken as the device total, and
     ``memory_overhead_gib`` grows to cover the largest shortfall (never shrinks).
     ``memory_only`` records (runs that ran out of memory: records.oom_record) count for memory and
-    not for time.
+    not for time. ``plans_by_run``: load_records.
     """
-    rows = load_records(metrics_paths, profile, plan_dir)
+    rows = load_records(metrics_paths, profile, plan_dir, plans_by_run)
     memory_rows = record_rows(list(memory_only), profile)
     # Start from the engine most runs used (the fitted values then apply to the profile as a whole).
     engines = [row_engine(r) for r in rows]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -234,12 +235,19 @@ def _parse_record(raw: object, path: Path, index: int) -> CalibrationRecord:
         ) from e
 
 
-def load_records(metrics_paths: list[Path], profile: ClusterProfile, plan_dir: Path | None = None) -> list[Row]:
-    """Rows from run directories, metrics.jsonl files (with their plan directory) or records files."""
+def load_records(
+    metrics_paths: list[Path],
+    profile: ClusterProfile,
+    plan_dir: Path | None = None,
+    plans_by_run: Mapping[Path, Path] | None = None,
+) -> list[Row]:
+    """Rows from run directories, metrics.jsonl files (with their plan directory) or records files.
+    ``plans_by_run``: the plan directory of each submitted run directory (resolved paths, from the
+    job registry), for a run directory that is not inside its plan's."""
     rows: list[Row] = []
     for path in map(Path, metrics_paths):
         try:
-            _load_one(path, profile, plan_dir, rows)
+            _load_one(path, profile, plan_dir, plans_by_run or {}, rows)
         except SpecError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, OSError, yaml.YAMLError) as e:
@@ -254,16 +262,19 @@ def load_records(metrics_paths: list[Path], profile: ClusterProfile, plan_dir: P
     return rows
 
 
-def _load_one(path: Path, profile: ClusterProfile, plan_dir: Path | None, rows: list[Row]) -> None:
+def _load_one(
+    path: Path, profile: ClusterProfile, plan_dir: Path | None, plans_by_run: Mapping[Path, Path], rows: list[Row]
+) -> None:
     if path.is_dir():
         path = path / "metrics.jsonl"
     if path.name == "metrics.jsonl":
-        candidates = [plan_dir] if plan_dir else [path.parent, path.parent.parent]
+        registered = plans_by_run.get(path.parent.resolve())
+        candidates = [plan_dir] if plan_dir else [path.parent, path.parent.parent, registered]
         pdir = next((d for d in candidates if d is not None and (d / "plan.yaml").exists()), None)
         if pdir is None:
             raise SpecError(
-                f"{path}: no plan.yaml next to it or one level up; pass the plan directory "
-                f"it was trained from (--plan DIR)."
+                f"{path}: no plan.yaml next to it or one level up, and no job in this experiment's registry "
+                f"ran there; pass the plan directory it was trained from (--plan DIR)."
             )
         rows.append(_record_row(run_record(path, pdir), path.parent, profile, len(rows)))
         return

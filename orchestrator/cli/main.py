@@ -30,6 +30,10 @@ class DsorchGroup(click.Group):
             return super().invoke(ctx)
         except DsorchError as e:
             raise user_error(e) from None
+        except BrokenPipeError:
+            # The reader went away (`dsorch logs JOB | head`): not a path problem. click's
+            # BaseCommand.main ends quietly on EPIPE (exit code 1, no message), as `cat` does.
+            raise
         except OSError as e:
             # The last net for the filesystem (a path too long, a disk full, permissions): the
             # modules raise DsorchError with a fix where they can; this keeps the rest one line.

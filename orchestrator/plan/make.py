@@ -15,7 +15,7 @@ from orchestrator.errors import LayoutError, NoFeasibleLayout
 from orchestrator.plan.layout import Layout, Pins
 from orchestrator.plan.rules import MEGATRON_FSDP_ZERO, check_model, check_training
 from orchestrator.plan.solver import Scored, SearchResult, explain_pins, minimum_nodes, search
-from orchestrator.spec.cluster import ClusterProfile, LoadedProfile
+from orchestrator.spec.cluster import ClusterProfile, LoadedProfile, check_local_nodes
 from orchestrator.spec.model import SpecFile
 from orchestrator.spec.sbatch import parse_slurm_time
 
@@ -130,6 +130,7 @@ def make_plan(
             f"GPUs per node; --gpus-per-node plans for part of a node (a larger count needs a profile "
             f"that says so, e.g. one that extends it with gpus_per_node: {gpus_per_node})."
         )
+    check_local_nodes(loaded.profile, nodes)
     if memory_margin_gib >= loaded.profile.gpu.memory_gib:
         raise LayoutError(
             f"--memory-margin {memory_margin_gib:g} GiB leaves nothing of the {loaded.profile.gpu.memory_gib:g} "
@@ -212,6 +213,12 @@ def _nothing_fits(
                 f"With Megatron-FSDP's sharded gradients (--zero {MEGATRON_FSDP_ZERO}, searched only when "
                 f"pinned) {fsdp.layout.short()} fits at {fsdp.memory_gib['total']:.1f} GiB per GPU."
             )
+    if profile.executor == "local":  # more nodes are not to be had (spec/cluster.py check_local_nodes)
+        lines.append(
+            f"{profile.name} runs on this machine, one node (executor: local): plan for a SLURM cluster's "
+            f"profile, or use a smaller model, a shorter seq_length or a smaller global batch."
+        )
+        return " ".join(lines)
     more = minimum_nodes(spec.model, spec.training, profile, runtime, pins, memory_margin_gib=margin)
     if more is not None:
         n, best = more

@@ -131,7 +131,7 @@ def render_sbatch(plan: Plan) -> str:
             sbatch_options=sbatch_options(plan),
             megatron_save_dir=_megatron_save_dir(plan) if megatron else None,
             save_interval=plan.checkpoint.steps,
-            train_iters=plan.spec.training.train_steps if megatron else None,
+            train_iters=plan.spec.training.train_steps,
             **_container(plan),
         )
     )

@@ -24,7 +24,7 @@ from orchestrator.errors import JobError
 from orchestrator.run import scheduler
 from orchestrator.run.jobs import DOCTOR_RESULT, DoctorJob
 from orchestrator.run.trial import PROFILE_HEADER, check_profile_name, write_profile
-from orchestrator.spec.cluster import ClusterProfile
+from orchestrator.spec.cluster import ClusterProfile, check_local_nodes
 from orchestrator.spec.sbatch import job_name
 
 # The states of a job that has not ended yet, in SLURM's names (squeue(1), JOB STATE CODES).
@@ -55,6 +55,7 @@ def submit_checks(
     """Queue the doctor job on ``nodes`` nodes of ``profile`` (default all), its files under
     ROOT/.dsorch/doctor/. Messages up to ``max_size_mib`` MiB (default 256 on GPUs, 16 on CPU
     ranks), ``iters`` timed repetitions per size (default 20 on GPUs, 5 on CPU ranks)."""
+    check_local_nodes(profile, nodes)
     profile = profile.resized(nodes, None)
     scheduler.check_scheduler(profile.executor)
     gpu = profile.backend == "nccl"

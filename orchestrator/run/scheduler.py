@@ -34,6 +34,7 @@ from orchestrator.run.jobs import (
     TrainingJob,
     state_from_result,
 )
+from orchestrator.run.ports import local_master_port
 from orchestrator.spec.cluster import ClusterProfile, SlurmSpec
 from orchestrator.spec.container import ContainerSpec, bind_list, container_argv, env_exports, python_command
 from orchestrator.spec.sbatch import parse_slurm_time, rank_env, sbatch_parameters
@@ -144,7 +145,8 @@ def make_executor(
     spec: JobSpec, folder: Path, script_only: bool = False, jobs: Sequence[object] = ()
 ) -> PicklingExecutor:
     """submitit's executor for the job; both kinds pickle the job and write the script sbatch_script
-    shows (``PicklingExecutor``). ``jobs`` name the directories a container must see."""
+    shows (``PicklingExecutor``). ``jobs`` name the directories a container must see; a local job
+    takes one master port for each (one per LocalArray element)."""
     if spec.kind == "local":
         local = submitit.LocalExecutor(folder=str(folder))
         local.update_parameters(
@@ -152,7 +154,8 @@ def make_executor(
             nodes=1,
             timeout_min=spec.time_min,
             gpus_per_node=spec.tasks_per_node if spec.use_gpus else 0,
-            setup=_setup_lines(spec),
+            # A free port outside the ephemeral range rather than submitit's (run/ports.py says why).
+            setup=[*_setup_lines(spec), f"export MASTER_PORT={local_master_port(max(1, len(jobs)))}"],
         )
         return local
     python, container = _container_parameters(spec, folder, jobs)

@@ -45,7 +45,7 @@ from orchestrator.plandir.writer import spec_path_in, write_plan_dir
 from orchestrator.run.registry import Registry
 from orchestrator.run.scheduler import check_scheduler, log_paths
 from orchestrator.run.submission import prepare_submission, record_array, refresh
-from orchestrator.spec.cluster import load_profile
+from orchestrator.spec.cluster import check_local_nodes, load_profile
 from orchestrator.spec.model import load_spec
 from orchestrator.spec.sbatch import parse_slurm_time
 from orchestrator.train.stop import OOM_MARK
@@ -306,6 +306,7 @@ class Proposal:
 
 
 def propose(spec, loaded, top: int, steps: int, nodes: int | None, gpus_per_node: int | None) -> Proposal:
+    check_local_nodes(loaded.profile, nodes)
     profile = loaded.profile.resized(nodes, gpus_per_node)
     # keep: every feasible layout, so that each family's best is in the list.
     ranked = search(spec.model, spec.training, profile, "deepspeed", keep=1_000_000).ranked
@@ -517,10 +518,11 @@ def collect(
     return collected
 
 
-def check_profile_name(name: str) -> None:
+def check_profile_name(name: str, given_as: str | None = None) -> None:
+    """``given_as``: the option the name came from, where not --name (calibrate's --out FILE)."""
     if not PROFILE_NAME.fullmatch(name):
         raise OutputError(
-            f"--name {name!r}: a profile name is letters, digits, '.', '_' and '-' (it names a file "
+            f"{given_as or '--name'} {name!r}: a profile name is letters, digits, '.', '_' and '-' (it names a file "
             f"and goes into plan.yaml); choose another."
         )
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -91,8 +94,6 @@ class SlurmSpec(BaseModel):
 
     @model_validator(mode="after")
     def _safe(self) -> SlurmSpec:
-        import re
-
         for key in ("partition", "account", "qos", "time", "constraint", "mem"):
             value = getattr(self, key)
             if value is not None and not re.fullmatch(_NO_LINE_BREAKS, value):
@@ -380,7 +381,57 @@ def load_profile(name: str, profiles_dir: str | Path | None = None) -> LoadedPro
         profile = ClusterProfile.model_validate(merged)
     except ValidationError as e:
         raise SpecError(format_validation(e, chain, ClusterProfile, "cluster profile")) from e
+    _check_local_nodes(profile, chain)
+    _check_setup_lines(profile, chain)
     digest = (
         hashlib.sha256("".join(ld.sha256 for ld in chain).encode()).hexdigest() if len(chain) > 1 else chain[0].sha256
     )
     return LoadedProfile(profile, known[name], digest)
+
+
+def _where(chain: list[Loaded], key: tuple) -> str:
+    """``file:line`` of the most derived file of an ``extends`` chain that sets ``key``."""
+    for ld in chain:
+        if key in ld.lines:
+            return f"{ld.path}:{ld.lines[key]}"
+    return str(chain[0].path)
+
+
+def check_local_nodes(profile: ClusterProfile, nodes: int | None) -> None:
+    """``--nodes N`` on a profile of the local executor, which runs one node (below)."""
+    if nodes is not None and nodes > 1 and profile.executor == "local":
+        raise SpecError(
+            f"--nodes {nodes}: profile '{profile.name}' runs on this machine (executor: local), which is one node; "
+            f"use --nodes 1 (or leave it out), or a SLURM cluster's profile."
+        )
+
+
+def _check_local_nodes(profile: ClusterProfile, chain: list[Loaded]) -> None:
+    """The local executor runs every rank on this machine, one node (scheduler.make_executor gives
+    submitit's LocalExecutor nodes=1): a profile of several local nodes would plan for more ranks
+    than its job starts, and fail only at run time."""
+    if profile.executor == "local" and profile.nodes > 1:
+        raise SpecError(
+            f"{_where(chain, ('nodes',))}: key 'nodes' is {profile.nodes}, but profile '{profile.name}' runs on "
+            f"this machine (executor: local, set in {_where(chain, ('executor',))}), which is one node. Set "
+            f"nodes: 1 (gpus_per_node is the number of ranks), or executor: slurm for a cluster."
+        )
+
+
+def _check_setup_lines(profile: ClusterProfile, chain: list[Loaded]) -> None:
+    """Each slurm.setup line goes into job.sbatch and submitit's script as a line of its own: one
+    that is not a complete shell command by itself (a lone quote) breaks both scripts. ``bash -n``
+    parses without running anything."""
+    bash = shutil.which("bash")
+    if bash is None:  # no shell to ask here (the scripts run on the cluster's nodes)
+        return
+    for i, line in enumerate(profile.slurm.setup):
+        r = subprocess.run([bash, "-n"], input=line + "\n", capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            # bash's own words without its "PATH: line N: " prefixes (the line numbers are of stdin)
+            why = "; ".join(re.sub(r"^.*?: (line \d+: )?", "", e) for e in r.stderr.strip().splitlines())
+            raise SpecError(
+                f"{_where(chain, ('slurm', 'setup', i))}: key 'slurm.setup[{i}]' ({line!r}) is not a complete shell "
+                f"command by itself ({why}); each setup line is written into the job scripts as its own line. "
+                f"Close its quotes or brackets, or join a command split over several items into one."
+            )

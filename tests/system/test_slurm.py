@@ -272,6 +272,38 @@ def test_plain_sbatch_of_a_megatron_plan_requeues_through_megatrons_signal_handl
     print(f"job {job}: {allocations} allocations of at most 2 minutes for {iters} iterations")
 
 
+# A FAKE launch.sh: ranks that never get past the step they resumed from. The bundled entrypoint
+# always trains at least one step before it honours a stop request (train/entry.py), so it cannot
+# show this; the job script's requeue decision is what is under test, on the real SLURM.
+STUCK_LAUNCH = """#!/bin/bash
+# FAKE ranks (tests/system/test_slurm.py): wait for job.sbatch's stop request, then report a
+# checkpoint of the step they started from, as the entrypoint reports one (stopped.json), and exit
+# with its code for "stopped" (EXIT_STOPPED).
+while [[ ! -f "$DSORCH_RUN_DIR/stop.request" ]]; do sleep 1; done
+rm -f "$DSORCH_RUN_DIR/stop.request"
+echo '{"step": 7, "signal": "stop.request", "time": 0}' > "$DSORCH_RUN_DIR/stopped.json"
+exit 3
+"""
+
+
+def test_plain_sbatch_does_not_requeue_an_allocation_that_made_no_progress(slurm_env, tmp_path):
+    """job.sbatch (deepspeed runtime) requeues on its time-limit warning only when the stop's step
+    (stopped.json) is past the newest checkpoint at the allocation's start: ranks that stop where
+    they began end the job FAILED after one allocation instead of requeueing it forever."""
+    plan = tmp_path / "plans" / "stuck"
+    dsorch(slurm_env, tmp_path, "plan", EXAMPLES / "tiny.yaml", "--cluster", "loopback-short", "--out", plan,
+           *ONE_NODE_DP)
+    (plan / "launch.sh").write_text(STUCK_LAUNCH)
+    start = plan / "run" / "checkpoints" / "step00000007"
+    start.mkdir(parents=True)
+    (start / "dsorch_manifest.json").write_text('{"step": 7, "files": {}}')
+    # One 2-minute allocation, then a second one were it requeued: stop waiting well past the first.
+    job, state, log = _sbatch_until_done(slurm_env, plan, timeout_s=240)
+    assert re.findall(r"^job.sbatch: job \d+ allocation (\d+)", log, re.M) == ["1"], log[-4000:]
+    assert state == "FAILED", f"job {job} ended {state}:\n{log[-4000:]}"
+    assert "stopped at step 7; this allocation started at step 7 and training ends at step 30: no progress" in log
+
+
 def test_registry_consistent_under_concurrent_dsorch_processes(slurm_env, tmp_path):
     env = slurm_env
     plan_tiny(env, tmp_path, "loopback", "plans/p", *LAYOUT)

@@ -301,6 +301,37 @@ def test_calibrate_from_a_run_directory(tmp_path, runner, monkeypatch):
     assert calibrated.efficiency.zero3_stall_us >= 0
 
 
+def test_calibrate_finds_a_submitted_runs_plan_in_the_registry_and_names_the_profile_after_its_file(
+    tmp_path, runner, monkeypatch
+):
+    """`dsorch submit` puts runs in runs/PLAN-KEY, outside the plan directory: the registry knows
+    the plan, so calibrate needs no --plan; the profile written to local-mine.yaml is local-mine."""
+    from orchestrator.cli.main import main
+    from orchestrator.run.registry import Registry
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DSORCH_PROFILES_DIR", raising=False)
+    (tmp_path / "examples").symlink_to(EXAMPLES)
+    assert runner.invoke(main, ["plan", "examples/tiny.yaml", "--cluster", "local", "--out", "p"]).exit_code == 0
+    run = tmp_path / "runs" / "p-1"
+    run.mkdir(parents=True)
+    lines = [{"step": i, "loss": 1.0, "step_time_s": 0.5, "peak_mem_gib": 0.4, "mem_kind": "cpu_peak_rss"}
+             for i in range(10)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with Registry(tmp_path).reserve("p", force=False) as (insert, _update):
+        insert(job_id="77", executor="local", cluster="local", plan_dir="p", plan_sha256="0", state="COMPLETED",
+               submitted_at="2026-01-01T00:00:00+00:00", run_dir=str(run), log_dir=str(tmp_path), requeues=0)
+    r = runner.invoke(main, ["calibrate", "runs/p-1", "--cluster", "local", "--out", "local-mine.yaml"])
+    assert r.exit_code == 0, r.output
+    assert yaml.safe_load((tmp_path / "local-mine.yaml").read_text())["name"] == "local-mine"
+    r = runner.invoke(main, ["calibrate", "runs/p-1", "--cluster", "local", "--name", "x", "--out", "y.yaml"])
+    assert r.exit_code == 2 and "a profile is found by its file's name (y)" in r.output, r.output
+    assert not (tmp_path / "y.yaml").exists()
+    (run.parent / "elsewhere").mkdir()
+    (run.parent / "elsewhere" / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text())
+    r = runner.invoke(main, ["calibrate", "runs/elsewhere", "--cluster", "local"])
+    assert r.exit_code == 2 and "pass the plan directory it was trained from (--plan DIR)" in r.output, r.output
+
 # ---- memory against the published peaks (issue 11): what ran must be predicted to fit
 def test_published_fsdp_peaks():
     """torchtitan's two Llama 3.1 8B FSDP peaks (max reserved, 96 GB H100s): the same activations

@@ -44,7 +44,7 @@ def test_every_shipped_pair_plans_and_validates(runner, in_tmp, spec, profile, r
         assert not out.exists(), "nothing may be written when planning fails"
         m = re.search(r"rerun with --nodes (\d+)", r.output)
         if m is None:
-            assert "No node count up to 64x" in r.output
+            assert "No node count up to 64x" in r.output or "runs on this machine, one node" in r.output, r.output
             return
         r = plan(runner, f"examples/{spec.name}", "--cluster", profile, "--runtime", runtime, "--out", out,
                  "--nodes", m.group(1))
@@ -201,7 +201,6 @@ def test_nothing_fits_suggests_node_count(runner, in_tmp):
                                    "(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1"),
     (["--tp", "1", "--sp"], "sequence parallelism splits the tensor-parallel region's activations and needs tp > 1"),
     (["--vpp", "2", "--pp", "2"], "vpp=2: DeepSpeed's pipeline engine runs plain 1F1B with no interleaved schedule"),
-    (["--nodes", "2", "--pp", "8"], "pp=8 cannot split num_layers=4 into stages"),
     (["--gpus-per-node", "8"], "--gpus-per-node 8: profile 'local' has 4 GPUs per node"),
     (["--memory-margin", "4"], "--memory-margin 4 GiB leaves nothing of the 4 GiB per GPU"),
     (["--tp", "4"], "tp=4 does not divide num_kv_heads=2"),
@@ -211,6 +210,17 @@ def test_illegal_pins_name_the_rule(runner, in_tmp, args, message):
     r = plan(runner, "examples/tiny.yaml", "--cluster", "local", *args, "--out", in_tmp / "p")
     assert r.exit_code == 2, r.output
     assert message in " ".join(r.output.split())
+    assert "Traceback" not in r.output and not (in_tmp / "p").exists()
+
+
+def test_more_stages_than_layers_names_the_rule(runner, in_tmp):
+    # 8 GPUs of the local profile's hardware: a SLURM cluster's profile (the local executor runs one node).
+    (in_tmp / "profiles").mkdir()
+    (in_tmp / "profiles" / "cpus.yaml").write_text("extends: local\nexecutor: slurm\n")
+    r = plan(runner, "examples/tiny.yaml", "--cluster", "cpus", "--profiles-dir", in_tmp / "profiles", "--nodes", "2",
+             "--pp", "8", "--out", in_tmp / "p")
+    assert r.exit_code == 2, r.output
+    assert "pp=8 cannot split num_layers=4 into stages" in " ".join(r.output.split())
     assert "Traceback" not in r.output and not (in_tmp / "p").exists()
 
 
@@ -232,6 +242,30 @@ def test_unknown_cluster(runner, in_tmp):
     r = plan(runner, "examples/tiny.yaml", "--cluster", "dgx61")
     assert r.exit_code == 2
     assert "unknown cluster profile 'dgx61'. Did you mean 'dgx16'?" in r.output
+
+
+def test_several_nodes_of_the_local_executor_are_refused_at_plan_time(runner, in_tmp):
+    r = plan(runner, "examples/tiny.yaml", "--cluster", "local", "--nodes", "2", "--out", in_tmp / "p")
+    assert r.exit_code == 2, r.output
+    assert "--nodes 2: profile 'local' runs on this machine (executor: local), which is one node" in r.output
+    assert not (in_tmp / "p").exists()
+
+
+def test_a_signal_delay_of_over_half_the_time_limit_is_warned_of_at_plan_time(runner, in_tmp):
+    """job.sbatch checkpoints and requeues at SLURM's warning: a warning 90 s before a 2-minute
+    limit leaves each allocation 30 s of training."""
+    (in_tmp / "profiles").mkdir()
+    for name, time_limit in (("short", "00:02:00"), ("enough", "00:03:00")):
+        (in_tmp / "profiles" / f"{name}.yaml").write_text(f"extends: dgx16\nslurm: {{time: '{time_limit}'}}\n")
+    r = plan(runner, "examples/llama3-8b.yaml", "--cluster", "short", "--profiles-dir", "profiles", "--out", "p")
+    assert r.exit_code == 0, r.output
+    warning = "slurm.signal_delay_s 90 s leaves 30 s of the 00:02:00 time limit for training (less than half"
+    assert warning in " ".join(r.output.split())
+    assert yaml.safe_load((in_tmp / "p" / "plan.yaml").read_text())["explain"]["notes"]["signal_delay"].startswith(
+        "slurm.signal_delay_s 90 s leaves 30 s"
+    )
+    r = plan(runner, "examples/llama3-8b.yaml", "--cluster", "enough", "--profiles-dir", "profiles", "--out", "q")
+    assert r.exit_code == 0 and "signal_delay_s" not in r.output, r.output
 
 
 def test_unwritable_out(runner, in_tmp):
@@ -467,3 +501,34 @@ def test_a_directory_in_the_way_leaves_the_old_plan_untouched(runner, in_tmp):
     after = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
     assert after == {k: v for k, v in before.items() if k != "plan.yaml"}
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`dsorch logs JOB | head` closes the pipe before the log is out: the command stops without an
+    error message, as other command-line tools do, rather than reporting "Broken pipe" as a path
+    problem."""
+    import subprocess
+    import sys
+
+    from orchestrator.run.registry import Registry
+    from orchestrator.run.scheduler import log_paths
+
+    out, _ = log_paths(tmp_path / "jobs", "4242", 0)
+    out.parent.mkdir(parents=True)
+    out.write_text("a line of a long training log\n" * 10_000)  # far past a pipe's buffer
+    with Registry(tmp_path).reserve("plan", force=False) as (insert, _update):
+        insert(job_id="4242", executor="local", cluster="local", plan_dir="plan", plan_sha256="0", state="COMPLETED",
+               submitted_at="2026-01-01T00:00:00+00:00", run_dir=str(tmp_path / "run"), log_dir=str(out.parent),
+               requeues=0)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # no reader left: writes fail with EPIPE, as after `head` has exited
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", "from orchestrator.cli.main import main; main()", "logs", "4242"],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert r.stderr == "", r.stderr
+    assert r.returncode != 0  # not all of the output arrived (click exits 1, as `cat` exits non-zero)

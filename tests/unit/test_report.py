@@ -315,7 +315,8 @@ def test_diff_names_the_profile_and_spec_fields_that_changed(runner, in_tmp):
     # A user profile and a copy of the spec, each changed between plan a and plan b.
     prof = in_tmp / "prof"
     prof.mkdir()
-    shipped = (PROFILES / "local.yaml").read_text()
+    # As a SLURM cluster's profile, which may grow: the local executor runs one node only.
+    shipped = (PROFILES / "local.yaml").read_text().replace("executor: local", "executor: slurm")
     (prof / "local.yaml").write_text(shipped)
     spec = in_tmp / "tiny.yaml"
     spec.write_text((in_tmp / "examples" / "tiny.yaml").read_text())
@@ -370,10 +371,14 @@ def test_check_compares_the_pictures_when_the_plan_directory_has_plots(runner, i
 
 def test_check_replans_plan_directories_from_what_they_recorded(runner, in_tmp, monkeypatch):
     plans = in_tmp / "plans"
+    # The local profile's hardware as a SLURM cluster's: the local executor runs one node only.
+    (in_tmp / "profiles").mkdir()
+    (in_tmp / "profiles" / "cpus.yaml").write_text("extends: local\nexecutor: slurm\n")
+    monkeypatch.setenv("DSORCH_PROFILES_DIR", str(in_tmp / "profiles"))
     made = {
         "default": ["examples/tiny.yaml", "--cluster", "local"],
         # every recorded input away from its default: nodes, GPUs per node, runtime, pins, margin, --top
-        "resized": ["examples/tiny.yaml", "--cluster", "local", "--nodes", "2", "--gpus-per-node", "2",
+        "resized": ["examples/tiny.yaml", "--cluster", "cpus", "--nodes", "2", "--gpus-per-node", "2",
                     "--runtime", "megatron", "--tp", "2", "--no-sp", "--memory-margin", "1", "--top", "12"],
     }
     for name, args in made.items():
@@ -405,7 +410,8 @@ def test_check_of_a_plan_directory_reports_a_changed_profile(runner, in_tmp, mon
     """The profile is looked up by name as `--cluster` would; what changed in it since is the report."""
     prof = in_tmp / "prof"
     prof.mkdir()
-    shipped = (PROFILES / "local.yaml").read_text()
+    # As a SLURM cluster's profile, which may grow: the local executor runs one node only.
+    shipped = (PROFILES / "local.yaml").read_text().replace("executor: local", "executor: slurm")
     (prof / "local.yaml").write_text(shipped)
     monkeypatch.setenv("DSORCH_PROFILES_DIR", str(prof))
     for name, extra in (("follows", []), ("pinned", ["--nodes", "1"])):

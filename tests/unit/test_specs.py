@@ -165,3 +165,30 @@ def test_an_error_in_a_parent_profile_names_the_parents_file_and_line(tmp_path):
     with pytest.raises(SpecError) as e:
         load_profile("child", tmp_path)
     assert f"{tmp_path / 'parent.yaml'}:3: key 'gpu.memory_gib'" in str(e.value)
+
+
+def test_a_local_profile_of_several_nodes_is_refused_when_it_loads(tmp_path):
+    """The local executor runs one node: two would plan for 8 ranks and start 4 at run time."""
+    write(tmp_path, "local-big.yaml", "extends: local\ndescription: mine\nnodes: 2\n")
+    with pytest.raises(SpecError) as e:
+        load_profile("local-big", tmp_path)
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path / 'local-big.yaml'}:3: key 'nodes' is 2")
+    assert "executor: local" in msg and "Set nodes: 1" in msg
+    write(tmp_path, "local-big.yaml", "extends: local\ndescription: mine\nnodes: 1\n")
+    assert load_profile("local-big", tmp_path).profile.nodes == 1
+
+
+@pytest.mark.parametrize("line", ["echo 'unclosed", "if true; then", "(cd /tmp"])
+def test_a_setup_line_that_is_not_shell_by_itself_names_the_line(tmp_path, line):
+    """Each slurm.setup line becomes a line of both generated scripts; `bash -n` judges it alone."""
+    import json
+
+    write(tmp_path, "mine.yaml", f"extends: dgx16\nslurm:\n  setup:\n    - module load cuda\n    - {json.dumps(line)}\n")
+    with pytest.raises(SpecError) as e:
+        load_profile("mine", tmp_path)
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path / 'mine.yaml'}:5: key 'slurm.setup[1]' ({line!r}) is not a complete shell command")
+    assert "\n" not in msg
+    write(tmp_path, "mine.yaml", "extends: dgx16\nslurm:\n  setup: [module load cuda, \"echo 'it''s fine'\"]\n")
+    assert load_profile("mine", tmp_path).profile.slurm.setup[1] == "echo 'it''s fine'"

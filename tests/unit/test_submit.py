@@ -207,3 +207,44 @@ def test_a_submission_checkpoints_at_the_plans_interval_unless_told_otherwise(pl
     assert given[given.index("--save-interval") + 1] == "7"
     none = prepare_submission(plan_dir, None, None, None, None, None, None, planned, save_interval=0).job.command()
     assert "--save-interval" not in none
+
+
+def test_a_local_job_listens_on_a_free_port_outside_the_ephemeral_range(tmp_path):
+    """submitit's own master port (20000-60000, from the job id) may be one the kernel just gave an
+    outgoing connection (EADDRINUSE at run time): the local job gets one outside
+    ip_local_port_range, free when it is submitted, and every LocalArray element's (P + i) too."""
+    from orchestrator.run import scheduler
+    from orchestrator.run.ports import ephemeral_range
+    from orchestrator.spec.cluster import load_profile
+
+    spec = scheduler.JobSpec.of(load_profile("local").profile, "tiny")
+    lo, hi = ephemeral_range()
+    for ports in (1, 5):
+        setup = scheduler.make_executor(spec, tmp_path, jobs=[None] * ports).parameters["setup"]
+        exports = [line for line in setup if line.startswith("export MASTER_PORT=")]
+        assert len(exports) == 1, setup
+        port = int(exports[0].split("=")[1])
+        assert all(not lo <= p <= hi for p in range(port, port + ports)), (port, lo, hi)
+
+
+def test_a_port_in_use_is_passed_over_and_none_free_is_a_clear_error(tmp_path):
+    import socket
+
+    from orchestrator.errors import JobError
+    from orchestrator.run.ports import local_master_port
+
+    # An ephemeral range that leaves two ports outside it: 10000 and 65535.
+    (tmp_path / "range").write_text("10001\t65534\n")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 65535))
+        held.listen()
+        for _ in range(5):
+            assert local_master_port(path=tmp_path / "range") == 10000
+        with socket.socket() as other:
+            other.bind(("127.0.0.1", 10000))
+            other.listen()
+            with pytest.raises(JobError, match=r"no free port .* 2 ports outside the ephemeral range 10001-65534"):
+                local_master_port(path=tmp_path / "range")
+    (tmp_path / "range").write_text("1024 65535\n")
+    with pytest.raises(JobError, match="leaves none for the local job's torch.distributed store"):
+        local_master_port(path=tmp_path / "range")
