@@ -24,6 +24,7 @@ from submitit.core.utils import JobPaths
 
 from orchestrator.errors import JobError
 from orchestrator.run.jobs import DoctorJob, LocalArray, TrainingJob, state_from_result
+from orchestrator.run.megatron_job import MegatronJob
 from orchestrator.spec.cluster import ClusterProfile, SlurmSpec
 from orchestrator.spec.sbatch import parse_slurm_time, rank_env, sbatch_parameters
 
@@ -42,19 +43,23 @@ class JobSpec:
     nodes: int
     tasks_per_node: int
     use_gpus: bool
+    gpus_per_node: int  # = tasks_per_node, unless one task starts the node's ranks (per_node)
     time_min: int  # slurm.time, unless the job sets its own (a trial, the doctor)
     env: tuple[tuple[str, str], ...]  # every rank's environment: spec/sbatch.py rank_env
     slurm: SlurmSpec
 
     @classmethod
-    def of(cls, profile: ClusterProfile, name: str, time_min: int | None = None) -> JobSpec:
-        """The job for a profile; ``time_min`` overrides its time limit."""
+    def of(cls, profile: ClusterProfile, name: str, time_min: int | None = None, per_node: bool = False) -> JobSpec:
+        """The job for a profile; ``time_min`` overrides its time limit. ``per_node``: one task per
+        node that starts the node's ranks itself (a Megatron-LM job's launch.sh and torchrun), with
+        all of the node's GPUs and CPUs, as job.sbatch's megatron branch asks for them."""
         return cls(
             kind=profile.executor,
             name=name,
             nodes=profile.nodes,
-            tasks_per_node=profile.gpus_per_node,
+            tasks_per_node=1 if per_node else profile.gpus_per_node,
             use_gpus=profile.backend == "nccl",
+            gpus_per_node=profile.gpus_per_node,
             time_min=time_min if time_min is not None else parse_slurm_time(profile.slurm.time),
             env=tuple(rank_env(profile).items()),
             slurm=profile.slurm,
@@ -90,7 +95,7 @@ def make_executor(spec: JobSpec, folder: Path, script_only: bool = False) -> Pic
             tasks_per_node=spec.tasks_per_node,
             nodes=1,
             timeout_min=spec.time_min,
-            gpus_per_node=spec.tasks_per_node if spec.use_gpus else 0,
+            gpus_per_node=spec.gpus_per_node if spec.use_gpus else 0,
             setup=_setup_lines(spec),
         )
         return local
@@ -102,7 +107,7 @@ def make_executor(spec: JobSpec, folder: Path, script_only: bool = False) -> Pic
         job_name=spec.name,
         nodes=spec.nodes,
         ntasks_per_node=spec.tasks_per_node,
-        cpus_per_task=spec.slurm.cpus_per_task,
+        cpus_per_task=spec.slurm.cpus_per_task * spec.gpus_per_node // spec.tasks_per_node,
         time=spec.time_min,
         signal_delay_s=spec.slurm.signal_delay_s,
         setup=_setup_lines(spec),
@@ -110,7 +115,7 @@ def make_executor(spec: JobSpec, folder: Path, script_only: bool = False) -> Pic
         **dict(sbatch.options),
     )
     if spec.use_gpus:
-        params["gpus_per_node"] = spec.tasks_per_node
+        params["gpus_per_node"] = spec.gpus_per_node
     ex.update_parameters(**params)
     return ex
 
@@ -172,7 +177,7 @@ def _detached_stdio(detach: bool):
             os.close(fd)
 
 
-def submit(spec: JobSpec, folder: Path, job: TrainingJob | DoctorJob) -> str:
+def submit(spec: JobSpec, folder: Path, job: TrainingJob | MegatronJob | DoctorJob) -> str:
     """Queue ``job``, which every task runs; returns its job id."""
     ex = make_executor(spec, folder)
     try:

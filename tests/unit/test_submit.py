@@ -61,11 +61,30 @@ def test_tampered_plan_is_not_submitted(runner, planned):
     assert r.exit_code == 2 and "ds_config.json was changed after dsorch wrote it" in r.output
 
 
-def test_megatron_runtime_plans_point_to_their_sbatch(runner, planned):
+@pytest.fixture
+def megatron_plan(runner, planned):
     assert runner.invoke(main, ["plan", "examples/llama3-8b.yaml", "--cluster", "dgx16", "--nodes", "2", "--runtime",
                                 "megatron", "--out", "plans/m"]).exit_code == 0
-    r = submit(runner, "plans/m")
-    assert r.exit_code == 2 and "targets the megatron runtime" in r.output and "job.sbatch" in r.output
+    return planned / "plans" / "m"
+
+
+def test_a_megatron_plan_needs_a_megatron_lm_checkout(runner, megatron_plan):
+    r = submit(runner, "plans/m", "--dry-run", env={"MEGATRON_LM": None})
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "slurm.env.MEGATRON_LM" in r.output and "export MEGATRON_LM=/path/to/Megatron-LM" in r.output
+    r = submit(runner, "plans/m", "--dry-run", "--data", "x", env={"MEGATRON_LM": "/opt/megatron-lm"})
+    assert r.exit_code == 2 and "--data and --switch-data are for the bundled entrypoint" in " ".join(r.output.split())
+    assert runner.invoke(main, ["status", "--json"]).output.strip() == "[]"
+
+
+def test_a_megatron_plan_runs_one_task_per_node_with_all_its_gpus(runner, megatron_plan):
+    """As job.sbatch's megatron branch: one task per node runs launch.sh, whose torchrun starts the
+    node's 8 ranks; the task has the node's GPUs and its CPUs (12 per GPU in dgx16)."""
+    r = submit(runner, "plans/m", "--dry-run", env={"MEGATRON_LM": "/opt/megatron-lm"})
+    assert r.exit_code == 0, r.output
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --cpus-per-task=96", "#SBATCH --signal=USR2@90"):
+        assert line in r.output, line
 
 
 def test_dry_run_prints_the_sbatch_script_and_submits_nothing(runner, planned):
