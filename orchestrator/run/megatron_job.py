@@ -134,26 +134,46 @@ class MegatronJob:
         return submitit.helpers.DelayedSubmission(dataclasses.replace(self))
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc): torchrun starts each rank in a session of its own
+    (torch.distributed.elastic's SubprocessHandler, start_new_session), so neither a process group
+    nor a session reaches them from here; under SLURM, slurmstepd signals the whole step's cgroup."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'.
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
 def _run_node(command: list[str], child_env: dict[str, str], log: MegatronLog) -> tuple[int, list[int]]:
-    """Run launch.sh in a process group of its own to its end, its stdout passed on line by line
-    and fed to ``log``. SIGUSR2 and SIGTERM that reach this task become SIGUSR2 to the group (the
-    ranks' --exit-signal; job.sbatch's stop_step does the same). Returns its exit code and the
+    """Run launch.sh to its end, its stdout passed on line by line and fed to ``log``. SIGUSR2,
+    SIGTERM and SIGINT that reach this task become SIGUSR2 to launch.sh and every process below it
+    (the ranks' --exit-signal; job.sbatch's stop_step does the same through srun). Returns its exit code and the
     signals that arrived."""
     received: list[int] = []
-    group: list[int] = []
+    root: list[int] = []
 
     def forward(signum, frame):
         received.append(signum)
-        for pgid in group:
+        for pid in [*root, *(_descendants(root[0]) if root else [])]:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGUSR2)
+                os.kill(pid, signal.SIGUSR2)
 
-    for signum in (signal.SIGUSR2, signal.SIGTERM):
+    # SIGINT: submitit's local controller cancels with it, then SIGKILLs this task a second later;
+    # the ranks, in sessions of their own, finish the checkpoint.
+    for signum in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, forward)
-    child = subprocess.Popen(
-        command, env=child_env, stdout=subprocess.PIPE, text=True, errors="replace", start_new_session=True
-    )
-    group.append(child.pid)
+    child = subprocess.Popen(command, env=child_env, stdout=subprocess.PIPE, text=True, errors="replace")
+    root.append(child.pid)
     if received:
         # A signal before the group existed: give launch.sh a moment to reach its `trap '' USR2
         # TERM` (USR2 would kill bash before it), then pass it on.
