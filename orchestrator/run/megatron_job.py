@@ -32,7 +32,7 @@ from pathlib import Path
 import submitit
 
 from orchestrator.run.jobs import _failure, _rank_env, _record_start
-from orchestrator.run.megatron_log import MegatronLog, write_peak
+from orchestrator.run.megatron_log import MegatronLog
 
 # Megatron-LM's tracker file in its --save directory (megatron/training/checkpointing.py
 # get_checkpoint_tracker_filename): the newest complete checkpoint's iteration, or "release".
@@ -104,11 +104,9 @@ class MegatronJob:
             MetricsLog.truncate(run_dir, start)
         _record_start(env, run_dir, env.job_id)
         submitit_usr2 = signal.getsignal(signal.SIGUSR2)
-        log = MegatronLog(
-            run_dir / "metrics.jsonl", [run_dir / f"megatron-peak-node{n}.json" for n in range(env.num_nodes)]
-        )
+        peaks = [run_dir / f"megatron-peak-node{n}.json" for n in range(env.num_nodes)]
+        log = MegatronLog(run_dir / "metrics.jsonl", peaks, own=peaks[env.global_rank])
         rc, received = _run_node(self.command(), self._node_env(env), log)
-        write_peak(run_dir / f"megatron-peak-node{env.global_rank}.json", log.peak_gib)
         if rc != 0:
             how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
             raise RuntimeError(_failure(env.global_rank, f"`{' '.join(self.command())}` {how}", env.paths.stderr))

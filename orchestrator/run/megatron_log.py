@@ -93,18 +93,24 @@ def parse_memory(line: str) -> tuple[int, float] | None:
 class MegatronLog:
     """Reads a Megatron-LM job's output line by line (``feed``) and appends a step record to
     ``metrics`` for each training_log line. A record's peak memory is the largest report_memory
-    figure seen so far, here or in the ``peers`` files (other nodes' reports: ``write_peak``)."""
+    figure seen so far, here or in the ``peers`` files: every node's task writes its own largest
+    figure to ``own`` as it sees one, since the iteration lines come from the last rank's node only
+    and the memory lines from the nodes of the data-parallel rank-0 ranks."""
 
-    def __init__(self, metrics: Path | None, peers: list[Path] | None = None):
+    def __init__(self, metrics: Path | None, peers: list[Path] | None = None, own: Path | None = None):
         self.metrics = metrics
         self.peers = peers or []
+        self.own = own
         self.peak_gib: float | None = None
 
     def feed(self, line: str) -> dict | None:
         """Take one line; returns the step record it made, if any."""
         mem = parse_memory(line)
         if mem is not None:
-            self.peak_gib = max(self.peak_gib or 0.0, mem[1])
+            if self.peak_gib is None or mem[1] > self.peak_gib:
+                self.peak_gib = mem[1]
+                if self.own is not None:
+                    write_peak(self.own, self.peak_gib)
             return None
         rec = parse_iteration(line)
         if rec is None:
@@ -118,10 +124,8 @@ class MegatronLog:
         return rec
 
 
-def write_peak(path: Path, peak_gib: float | None) -> None:
+def write_peak(path: Path, peak_gib: float) -> None:
     """A node's largest report_memory figure, for the node that writes the records (MegatronLog.peers)."""
-    if peak_gib is None:
-        return
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"peak_mem_gib": peak_gib}))
     tmp.replace(path)

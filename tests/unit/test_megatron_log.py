@@ -82,8 +82,8 @@ def test_a_memory_line_is_the_rank_and_its_peak_in_gib():
 def test_a_log_becomes_the_metrics_file_status_and_calibrate_read(tmp_path):
     """Peak memory: the largest report so far, here or in another node's file; the records are
     what calibrate/records.py reads (last_records for status, read_steps for calibrate and trial)."""
-    metrics, peer = tmp_path / "metrics.jsonl", tmp_path / "peer.json"
-    log = MegatronLog(metrics, [peer, tmp_path / "absent.json"])
+    metrics, peer, own = tmp_path / "metrics.jsonl", tmp_path / "peer.json", tmp_path / "own.json"
+    log = MegatronLog(metrics, [peer, own, tmp_path / "absent.json"], own=own)
     lines = [
         "training ...",
         iteration_line(1, 3, 32, 900.0, lr=1e-4, losses=(("lm loss", 9.0),)),
@@ -93,7 +93,8 @@ def test_a_log_becomes_the_metrics_file_status_and_calibrate_read(tmp_path):
     ]
     for line in lines:
         log.feed(line + "\n")
-    write_peak(peer, 4.0)
+    assert json.loads(own.read_text()) == {"peak_mem_gib": 1.5}  # for the node that writes the records
+    write_peak(peer, 4.0)  # another node's report
     log.feed(iteration_line(3, 3, 96, 510.0, lr=1e-4, losses=(("lm loss", 7.5),)))
     steps = read_steps(metrics)
     assert [r["step"] for r in steps] == [1, 2, 3]
