@@ -64,9 +64,8 @@ class MegatronJob:
     lr_decay_iters: int | None = None
     save_interval: int = 0  # 0: the plan's --save-interval
     log_interval: int | None = 1  # None: the plan's own (its megatron_args.txt names one)
-    save: bool = (
-        True  # False for trials: no requeue (they still save: Megatron-LM's --exit-signal-handler needs --save)
-    )
+    # False for trials: no requeue. They still save: Megatron-LM's --exit-signal-handler needs --save.
+    save: bool = True
 
     @property
     def data(self) -> None:
