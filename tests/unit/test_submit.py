@@ -184,3 +184,29 @@ def test_steps_past_the_plans_schedule_are_refused_before_queueing(runner, plann
     # The job's training command carries it (the sbatch script only unpickles the job).
     assert "--extend-schedule" in TrainingJob("p", "r", total + 1, extend_schedule=True).command()
     assert "--extend-schedule" not in TrainingJob("p", "r", total).command()
+
+
+def test_what_a_megatron_job_adds_to_launch_sh(runner, in_tmp, monkeypatch):
+    """The run directory's checkpoints as --save/--load; --steps as --train-iters with the plan's
+    decay kept (--lr-decay-iters), or stretched with --extend-schedule; every iteration logged."""
+    from orchestrator.run.submission import prepare_submission
+
+    assert runner.invoke(main, ["plan", "examples/tiny.yaml", "--cluster", "local", "--runtime", "megatron",
+                                "--out", "plans/m"]).exit_code == 0
+    monkeypatch.setenv("MEGATRON_LM", str(in_tmp / "fakes"))
+    r = submit(runner, "plans/m", "--dry-run")
+    assert r.exit_code == 2 and "no pretrain_gpt.py there" in r.output  # a local run checks the checkout
+    (in_tmp / "fakes").mkdir()
+    (in_tmp / "fakes" / "pretrain_gpt.py").write_text("")
+
+    def args(**kw):
+        sub = prepare_submission(in_tmp / "plans" / "m", None, None, kw.pop("steps", None), None, in_tmp / "run",
+                                 None, in_tmp, **kw)
+        assert sub.spec.tasks_per_node == 1 and sub.spec.gpus_per_node == 4  # launch.sh's torchrun starts 4
+        return " ".join(sub.job.megatron_args())
+
+    ckpt = in_tmp / "run" / "checkpoints"
+    assert args() == f"--save {ckpt} --load {ckpt} --train-iters 30 --log-interval 1"  # tiny: 30 steps
+    assert args(steps=10, save_interval=5) == (f"--save {ckpt} --load {ckpt} --train-iters 10 --lr-decay-iters 30 "
+                                               f"--save-interval 5 --log-interval 1")
+    assert "--train-iters 40 --log-interval" in args(steps=40, extend_schedule=True)
