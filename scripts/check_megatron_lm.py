@@ -90,7 +90,7 @@ def device_arch_of(plan_dir: Path) -> int:
 
 
 def check_plan(plan_dir: Path, megatron_lm: Path, world_size: int | None = None, device_arch: int | None = None,
-               no_gpu_shims: bool = False, timeout: float = 600) -> dict:
+               no_gpu_shims: bool = False, timeout: float = 600, extra_args: str = "") -> dict:
     """Check one plan dir in a child interpreter; returns {'steps': {step: None | error}, 'log': ...}."""
     env = dict(os.environ)
     # validate_args reads the world size and rank from these (torchrun would set them).
@@ -109,7 +109,7 @@ def check_plan(plan_dir: Path, megatron_lm: Path, world_size: int | None = None,
         proc = subprocess.run(
             [sys.executable, os.path.abspath(__file__), "--_child", str(result),
              "--megatron-lm", str(megatron_lm), "--device-arch", str(device_arch or device_arch_of(plan_dir)),
-             *(["--no-gpu-shims"] if no_gpu_shims else []), str(plan_dir.resolve())],
+             *(["--no-gpu-shims"] if no_gpu_shims else []), "--extra-args", extra_args, str(plan_dir.resolve())],
             env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout)
         log = proc.stdout + proc.stderr
         if not result.exists():
@@ -135,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-gpu-shims", action="store_true",
                     help="do not stand in for CUDA/Transformer Engine (see do_gpu_shims)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every step and Megatron's warnings")
+    ap.add_argument("--extra-args", default="",
+                    help="flags appended after megatron_args.txt's, as launch.sh passes its own arguments on "
+                         "(`dsorch submit` adds --save, --load, --train-iters, ...); with -v their parsed values "
+                         "are printed as args.DEST = VALUE")
     ap.add_argument("--_child", help=argparse.SUPPRESS)
     ap.add_argument("plan_dirs", nargs="+", type=Path)
     a = ap.parse_args(argv)
@@ -144,11 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     if not (megatron_lm / "megatron" / "training" / "arguments.py").is_file():
         ap.error(f"{megatron_lm} is not a Megatron-LM tree (no megatron/training/arguments.py)")
     if a._child:
-        return child(a.plan_dirs[0], megatron_lm, Path(a._child), a.device_arch or 9, not a.no_gpu_shims)
+        return child(a.plan_dirs[0], megatron_lm, Path(a._child), a.device_arch or 9, not a.no_gpu_shims,
+                     a.extra_args.split())
 
     any_failed = False
     for plan_dir in a.plan_dirs:
-        doc = check_plan(plan_dir, megatron_lm, a.world_size, a.device_arch, a.no_gpu_shims)
+        doc = check_plan(plan_dir, megatron_lm, a.world_size, a.device_arch, a.no_gpu_shims,
+                         extra_args=a.extra_args)
         err = summary(doc)
         any_failed |= err is not None
         print(f"PASS  {plan_dir}" if err is None else f"FAIL  {plan_dir}  {err}", flush=True)
@@ -172,7 +178,8 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}{where}"
 
 
-def child(plan_dir: Path, megatron_lm: Path, result_path: Path, device_arch: int, gpu_shims: bool) -> int:
+def child(plan_dir: Path, megatron_lm: Path, result_path: Path, device_arch: int, gpu_shims: bool,
+          extra: list[str] = ()) -> int:
     steps: dict[str, str | None] = {}
     caught: list[str] = []
     state: dict = {}
@@ -200,6 +207,7 @@ def child(plan_dir: Path, megatron_lm: Path, result_path: Path, device_arch: int
         return steps[name] is None
 
     flags = (plan_dir / "megatron_args.txt").read_text().split()  # what bash's $(cat file) would pass
+    flags += extra  # launch.sh's own arguments come after the file's: argparse keeps a flag's last value
 
     def do_import():
         import typing
@@ -258,6 +266,9 @@ def child(plan_dir: Path, megatron_lm: Path, result_path: Path, device_arch: int
         # parse_and_validate_args() would load args from a checkpoint or a YAML file here; a plan has neither.
         if args.use_checkpoint_args or args.yaml_cfg is not None:
             raise RuntimeError("--use-checkpoint-args / --yaml-cfg read files this check cannot see")
+        for flag in (f for f in extra if f.startswith("--")):  # what the appended flags resolved to
+            dest = flag[2:].replace("-", "_")
+            facts[f"args.{dest}"] = getattr(args, dest, "(no such argument)")
 
     def do_validate():
         from megatron.training.arguments import validate_args

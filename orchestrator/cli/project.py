@@ -168,8 +168,8 @@ def load_project(start: Path | None = None) -> Project:
 def find_plan(project: Project, cwd: Path, cluster: Setting) -> Path:
     """The plan `dsorch submit` means when it is given no PLAN_DIR: the working directory if it is
     a plan directory, else the one plan in PLANS_DIR for the cluster (or the only plan there).
-    `dsorch submit` runs the bundled entrypoint, so only deepspeed-runtime plans count; Megatron-LM
-    plans are submitted with their job.sbatch."""
+    Only deepspeed-runtime plans count, so that a Megatron-LM plan beside one (a -megatron plan
+    directory) does not make the choice ambiguous; name a Megatron-LM plan as PLAN_DIR."""
     from orchestrator.plandir.reader import load_plan_dir
 
     if (cwd / "plan.yaml").is_file():

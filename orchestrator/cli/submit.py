@@ -119,7 +119,8 @@ def submit(
     wait,
     profiles_dir,
 ):
-    """Submit PLAN_DIR as a job running dsorch's training entrypoint (SLURM through submitit, or local)."""
+    """Submit PLAN_DIR as a job running dsorch's training entrypoint, or for a --runtime megatron plan
+    Megatron-LM's pretrain_gpt.py through the plan's launch.sh (SLURM through submitit, or local)."""
     from orchestrator.cli.project import find_plan
     from orchestrator.run import scheduler
     from orchestrator.run.registry import Registry
@@ -221,8 +222,10 @@ def _same_data(reg: Registry, sub: Submission, run_dir: str) -> Submission:
     checkpoint's fingerprint (it refuses other data without --switch-data)."""
     from dataclasses import replace
 
+    from orchestrator.run.jobs import TrainingJob
+
     jobs = [r for r in reg.all() if r.run_dir == run_dir]
-    if sub.job.data is not None or not jobs or jobs[-1].data is None:
+    if not isinstance(sub.job, TrainingJob) or sub.job.data is not None or not jobs or jobs[-1].data is None:
         return sub
     click.echo(f"data: {jobs[-1].data} (job {jobs[-1].job_id}'s --data)", err=True)
     return replace(sub, job=replace(sub.job, data=jobs[-1].data))
@@ -233,10 +236,11 @@ def _print_dry_run(sub: Submission) -> None:
     from orchestrator.run import scheduler
 
     if sub.spec.kind == "local":
+        what = f"{sub.spec.tasks_per_node} processes"
+        if sub.spec.tasks_per_node != sub.spec.gpus_per_node:  # a Megatron-LM plan: launch.sh starts torchrun
+            what = f"`{' '.join(sub.job.command())}` (torchrun: {sub.spec.gpus_per_node} ranks)"
         click.echo(
-            f"# --cluster local: {sub.spec.tasks_per_node} processes on this machine through "
-            f"submitit's LocalExecutor (no sbatch script).",
-            err=True,
+            f"# --cluster local: {what} on this machine through submitit's LocalExecutor (no sbatch script).", err=True
         )
     else:
         click.echo(scheduler.sbatch_script(sub.spec, sub.folder, sub.job), nl=False)

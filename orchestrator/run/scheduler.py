@@ -34,6 +34,7 @@ from orchestrator.run.jobs import (
     TrainingJob,
     state_from_result,
 )
+from orchestrator.run.megatron_job import MegatronJob
 from orchestrator.run.ports import local_master_port
 from orchestrator.spec.cluster import ClusterProfile, SlurmSpec
 from orchestrator.spec.container import ContainerSpec, bind_list, container_argv, env_exports, python_command
@@ -54,20 +55,24 @@ class JobSpec:
     nodes: int
     tasks_per_node: int
     use_gpus: bool
+    gpus_per_node: int  # = tasks_per_node, unless one task starts the node's ranks (per_node)
     time_min: int  # slurm.time, unless the job sets its own (a trial, the doctor)
     env: tuple[tuple[str, str], ...]  # every rank's environment: spec/sbatch.py rank_env
     slurm: SlurmSpec
     container: ContainerSpec | None = None
 
     @classmethod
-    def of(cls, profile: ClusterProfile, name: str, time_min: int | None = None) -> JobSpec:
-        """The job for a profile; ``time_min`` overrides its time limit."""
+    def of(cls, profile: ClusterProfile, name: str, time_min: int | None = None, per_node: bool = False) -> JobSpec:
+        """The job for a profile; ``time_min`` overrides its time limit. ``per_node``: one task per
+        node that starts the node's ranks itself (a Megatron-LM job's launch.sh and torchrun), with
+        all of the node's GPUs and CPUs, as job.sbatch's megatron branch asks for them."""
         return cls(
             kind=profile.executor,
             name=name,
             nodes=profile.nodes,
-            tasks_per_node=profile.gpus_per_node,
+            tasks_per_node=1 if per_node else profile.gpus_per_node,
             use_gpus=profile.backend == "nccl",
+            gpus_per_node=profile.gpus_per_node,
             time_min=time_min if time_min is not None else parse_slurm_time(profile.slurm.time),
             env=tuple(rank_env(profile).items()),
             slurm=profile.slurm,
@@ -153,7 +158,7 @@ def make_executor(
             tasks_per_node=spec.tasks_per_node,
             nodes=1,
             timeout_min=spec.time_min,
-            gpus_per_node=spec.tasks_per_node if spec.use_gpus else 0,
+            gpus_per_node=spec.gpus_per_node if spec.use_gpus else 0,
             # A free port outside the ephemeral range rather than submitit's (run/ports.py says why).
             setup=[*_setup_lines(spec), f"export MASTER_PORT={local_master_port(max(1, len(jobs)))}"],
         )
@@ -171,7 +176,7 @@ def make_executor(
         job_name=spec.name,
         nodes=spec.nodes,
         ntasks_per_node=spec.tasks_per_node,
-        cpus_per_task=spec.slurm.cpus_per_task,
+        cpus_per_task=spec.slurm.cpus_per_task * spec.gpus_per_node // spec.tasks_per_node,
         time=spec.time_min,
         signal_delay_s=spec.slurm.signal_delay_s,
         setup=_setup_lines(spec) + container.pop("setup", []),
@@ -180,7 +185,7 @@ def make_executor(
         **container,
     )
     if spec.use_gpus:
-        params["gpus_per_node"] = spec.tasks_per_node
+        params["gpus_per_node"] = spec.gpus_per_node
     ex.update_parameters(**params)
     return ex
 
@@ -242,7 +247,7 @@ def _detached_stdio(detach: bool):
             os.close(fd)
 
 
-def submit(spec: JobSpec, folder: Path, job: TrainingJob | DoctorJob) -> str:
+def submit(spec: JobSpec, folder: Path, job: TrainingJob | MegatronJob | DoctorJob) -> str:
     """Queue ``job``, which every task runs; returns its job id."""
     if spec.container is not None and isinstance(job, TrainingJob):
         job = dataclasses.replace(job, host_requeue=True)

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import shutil
 import time
@@ -16,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import JobError
-from orchestrator.plandir.reader import GENERATED, load_plan_dir
+from orchestrator.plandir.reader import GENERATED, PlanDir, load_plan_dir
 from orchestrator.run import remote, scheduler
 from orchestrator.run.jobs import STARTS_FILE, TrainingJob
+from orchestrator.run.megatron_job import DEFAULT_ITERS, MegatronJob
 from orchestrator.run.registry import ACTIVE_STATES, JobRecord, Registry, now_utc
 from orchestrator.run.remote import Remote
-from orchestrator.spec.cluster import load_profile
+from orchestrator.spec.cluster import ClusterProfile, load_profile
 from orchestrator.spec.sbatch import job_name
 from orchestrator.train.config import check_trainable
 from orchestrator.validate.plan_dir import validate_files
@@ -36,7 +38,7 @@ class Submission:
     cluster: str
     folder: Path  # submitit's folder: pickles and logs
     run_dir: Path
-    job: TrainingJob
+    job: TrainingJob | MegatronJob
 
 
 def plan_hash(plan_dir: Path) -> str:
@@ -79,19 +81,17 @@ def prepare_submission(
         )
     if nodes is not None and nodes != planned.nodes:
         raise JobError(f"{plan_dir} was planned for {planned.nodes} nodes, not {nodes}; re-plan with --nodes {nodes}.")
-    if pd.runtime != "deepspeed":
-        raise JobError(
-            f"{plan_dir} targets the {pd.runtime} runtime; dsorch submit runs its bundled "
-            f"DeepSpeed entrypoint. Re-plan with --runtime deepspeed, or submit {plan_dir}/job.sbatch "
-            f"with sbatch."
-        )
     profile = loaded.profile.resized(planned.nodes, planned.gpus_per_node)
+    megatron = pd.runtime == "megatron"
+    if megatron:
+        _check_megatron(plan_dir, profile, data, switch_data)
     errors = validate_files(
         pd.texts, dp=pd.layout.dp, world_size=planned.world_size, runtime=pd.runtime, overrides=pd.spec.overrides
     )
     if errors:
         raise JobError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
-    check_trainable(pd)  # what the entrypoint refuses (dropout, vpp > 1) fails here, before queueing
+    if not megatron:
+        check_trainable(pd)  # what the entrypoint refuses (dropout, vpp > 1) fails here, before queueing
     from orchestrator.train.lr_schedule import steps_past_plan
 
     problem = steps_past_plan(pd.spec.training, plan_dir, steps, extend_schedule)
@@ -102,14 +102,14 @@ def prepare_submission(
             f"--data {data}: no such dataset (NAME.bin with NAME.idx or NAME.json); make one with "
             f"`dsorch data prepare` or `python -m orchestrator.train.token_file`."
         )
-    spec = scheduler.JobSpec.of(profile, job_name(pd.spec.name))
+    spec = scheduler.JobSpec.of(profile, job_name(pd.spec.name), per_node=megatron)
     plan_abs = plan_dir.resolve()
     folder = (experiment_dir / ".dsorch" / "jobs" / plan_abs.name).resolve()
     for p in (plan_abs, folder):
         if "\n" in str(p) or "\r" in str(p):
             raise JobError(f"{p!r}: a path with a line break cannot go into an sbatch script; rename it.")
     run = run_dir or (runs_dir or experiment_dir / "runs") / f"{plan_abs.name}-{{key}}"
-    job = TrainingJob(
+    job: TrainingJob | MegatronJob = TrainingJob(
         str(plan_abs),
         str(run),
         steps,
@@ -119,8 +119,57 @@ def prepare_submission(
         switch_data=switch_data,
         extend_schedule=extend_schedule,
     )
+    if megatron:
+        job = megatron_job(pd, str(plan_abs), str(run), steps, save_interval, extend_schedule)
     return Submission(
         spec, plan_abs, _display(plan_dir, experiment_dir), plan_hash(plan_abs), cluster, folder, Path(str(run)), job
+    )
+
+
+def _check_megatron(plan_dir: Path, profile: ClusterProfile, data: str | None, switch_data: bool) -> None:
+    """What a Megatron-LM plan's job needs before it is queued: the checkout launch.sh runs
+    pretrain_gpt.py from ($MEGATRON_LM: the profile's slurm.env, which launch.sh exports, else the
+    submitting shell's, which the job inherits), and no --data (its data is megatron_args.txt's)."""
+    if data is not None or switch_data:
+        raise JobError(
+            f"{plan_dir} runs Megatron-LM, which trains on the --data-path (or --mock-data) in its "
+            f"megatron_args.txt; --data and --switch-data are for the bundled entrypoint. Set training.data "
+            f"in the spec and re-plan."
+        )
+    where = profile.slurm.env.get("MEGATRON_LM") or os.environ.get("MEGATRON_LM")
+    if not where:
+        raise JobError(
+            f"{plan_dir} runs Megatron-LM's pretrain_gpt.py, and neither the profile '{profile.name}' "
+            f"(slurm.env.MEGATRON_LM) nor this shell ($MEGATRON_LM) names a Megatron-LM checkout. Add "
+            f"`slurm: {{env: {{MEGATRON_LM: /path/to/Megatron-LM}}}}` to the profile and re-plan, or export "
+            f"MEGATRON_LM=/path/to/Megatron-LM before `dsorch submit`."
+        )
+    # On this machine the path can be checked; on a cluster it is the compute nodes' (or a container's).
+    if profile.executor == "local" and not (Path(where) / "pretrain_gpt.py").is_file():
+        raise JobError(
+            f"MEGATRON_LM={where}: no pretrain_gpt.py there; point it at a Megatron-LM checkout "
+            f"(git clone https://github.com/NVIDIA/Megatron-LM)."
+        )
+
+
+def megatron_job(
+    pd: PlanDir, plan_dir: str, run_dir: str, steps: int | None, save_interval: int, extend_schedule: bool
+) -> MegatronJob:
+    """The node-side job of a Megatron-LM plan. With --steps short of the plan's length (or past it
+    without --extend-schedule, which steps_past_plan refused already) the learning rate keeps the
+    plan's schedule; a plan that names its own --log-interval keeps it, else every iteration is
+    logged (the records status, trial and calibrate read come from those lines)."""
+    planned = pd.spec.training.train_steps
+    iters = steps or planned or DEFAULT_ITERS
+    keep_schedule = planned is not None and iters != planned and not extend_schedule
+    own_interval = "--log-interval" in pd.texts.get("megatron_args.txt", "").split()
+    return MegatronJob(
+        plan_dir,
+        run_dir,
+        iters,
+        lr_decay_iters=planned if keep_schedule else None,
+        save_interval=save_interval,
+        log_interval=None if own_interval else 1,
     )
 
 
@@ -183,11 +232,15 @@ def record_array(
     element, one registry row each, in one transaction with the array's submission (as
     record_submission): refused while any of the plans has an active job."""
     first = subs[0]
+    megatron = [sub.plan_display for sub in subs if not isinstance(sub.job, TrainingJob)]
+    if megatron:  # LocalArray runs the entrypoint's ranks; a Megatron-LM node job is not one
+        raise JobError(f"{', '.join(megatron)}: job arrays (trials) run the bundled entrypoint's plans only.")
     spec = dataclasses.replace(first.spec, time_min=time_min)
     _refresh_active(reg, [sub.plan_display for sub in subs])
     with reg.reserve([sub.plan_display for sub in subs], force=False) as (insert, update):
         keys, jobs = [], []
         for sub in subs:
+            assert isinstance(sub.job, TrainingJob)  # checked above
             run_dir = str(sub.run_dir.resolve())
             key = insert(**_new_row(sub, spec.kind, run_dir=run_dir, log_dir=str(folder)))
             keys.append(key)

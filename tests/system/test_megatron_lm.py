@@ -223,3 +223,25 @@ def test_override_flags_meet_megatron_lms_own_parser(runner, in_tmp):
     assert proc.returncode == 0 and proc.stdout.startswith("PASS"), f"{proc.stdout}{proc.stderr[-3000:]}"
     proc = check(planned(["--no-such-megatron-flag-for-dsorch 1"]))
     assert proc.returncode == 1 and "--no-such-megatron-flag-for-dsorch" in proc.stdout + proc.stderr, proc.stdout
+
+
+def test_what_dsorch_submit_adds_to_launch_sh_passes_megatron_lm(runner, in_tmp, monkeypatch):
+    """`dsorch submit` runs launch.sh with flags after megatron_args.txt's (run/megatron_job.py): the run
+    directory's checkpoints as --save/--load, --train-iters for --steps with --lr-decay-iters keeping the plan's
+    schedule, --save-interval and --log-interval 1. Megatron-LM's own parse_args and validate_args accept them,
+    and the last value of each flag is the one it uses."""
+    from orchestrator.run.submission import prepare_submission
+
+    out = in_tmp / "plan"
+    r = plan(runner, "examples/tiny.yaml", "--cluster", "local", "--runtime", "megatron", "--out", out)
+    assert r.exit_code == 0, r.output
+    monkeypatch.setenv("MEGATRON_LM", MEGATRON_LM)
+    sub = prepare_submission(out, None, None, 10, None, in_tmp / "run", None, in_tmp, save_interval=5)
+    extra = sub.job.megatron_args()
+    proc = subprocess.run(
+        [MEGATRON_LM_PYTHON, str(CHECK), "--megatron-lm", MEGATRON_LM, "--verbose", "--extra-args", " ".join(extra),
+         str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and proc.stdout.startswith("PASS"), f"{proc.stdout}{proc.stderr[-3000:]}\n{extra}"
+    facts = dict(re.findall(r"^    args\.(\w+) = (.*)$", proc.stdout, re.M))
+    assert facts == {"save": str(in_tmp / "run" / "checkpoints"), "load": str(in_tmp / "run" / "checkpoints"),
+                     "train_iters": "10", "lr_decay_iters": "30", "save_interval": "5", "log_interval": "1"}, facts

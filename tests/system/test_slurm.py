@@ -537,3 +537,22 @@ def test_doctor_checks_reachability_and_measures_the_fabric_on_the_loopback_clus
     p = dsorch(env, tmp_path, "profiles", "loopback-doctor", "--json")
     assert json.loads(p.stdout)["intra_node"]["bandwidth_gbps"] == written["intra_node"]["bandwidth_gbps"]
     dsorch(env, tmp_path, "plan", EXAMPLES / "tiny.yaml", "--cluster", "loopback-doctor", "--no-write")
+
+
+def test_dsorch_submit_runs_a_megatron_plan_on_two_nodes(slurm_env, tmp_path):
+    """`dsorch submit` of a --runtime megatron plan: one task per node runs launch.sh, whose torchrun
+    joins the other node's (NNODES 2, the first node's NodeAddr as master) with 2 ranks each of a FAKE
+    pretrain_gpt.py (Megatron-LM needs CUDA). The iteration lines come from the last rank, on the second
+    node; rank 0's memory line from the first: metrics.jsonl has both, and status and logs show them."""
+    env = dict(slurm_env, PATH=f"{Path(sys.executable).parent}:{slurm_env['PATH']}",
+               MEGATRON_LM=str(Path(__file__).parents[1] / "fakes" / "megatron"), FAKE_MEGATRON_ITERATION_SECONDS="0.2")
+    plan_tiny(env, tmp_path, "loopback", "plans/m", "--runtime", "megatron", *LAYOUT)
+    r = dsorch(env, tmp_path, "submit", "plans/m", "--wait")
+    assert "COMPLETED at step 30, loss 2.5000" in r.stdout, r.stdout + r.stderr  # the fake's 10 / (1 + 30/10)
+    (job,) = status(env, tmp_path)
+    run = Path(job["run_dir"])
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(1, 31)) and steps[-1]["mem_kind"] == "cuda_max_allocated"
+    first, last = (dsorch(env, tmp_path, "logs", job["job_id"], "--rank", str(n)).stdout for n in (0, 1))
+    assert "[Rank 0] (after 1 iterations) memory (MB)" in first and " iteration " not in first
+    assert re.search(r"iteration +30/ +30 \| consumed samples", last)

@@ -61,11 +61,30 @@ def test_tampered_plan_is_not_submitted(runner, planned):
     assert r.exit_code == 2 and "ds_config.json was changed after dsorch wrote it" in r.output
 
 
-def test_megatron_runtime_plans_point_to_their_sbatch(runner, planned):
+@pytest.fixture
+def megatron_plan(runner, planned):
     assert runner.invoke(main, ["plan", "examples/llama3-8b.yaml", "--cluster", "dgx16", "--nodes", "2", "--runtime",
                                 "megatron", "--out", "plans/m"]).exit_code == 0
-    r = submit(runner, "plans/m")
-    assert r.exit_code == 2 and "targets the megatron runtime" in r.output and "job.sbatch" in r.output
+    return planned / "plans" / "m"
+
+
+def test_a_megatron_plan_needs_a_megatron_lm_checkout(runner, megatron_plan):
+    r = submit(runner, "plans/m", "--dry-run", env={"MEGATRON_LM": None})
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "slurm.env.MEGATRON_LM" in r.output and "export MEGATRON_LM=/path/to/Megatron-LM" in r.output
+    r = submit(runner, "plans/m", "--dry-run", "--data", "x", env={"MEGATRON_LM": "/opt/megatron-lm"})
+    assert r.exit_code == 2 and "--data and --switch-data are for the bundled entrypoint" in " ".join(r.output.split())
+    assert runner.invoke(main, ["status", "--json"]).output.strip() == "[]"
+
+
+def test_a_megatron_plan_runs_one_task_per_node_with_all_its_gpus(runner, megatron_plan):
+    """As job.sbatch's megatron branch: one task per node runs launch.sh, whose torchrun starts the
+    node's 8 ranks; the task has the node's GPUs and its CPUs (12 per GPU in dgx16)."""
+    r = submit(runner, "plans/m", "--dry-run", env={"MEGATRON_LM": "/opt/megatron-lm"})
+    assert r.exit_code == 0, r.output
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --cpus-per-task=96", "#SBATCH --signal=USR2@90"):
+        assert line in r.output, line
 
 
 def test_dry_run_prints_the_sbatch_script_and_submits_nothing(runner, planned):
@@ -248,3 +267,29 @@ def test_a_port_in_use_is_passed_over_and_none_free_is_a_clear_error(tmp_path):
     (tmp_path / "range").write_text("1024 65535\n")
     with pytest.raises(JobError, match="leaves none for the local job's torch.distributed store"):
         local_master_port(path=tmp_path / "range")
+
+
+def test_what_a_megatron_job_adds_to_launch_sh(runner, in_tmp, monkeypatch):
+    """The run directory's checkpoints as --save/--load; --steps as --train-iters with the plan's
+    decay kept (--lr-decay-iters), or stretched with --extend-schedule; every iteration logged."""
+    from orchestrator.run.submission import prepare_submission
+
+    assert runner.invoke(main, ["plan", "examples/tiny.yaml", "--cluster", "local", "--runtime", "megatron",
+                                "--out", "plans/m"]).exit_code == 0
+    monkeypatch.setenv("MEGATRON_LM", str(in_tmp / "fakes"))
+    r = submit(runner, "plans/m", "--dry-run")
+    assert r.exit_code == 2 and "no pretrain_gpt.py there" in r.output  # a local run checks the checkout
+    (in_tmp / "fakes").mkdir()
+    (in_tmp / "fakes" / "pretrain_gpt.py").write_text("")
+
+    def args(**kw):
+        sub = prepare_submission(in_tmp / "plans" / "m", None, None, kw.pop("steps", None), None, in_tmp / "run",
+                                 None, in_tmp, **kw)
+        assert sub.spec.tasks_per_node == 1 and sub.spec.gpus_per_node == 4  # launch.sh's torchrun starts 4
+        return " ".join(sub.job.megatron_args())
+
+    ckpt = in_tmp / "run" / "checkpoints"
+    assert args() == f"--save {ckpt} --load {ckpt} --train-iters 30 --log-interval 1"  # tiny: 30 steps
+    assert args(steps=10, save_interval=5) == (f"--save {ckpt} --load {ckpt} --train-iters 10 --lr-decay-iters 30 "
+                                               f"--save-interval 5 --log-interval 1")
+    assert "--train-iters 40 --log-interval" in args(steps=40, extend_schedule=True)

@@ -13,15 +13,57 @@ requeues itself before its time limit (tests/system/test_slurm.py), and behaves 
 
 Rank 0 appends "iteration N" to SAVE/iterations.log for every iteration it trains, so that the
 test can check that no iteration is lost or repeated across requeues.
+
+It prints Megatron-LM's log lines in their exact format (training.py training_log: the last rank,
+every --log-interval iterations and after the first; utils/common_utils.py report_memory: rank 0,
+after the first logged iteration), with FAKE figures: the loss is 10 / (1 + iteration / 10), the
+memory is the process's peak resident set, the time is the wall time of the iterations.
 """
 
 import argparse
 import os
+import resource
 import signal
 import sys
 import time
+from datetime import datetime
 
 import torch.distributed as dist
+
+
+class Log:
+    """Megatron-LM's iteration and memory lines, with fake figures (module docstring)."""
+
+    def __init__(self, args, last_rank: bool, rank0: bool, start: int):
+        self.args, self.last_rank, self.rank0, self.start = args, last_rank, rank0, start
+        self.t0, self.since, self.memory_due = time.perf_counter(), 0, True
+
+    def iteration(self, it: int) -> None:
+        self.since += 1
+        if it % self.args.log_interval and it != self.start + 1:
+            return
+        now = time.perf_counter()
+        ms = (now - self.t0) * 1000.0 / self.since
+        self.t0, self.since = now, 0
+        if self.last_rank:
+            line = f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]"
+            line += " iteration {:8d}/{:8d} |".format(it, self.args.train_iters)
+            line += " consumed samples: {:12d} |".format(it * self.args.global_batch_size)
+            line += " elapsed time per iteration (ms): {:.1f} |".format(ms)
+            line += f" learning rate: {self.args.lr:.6E} |"
+            line += f" global batch size: {self.args.global_batch_size:5d} |"
+            line += " {}: {:.6E} |".format("lm loss", 10.0 / (1 + it / 10))
+            line += f" loss scale: {1.0:.1f} |"
+            line += f" grad norm: {1.0:.3f} |"
+            line += " number of skipped iterations: {:3d} |".format(0)
+            line += " number of nan iterations: {:3d} |".format(0)
+            print(line, flush=True)
+        if self.memory_due and self.rank0:
+            self.memory_due = False
+            mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+            string = f"(after {it} iterations) memory (MB)"
+            string += f" | allocated: {mb / 2:.2f} | max allocated: {mb:.2f} | reserved: {mb:.2f} | max reserved: {mb:.2f}"
+            print("[Rank {}] {}".format(dist.get_rank(), string), flush=True)
 
 
 def main() -> int:
@@ -32,6 +74,9 @@ def main() -> int:
     p.add_argument("--save-interval", type=int, default=None)
     p.add_argument("--exit-signal-handler", action="store_true")
     p.add_argument("--exit-signal", default="SIGTERM")
+    p.add_argument("--log-interval", type=int, default=100)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--global-batch-size", type=int, default=1)
     args, _ = p.parse_known_args()
     received = []
     if args.exit_signal_handler:
@@ -55,9 +100,11 @@ def main() -> int:
             os.replace(tmp, os.path.join(args.save, "latest_checkpointed_iteration.txt"))
         dist.barrier()
 
+    log = Log(args, dist.get_rank() == dist.get_world_size() - 1, rank0, iteration)
     while iteration < args.train_iters:
         time.sleep(seconds)
         iteration += 1
+        log.iteration(iteration)
         if rank0:
             with open(os.path.join(args.save, "iterations.log"), "a") as fh:
                 fh.write(f"iteration {iteration}\n")
