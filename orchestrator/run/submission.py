@@ -153,7 +153,7 @@ def _check_megatron(plan_dir: Path, profile: ClusterProfile, data: str | None, s
 
 
 def megatron_job(
-    pd: PlanDir, plan_dir: str, run_dir: str, steps: int | None, save_interval: int, extend_schedule: bool
+    pd: PlanDir, plan_dir: str, run_dir: str, steps: int | None, save_interval: int | None, extend_schedule: bool
 ) -> MegatronJob:
     """The node-side job of a Megatron-LM plan. With --steps short of the plan's length (or past it
     without --extend-schedule, which steps_past_plan refused already) the learning rate keeps the
@@ -168,7 +168,7 @@ def megatron_job(
         run_dir,
         iters,
         lr_decay_iters=planned if keep_schedule else None,
-        save_interval=save_interval,
+        save_interval=save_interval or 0,  # None or 0: megatron_args.txt's own --save-interval
         log_interval=None if own_interval else 1,
     )
 
