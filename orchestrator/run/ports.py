@@ -68,3 +68,22 @@ def local_master_port(count: int = 1, path: Path = EPHEMERAL_RANGE_FILE, rng: ra
         f"{lo}-{hi} ({path}) were all in use (EADDRINUSE). Stop the processes that hold them (`ss -ltn` lists "
         f"them), or wait a minute for closed connections to leave TIME_WAIT, and submit again."
     )
+
+
+def slurm_master_port_lines() -> list[str]:
+    """Bash lines for the batch script of a SLURM job (submitit's setup lines) that export a
+    MASTER_PORT outside the ephemeral range, unless the profile sets one. submitit would derive it
+    from the job id in 20000-60000 (``_get_master_port``), inside the range, where an outgoing
+    connection on the first node may hold it: `bench_chaos` met EADDRINUSE that way on the loopback
+    cluster, whose nodes share one host. Every task must agree without talking, so the port is a
+    function of the job id and the allocation (SLURM_RESTART_COUNT: a requeued job's store of the
+    last allocation may still be closing), read from the first node's own range: the batch script
+    runs there, which is where rank 0's store listens, and srun passes the export to every task."""
+    lo, hi = DEFAULT_EPHEMERAL
+    return [
+        f"read -r dsorch_lo dsorch_hi < {EPHEMERAL_RANGE_FILE} 2>/dev/null || {{ dsorch_lo={lo}; dsorch_hi={hi}; }}",
+        f"if (( dsorch_lo > {LOWEST} + 1000 )); then dsorch_base={LOWEST}; dsorch_span=$((dsorch_lo - {LOWEST}));"
+        " else dsorch_base=$((dsorch_hi + 1)); dsorch_span=$((65535 - dsorch_hi)); fi",
+        'export MASTER_PORT="${MASTER_PORT:-$((dsorch_base + (SLURM_JOB_ID * 7 + ${SLURM_RESTART_COUNT:-0} * 101)'
+        ' % dsorch_span))}"',
+    ]

@@ -35,7 +35,7 @@ from orchestrator.run.jobs import (
     state_from_result,
 )
 from orchestrator.run.megatron_job import MegatronJob
-from orchestrator.run.ports import local_master_port
+from orchestrator.run.ports import local_master_port, slurm_master_port_lines
 from orchestrator.spec.cluster import ClusterProfile, SlurmSpec
 from orchestrator.spec.container import ContainerSpec, bind_list, container_argv, env_exports, python_command
 from orchestrator.spec.sbatch import parse_slurm_time, rank_env, sbatch_parameters
@@ -179,7 +179,7 @@ def make_executor(
         cpus_per_task=spec.slurm.cpus_per_task * spec.gpus_per_node // spec.tasks_per_node,
         time=spec.time_min,
         signal_delay_s=spec.slurm.signal_delay_s,
-        setup=_setup_lines(spec) + container.pop("setup", []),
+        setup=_setup_lines(spec) + slurm_master_port_lines() + container.pop("setup", []),
         additional_parameters=dict(sbatch.extra),
         **dict(sbatch.options),
         **container,

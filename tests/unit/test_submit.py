@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -293,3 +295,27 @@ def test_what_a_megatron_job_adds_to_launch_sh(runner, in_tmp, monkeypatch):
     assert args(steps=10, save_interval=5) == (f"--save {ckpt} --load {ckpt} --train-iters 10 --lr-decay-iters 30 "
                                                f"--save-interval 5 --log-interval 1")
     assert "--train-iters 40 --log-interval" in args(steps=40, extend_schedule=True)
+
+
+def test_a_slurm_job_exports_one_master_port_outside_the_ephemeral_range():
+    """Every task takes the port the batch script exported (submitit's own pick from the job id is
+    inside the ephemeral range): outside it, the same for the same allocation, another for the next,
+    and a MASTER_PORT the profile or the user set is kept."""
+    from orchestrator.run import scheduler
+    from orchestrator.run.ports import ephemeral_range, slurm_master_port_lines
+    from orchestrator.spec.cluster import load_profile
+
+    def port(**env) -> int:
+        script = "\n".join([*slurm_master_port_lines(), 'echo "$MASTER_PORT"'])
+        out = subprocess.run(["bash", "-c", script], env={"PATH": os.environ["PATH"], **env}, capture_output=True,
+                             text=True, check=True).stdout
+        return int(out)
+
+    lo, hi = ephemeral_range()
+    ports = {port(SLURM_JOB_ID=str(j), SLURM_RESTART_COUNT=str(r)) for j in range(100, 140) for r in (0, 1)}
+    assert all(0 < p < 65536 and not lo <= p <= hi for p in ports) and len(ports) > 60, sorted(ports)
+    assert port(SLURM_JOB_ID="123") == port(SLURM_JOB_ID="123", SLURM_RESTART_COUNT="0")
+    assert port(SLURM_JOB_ID="123", SLURM_RESTART_COUNT="1") != port(SLURM_JOB_ID="123")
+    assert port(SLURM_JOB_ID="123", MASTER_PORT="29511") == 29511
+    spec = scheduler.JobSpec.of(load_profile("dgx16").profile, "tiny")
+    assert scheduler.sbatch_script(spec, Path("/tmp/folder")).count("export MASTER_PORT=") == 1
