@@ -383,6 +383,20 @@ def _local_id(job_id: str) -> tuple[int | None, int | None]:
     return int(pid), int(element) if sep else None
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc; none where it cannot be read)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # Field 4 is the parent's pid; the command name (field 2) may hold spaces: split after ")".
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            found.append(int(stat.parent.name))
+    return sorted(found)
+
+
 def cancel(kind: str, job_id: str) -> None:
     if kind == "local":
         pid, _ = _local_id(job_id)
@@ -390,12 +404,15 @@ def cancel(kind: str, job_id: str) -> None:
             raise JobError(
                 f"job id {job_id!r} is not a local process id; the registry row is damaged, nothing to cancel."
             )
-        try:
-            # submitit's local controller kills its tasks on SIGINT (LocalJob.cancel does the same).
-            # An element of a LocalArray has no process of its own: the whole array stops.
-            os.kill(pid, signal.SIGINT)
-        except ProcessLookupError:
-            pass
+        # submitit's local controller kills its tasks on SIGINT (LocalJob.cancel does the same).
+        # With setup lines (always: the ranks' environment) submitit starts it under `sh -c "SETUP
+        # && python -m submitit.local._local ..."` (submitit/local/local.py start_controller), so the
+        # job id is the shell's pid, and a signal to the shell alone never reaches the controller:
+        # signal its children too. An element of a LocalArray has no process of its own: the whole
+        # array stops.
+        for target in (*_children(pid), pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(target, signal.SIGINT)
         return
     if shutil.which("scancel") is None:
         raise JobError(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -319,3 +320,27 @@ def test_a_slurm_job_exports_one_master_port_outside_the_ephemeral_range():
     assert port(SLURM_JOB_ID="123", MASTER_PORT="29511") == 29511
     spec = scheduler.JobSpec.of(load_profile("dgx16").profile, "tiny")
     assert scheduler.sbatch_script(spec, Path("/tmp/folder")).count("export MASTER_PORT=") == 1
+
+
+def test_cancelling_a_local_job_reaches_the_controller_under_its_shell(tmp_path):
+    """submitit starts the local controller under `sh -c "SETUP && python ..."` (the job id is the
+    shell's pid): `dsorch cancel` must reach the process under the shell, which stops on SIGINT."""
+    import sys
+    import time
+
+    from orchestrator.run import scheduler
+
+    marker = tmp_path / "interrupted"
+    child = (f"import time, pathlib\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+             f"    pathlib.Path({str(marker)!r}).write_text('yes')")
+    shell = subprocess.Popen(["sh", "-c", f"true && {sys.executable} -c {shlex.quote(child)}"])
+    try:
+        deadline = time.monotonic() + 30
+        while not scheduler._children(shell.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the child's interpreter is up and sleeping
+        scheduler.cancel("local", str(shell.pid))
+        shell.wait(timeout=30)
+    finally:
+        shell.kill()
+    assert marker.read_text() == "yes"
