@@ -383,17 +383,21 @@ def _local_id(job_id: str) -> tuple[int | None, int | None]:
     return int(pid), int(element) if sep else None
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (from /proc; none where it cannot be read)."""
-    found = []
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc's parent links; none where it cannot be read)."""
+    parents: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             # Field 4 is the parent's pid; the command name (field 2) may hold spaces: split after ")".
             ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == pid:
-            found.append(int(stat.parent.name))
+        parents.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        found += kids
+        todo += kids
     return sorted(found)
 
 
@@ -404,15 +408,16 @@ def cancel(kind: str, job_id: str) -> None:
             raise JobError(
                 f"job id {job_id!r} is not a local process id; the registry row is damaged, nothing to cancel."
             )
-        # submitit's local controller kills its tasks on SIGINT (LocalJob.cancel does the same).
-        # With setup lines (always: the ranks' environment) submitit starts it under `sh -c "SETUP
-        # && python -m submitit.local._local ..."` (submitit/local/local.py start_controller), so the
-        # job id is the shell's pid, and a signal to the shell alone never reaches the controller:
-        # signal its children too. An element of a LocalArray has no process of its own: the whole
+        # As scancel does, every process of the job gets SIGTERM: the ranks checkpoint at the next
+        # step and exit (orchestrator/train/stop.py). The job id is the pid of the shell submitit
+        # starts its controller under (`sh -c "SETUP && python -m submitit.local._local ..."`,
+        # submitit/local/local.py start_controller), which passes no signal on; the controller,
+        # signalled alone (SIGINT, as LocalJob.cancel does), would kill its tasks and orphan their
+        # ranks, which train on. An element of a LocalArray has no process of its own: the whole
         # array stops.
-        for target in (*_children(pid), pid):
+        for target in (*_descendants(pid), pid):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(target, signal.SIGINT)
+                os.kill(target, signal.SIGTERM)
         return
     if shutil.which("scancel") is None:
         raise JobError(

@@ -322,25 +322,31 @@ def test_a_slurm_job_exports_one_master_port_outside_the_ephemeral_range():
     assert scheduler.sbatch_script(spec, Path("/tmp/folder")).count("export MASTER_PORT=") == 1
 
 
-def test_cancelling_a_local_job_reaches_the_controller_under_its_shell(tmp_path):
+def test_cancelling_a_local_job_signals_every_process_under_its_shell(tmp_path):
     """submitit starts the local controller under `sh -c "SETUP && python ..."` (the job id is the
-    shell's pid): `dsorch cancel` must reach the process under the shell, which stops on SIGINT."""
+    shell's pid), and the ranks run below the controller's tasks: `dsorch cancel` must reach a
+    process two levels down, as scancel's SIGTERM reaches every process of a step."""
     import sys
     import time
 
     from orchestrator.run import scheduler
 
-    marker = tmp_path / "interrupted"
-    child = (f"import time, pathlib\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
-             f"    pathlib.Path({str(marker)!r}).write_text('yes')")
+    marker, ready = tmp_path / "terminated", tmp_path / "ready"
+    grandchild = (f"import pathlib, signal, sys, time\n"
+                  f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(marker)!r}).write_text('yes'), sys.exit(0)))\n"
+                  f"pathlib.Path({str(ready)!r}).write_text('')\n"
+                  f"time.sleep(60)")
+    child = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {grandchild!r}])"
     shell = subprocess.Popen(["sh", "-c", f"true && {sys.executable} -c {shlex.quote(child)}"])
     try:
-        deadline = time.monotonic() + 30
-        while not scheduler._children(shell.pid) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:  # its handler is installed
             time.sleep(0.05)
-        time.sleep(0.5)  # the child's interpreter is up and sleeping
         scheduler.cancel("local", str(shell.pid))
         shell.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while not marker.exists() and time.monotonic() < deadline:  # its handler runs after the shell died
+            time.sleep(0.05)
     finally:
         shell.kill()
     assert marker.read_text() == "yes"
