@@ -131,10 +131,11 @@ class MegatronJob:
         return submitit.helpers.DelayedSubmission(dataclasses.replace(self))
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (Linux /proc): torchrun starts each rank in a session of its own
     (torch.distributed.elastic's SubprocessHandler, start_new_session), so neither a process group
-    nor a session reaches them from here; under SLURM, slurmstepd signals the whole step's cgroup."""
+    nor a session reaches them from here; under SLURM, slurmstepd signals the whole step's cgroup.
+    Also what `dsorch cancel` signals of a local job (run/scheduler.py cancel)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -161,7 +162,7 @@ def _run_node(command: list[str], child_env: dict[str, str], log: MegatronLog) -
 
     def forward(signum, frame):
         received.append(signum)
-        for pid in [*root, *(_descendants(root[0]) if root else [])]:
+        for pid in [*root, *(descendants(root[0]) if root else [])]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGUSR2)
 

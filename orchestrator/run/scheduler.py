@@ -34,7 +34,7 @@ from orchestrator.run.jobs import (
     TrainingJob,
     state_from_result,
 )
-from orchestrator.run.megatron_job import MegatronJob
+from orchestrator.run.megatron_job import MegatronJob, descendants
 from orchestrator.run.ports import local_master_port, slurm_master_port_lines
 from orchestrator.spec.cluster import ClusterProfile, SlurmSpec
 from orchestrator.spec.container import ContainerSpec, bind_list, container_argv, env_exports, python_command
@@ -383,24 +383,6 @@ def _local_id(job_id: str) -> tuple[int | None, int | None]:
     return int(pid), int(element) if sep else None
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc's parent links; none where it cannot be read)."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # Field 4 is the parent's pid; the command name (field 2) may hold spaces: split after ")".
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        parents.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = parents.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return sorted(found)
-
-
 def cancel(kind: str, job_id: str) -> None:
     if kind == "local":
         pid, _ = _local_id(job_id)
@@ -415,7 +397,7 @@ def cancel(kind: str, job_id: str) -> None:
         # signalled alone (SIGINT, as LocalJob.cancel does), would kill its tasks and orphan their
         # ranks, which train on. An element of a LocalArray has no process of its own: the whole
         # array stops.
-        for target in (*_descendants(pid), pid):
+        for target in (*descendants(pid), pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(target, signal.SIGTERM)
         return
