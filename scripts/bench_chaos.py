@@ -162,6 +162,9 @@ class Soak:
         self.best = max(self.best, last_step(self.run_dir))
         return self.state() not in ("COMPLETED",) and self.best < self.steps
 
+    def ended(self) -> bool:
+        return self.state() == "COMPLETED"
+
     def nodes(self) -> list[str]:
         nodelist = self.sh("squeue", "-h", "-j", self.job, "-o", "%N").stdout.strip()
         if not nodelist:
@@ -191,13 +194,17 @@ class Soak:
 
     def fault_kill_rank(self) -> str:
         rank = self.rng.randrange(2)
+        # A job between allocations has no rank to kill: wait for the next one's ranks, so that the
+        # fault is one the run meets (a miss would count as survived without being met).
+        self.wait(lambda: self.recover() or self.ended() or rank_pid(self.run_dir, rank) is not None, "a rank", 600)
         pid = rank_pid(self.run_dir, rank)
-        if pid is None:
-            return "no rank process found (the job is between allocations); nothing killed"
+        if pid is None:  # the run completed first, or the rank ended between the look and now
+            return "no rank process to kill (the run had completed); nothing killed"
         os.kill(pid, signal.SIGKILL)
         return f"SIGKILL to rank {rank} (pid {pid})"
 
     def fault_drain_node(self) -> str:
+        self.wait(lambda: self.recover() or self.ended() or bool(self.nodes()), "the job's nodes", 600)
         names = self.nodes()
         if not names:
             return "the job holds no node now; nothing drained"
@@ -230,6 +237,10 @@ class Soak:
         text = getattr(self, "fault_" + kind.replace("-", "_"))()
         self.survived[kind] += 1
         self.say(f"{kind}: {text}")
+        # A job may train on for a few steps after the fault before it fails (the full disk stops
+        # it at its next write): the next fault waits for progress past those steps, not past the
+        # steps before this fault, or it would land while the run is between jobs.
+        self.best = max(self.best, last_step(self.run_dir))
 
 
 def rank_pid(run_dir: Path, rank: int) -> int | None:
