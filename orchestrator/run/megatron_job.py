@@ -33,6 +33,7 @@ import submitit
 
 from orchestrator.run.jobs import _failure, _rank_env, _record_start
 from orchestrator.run.megatron_log import MegatronLog
+from orchestrator.run.procs import descendants
 
 # Megatron-LM's tracker file in its --save directory (megatron/training/checkpointing.py
 # get_checkpoint_tracker_filename): the newest complete checkpoint's iteration, or "release".
@@ -129,27 +130,6 @@ class MegatronJob:
         if not self.save:
             return None
         return submitit.helpers.DelayedSubmission(dataclasses.replace(self))
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux /proc): torchrun starts each rank in a session of its own
-    (torch.distributed.elastic's SubprocessHandler, start_new_session), so neither a process group
-    nor a session reaches them from here; under SLURM, slurmstepd signals the whole step's cgroup.
-    Also what `dsorch cancel` signals of a local job (run/scheduler.py cancel)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'.
-            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out += kids
-        todo += kids
-    return out
 
 
 def _run_node(command: list[str], child_env: dict[str, str], log: MegatronLog) -> tuple[int, list[int]]:

@@ -34,8 +34,9 @@ from orchestrator.run.jobs import (
     TrainingJob,
     state_from_result,
 )
-from orchestrator.run.megatron_job import MegatronJob, descendants
+from orchestrator.run.megatron_job import MegatronJob
 from orchestrator.run.ports import local_master_port, slurm_master_port_lines
+from orchestrator.run.procs import descendants
 from orchestrator.spec.cluster import ClusterProfile, SlurmSpec
 from orchestrator.spec.container import ContainerSpec, bind_list, container_argv, env_exports, python_command
 from orchestrator.spec.sbatch import parse_slurm_time, rank_env, sbatch_parameters
