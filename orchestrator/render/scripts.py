@@ -13,6 +13,7 @@ import jinja2
 
 from orchestrator.plan.make import Plan
 from orchestrator.plan.rules import uses_megatron_fsdp
+from orchestrator.ports import slurm_master_port_lines
 from orchestrator.render.megatron import checkpoint_dir
 from orchestrator.resources import templates_dir
 from orchestrator.spec.container import bind_list, container_argv, env_exports
@@ -129,6 +130,7 @@ def render_sbatch(plan: Plan) -> str:
             cpus_per_node=s.cpus_per_task * plan.profile.gpus_per_node,
             slurm=s,
             sbatch_options=sbatch_options(plan),
+            master_port_lines=slurm_master_port_lines(),
             megatron_save_dir=_megatron_save_dir(plan) if megatron else None,
             save_interval=plan.checkpoint.steps,
             train_iters=plan.spec.training.train_steps,

@@ -25,6 +25,7 @@ from submitit.core.core import PicklingExecutor
 from submitit.core.utils import JobPaths
 
 from orchestrator.errors import JobError
+from orchestrator.ports import local_master_port, slurm_master_port_lines
 from orchestrator.resources import templates_dir
 from orchestrator.run.jobs import (
     HOST_MASTER_ADDR,
@@ -35,7 +36,6 @@ from orchestrator.run.jobs import (
     state_from_result,
 )
 from orchestrator.run.megatron_job import MegatronJob
-from orchestrator.run.ports import local_master_port, slurm_master_port_lines
 from orchestrator.run.procs import descendants
 from orchestrator.spec.cluster import ClusterProfile, SlurmSpec
 from orchestrator.spec.container import ContainerSpec, bind_list, container_argv, env_exports, python_command
@@ -160,7 +160,7 @@ def make_executor(
             nodes=1,
             timeout_min=spec.time_min,
             gpus_per_node=spec.gpus_per_node if spec.use_gpus else 0,
-            # A free port outside the ephemeral range rather than submitit's (run/ports.py says why).
+            # A free port outside the ephemeral range rather than submitit's (orchestrator/ports.py says why).
             setup=[*_setup_lines(spec), f"export MASTER_PORT={local_master_port(max(1, len(jobs)))}"],
         )
         return local

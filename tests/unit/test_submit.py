@@ -236,7 +236,7 @@ def test_a_local_job_listens_on_a_free_port_outside_the_ephemeral_range(tmp_path
     outgoing connection (EADDRINUSE at run time): the local job gets one outside
     ip_local_port_range, free when it is submitted, and every LocalArray element's (P + i) too."""
     from orchestrator.run import scheduler
-    from orchestrator.run.ports import ephemeral_range
+    from orchestrator.ports import ephemeral_range
     from orchestrator.spec.cluster import load_profile
 
     spec = scheduler.JobSpec.of(load_profile("local").profile, "tiny")
@@ -253,7 +253,7 @@ def test_a_port_in_use_is_passed_over_and_none_free_is_a_clear_error(tmp_path):
     import socket
 
     from orchestrator.errors import JobError
-    from orchestrator.run.ports import local_master_port
+    from orchestrator.ports import local_master_port
 
     # An ephemeral range that leaves two ports outside it: 10000 and 65535.
     (tmp_path / "range").write_text("10001\t65534\n")
@@ -303,7 +303,7 @@ def test_a_slurm_job_exports_one_master_port_outside_the_ephemeral_range():
     inside the ephemeral range): outside it, the same for the same allocation, another for the next,
     and a MASTER_PORT the profile or the user set is kept."""
     from orchestrator.run import scheduler
-    from orchestrator.run.ports import ephemeral_range, slurm_master_port_lines
+    from orchestrator.ports import ephemeral_range, slurm_master_port_lines
     from orchestrator.spec.cluster import load_profile
 
     def port(**env) -> int:

@@ -1,12 +1,14 @@
-"""The master port of a job of the local executor: where rank 0's torch.distributed store listens.
+"""The master port of a job: where rank 0's torch.distributed store listens.
 
 submitit derives it from the job id (``TorchDistributedEnvironment._get_master_port``: a port in
-20000-60000 seeded by the job id), which for the local executor is a process id. That range
-overlaps Linux's ephemeral ports (``/proc/sys/net/ipv4/ip_local_port_range``, 32768-60999 by
-default: ip-sysctl.rst), which the kernel hands to every outgoing connection on the machine, so
-the store's bind could fail with EADDRINUSE (a raw traceback at run time). The local job instead
-gets a port outside that range that is free when it is submitted, in MASTER_PORT, which submitit
-takes as given.
+20000-60000 seeded by the job id), which for the local executor is a process id; launch.sh's
+torchrun takes 29500 unless told. The first range overlaps Linux's ephemeral ports
+(``/proc/sys/net/ipv4/ip_local_port_range``, 32768-60999 by default: ip-sysctl.rst), which the
+kernel hands to every outgoing connection on the machine, and a fixed port meets the next job on a
+shared node, so the store's bind could fail with EADDRINUSE (a raw traceback at run time). A local
+job gets a port outside that range that is free when it is submitted (``local_master_port``); a
+SLURM job, submitit's or job.sbatch, one that its batch script derives from the job id
+(``slurm_master_port_lines``). Both in MASTER_PORT, which submitit and launch.sh take as given.
 """
 
 from __future__ import annotations
