@@ -34,6 +34,8 @@ from orchestrator.costmodel.memory import GIB
 _ITERATION = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|(.*)$")
 # "[Rank 3] (after 10 iterations) memory (MB) | allocated: 1.00 | max allocated: 2.00 | ...".
 _MEMORY = re.compile(r"\[Rank (\d+)\] (.*?) memory \(MB\)((?:\s*\|[^|]+)+)")
+# Where a report starts: report_memory's "[Rank N] ", training_log's " [timestamp] iteration N/".
+_REPORT_START = re.compile(r"(?=\[Rank \d+\] )|(?=\[[^\]]*\] iteration\s+\d+/)")
 # training_log's field names, and the metrics.jsonl keys they become.
 _FIELDS = {
     "lm loss": "loss",  # pretrain_gpt.py loss_func reports the language-model loss under this key
@@ -104,7 +106,14 @@ class MegatronLog:
         self.peak_gib: float | None = None
 
     def feed(self, line: str) -> dict | None:
-        """Take one line; returns the step record it made, if any."""
+        """Take one line; returns the step record it made, if any. A line may carry two reports: the
+        ranks share the node's stdout, and an unbuffered print writes its text and its newline in
+        two writes, so another rank's text can land between them (seen: an iteration line with rank
+        0's memory report after it, on one line, and the iteration lost)."""
+        made = [self._feed_one(part) for part in _REPORT_START.split(line) if part.strip()]
+        return next((rec for rec in made if rec is not None), None)
+
+    def _feed_one(self, line: str) -> dict | None:
         mem = parse_memory(line)
         if mem is not None:
             if self.peak_gib is None or mem[1] > self.peak_gib:

@@ -104,3 +104,16 @@ def test_a_log_becomes_the_metrics_file_status_and_calibrate_read(tmp_path):
     assert last is not None and last["step"] == 3 and last["loss"] == pytest.approx(7.5) and evaluation is None
     assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == [1, 2, 3]
     assert [r["step"] for r in records_of(lines)] == [1, 2]
+
+
+@pytest.mark.parametrize("first", ["iteration", "memory"])
+def test_two_reports_on_one_line_are_both_read(tmp_path, first):
+    """Ranks share the node's stdout: an unbuffered print's text and newline are two writes, and
+    another rank's report can land between them (the iteration line was lost that way)."""
+    it = iteration_line(1, 3, 32, 900.0, lr=1e-4, losses=(("lm loss", 9.0),))
+    mem = memory_line(0, "(after 1 iterations)", 100.0, 1024.0)
+    log = MegatronLog(tmp_path / "metrics.jsonl")
+    rec = log.feed((it + mem if first == "iteration" else mem + it) + "\n")
+    assert rec is not None and rec["step"] == 1 and rec["loss"] == pytest.approx(9.0)
+    assert log.peak_gib == pytest.approx(1.0)
+    assert [r["step"] for r in records_of([it + mem, "", iteration_line(2, 3, 64, 500.0)])] == [1, 2]
