@@ -18,6 +18,7 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,6 @@ from .test_slurm import (  # noqa: F401  (slurm_env is a fixture)
     slurm_env,
     status,
     submitted_id,
-    wait_for,
 )
 
 pytestmark = pytest.mark.slurm
@@ -97,55 +97,100 @@ def check_recorded(box: dict, runtime: str, plan: Path, run: Path) -> None:
         assert f"{plan}:{plan}" in mounts and f"{run}:{run}" in mounts, mounts
 
 
+@dataclass
+class BoxedRun:
+    """One tiny run in a container, by `dsorch submit` ("submit") or plain sbatch ("sbatch")."""
+
+    how: str
+    runtime: str
+    exp: Path
+    box: dict
+    env: dict
+    job: str = ""
+    run: Path = Path()
+    preempted: bool = False
+    state: str = "PENDING"
+
+    @property
+    def plan(self) -> Path:
+        return (self.exp / "plans" / "p").resolve()
+
+    def start(self) -> None:
+        dsorch(self.env, self.exp, "plan", EXAMPLES / "tiny.yaml", "--cluster", "boxed", "--out", self.plan, *ONE_NODE)
+        if self.how == "submit":
+            self.job = submitted_id(dsorch(self.env, self.exp, "submit", self.plan, "--save-interval", "10"))
+            self.run = Path(next(r["run_dir"] for r in status(self.env, self.exp) if r["job_id"] == self.job))
+        else:
+            r = subprocess.run(["sbatch", "--parsable", "job.sbatch"], cwd=self.plan, env=self.env,
+                               capture_output=True, text=True, check=True)
+            self.job, self.run = r.stdout.strip().split(";")[0], self.plan / "run"
+
+    def preempt(self) -> None:
+        """SLURM's warning before preemption or the time limit, 4 steps in. Under `dsorch submit` to
+        every task (inside the container): each rank checkpoints, rank 0 leaves requeue.request, the
+        batch script requeues on the host. To job.sbatch as --signal=B:USR2 sends it, to the batch
+        script on the host: its trap touches the stop file, which rank 0 reads inside the container."""
+        batch = ["--batch"] if self.how == "sbatch" else []
+        subprocess.run(["scancel", *batch, "--signal=USR2", self.job], env=self.env, check=True)
+        self.preempted = True
+
+    def log(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.plan.glob("slurm-*.out")))
+
+
+CASES = [(how, runtime) for how in ("submit", "sbatch") for runtime in ("pyxis", "apptainer")]
+
+
+@pytest.fixture(scope="module")
+def preempted_runs(slurm_env, tmp_path_factory) -> dict[tuple[str, str], BoxedRun]:
+    """The four cases at once, one node each (2 of its 4 CPUs) on the two loopback nodes: every run
+    is preempted once 4 steps are done, and the module waits for all of them to end. Run one after
+    another they took four times a job's start-up and preemption."""
+    runs = {}
+    for how, runtime in CASES:
+        exp = tmp_path_factory.mktemp(f"{how}-{runtime}")
+        box = container_profile(exp, runtime)
+        runs[how, runtime] = BoxedRun(how, runtime, exp, box, job_env(slurm_env, box))
+    for run in runs.values():
+        run.start()
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline and any(r.state not in ENDED for r in runs.values()):
+            for r in runs.values():
+                if not r.preempted and steps_done(r.run) >= 4:
+                    r.preempt()
+                r.state = _sacct_state(r.env, r.job)
+            time.sleep(1)
+        yield runs
+    finally:
+        for r in runs.values():
+            subprocess.run(["scancel", r.job], env=r.env, capture_output=True)  # nothing, unless one hung
+
+
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
-def test_dsorch_submit_in_a_container_survives_a_preemption(slurm_env, tmp_path, runtime):
-    box = container_profile(tmp_path, runtime)
-    env = job_env(slurm_env, box)
-    dsorch(env, tmp_path, "plan", EXAMPLES / "tiny.yaml", "--cluster", "boxed", "--out", "plans/p", *ONE_NODE)
-    job = submitted_id(dsorch(env, tmp_path, "submit", "plans/p", "--save-interval", "10"))
-    wait_for(env, tmp_path, job, lambda r: (r["last_step"] or 0) >= 4, timeout=240, what="step 4")
-    # SLURM's warning before preemption or the time limit, to every task (inside the container):
-    # each rank checkpoints, rank 0 leaves requeue.request, the batch script requeues on the host.
-    subprocess.run(["scancel", "--signal=USR2", job], env=env, check=True)
-    rec = wait_for(env, tmp_path, job, lambda r: r["state"] in ("COMPLETED", "FAILED"), timeout=360,
-                   what="the end")
+def test_dsorch_submit_in_a_container_survives_a_preemption(preempted_runs, runtime):
+    r = preempted_runs["submit", runtime]
+    assert r.preempted, f"job {r.job} ended {r.state} before it was 4 steps in"
+    rec = next(x for x in status(r.env, r.exp) if x["job_id"] == r.job)
     assert rec["state"] == "COMPLETED", rec
-    run = Path(rec["run_dir"])
-    assert rec["requeues"] >= 1 and len((run / "starts.jsonl").read_text().splitlines()) >= 2
-    assert [s for s, _ in losses(run)] == list(range(1, STEPS + 1))  # each step once, none lost
-    assert not (run / "requeue.request").exists()
-    check_recorded(box, runtime, (tmp_path / "plans" / "p").resolve(), run)
-    assert any(r["job_id"] == job for r in status(env, tmp_path))
+    assert rec["requeues"] >= 1 and len((r.run / "starts.jsonl").read_text().splitlines()) >= 2
+    assert [s for s, _ in losses(r.run)] == list(range(1, STEPS + 1))  # each step once, none lost
+    assert not (r.run / "requeue.request").exists()
+    check_recorded(r.box, runtime, r.plan, r.run)
 
 
 @pytest.mark.parametrize("runtime", ["apptainer", "pyxis"])
-def test_plain_sbatch_in_a_container_survives_a_preemption(slurm_env, tmp_path, runtime):
-    box = container_profile(tmp_path, runtime)
-    env = job_env(slurm_env, box)
-    plan = tmp_path / "plans" / "p"
-    dsorch(env, tmp_path, "plan", EXAMPLES / "tiny.yaml", "--cluster", "boxed", "--out", plan, *ONE_NODE)
-    r = subprocess.run(["sbatch", "--parsable", "job.sbatch"], cwd=plan, env=env, capture_output=True, text=True,
-                       check=True)
-    job = r.stdout.strip().split(";")[0]
-    run = plan / "run"
-    deadline = time.monotonic() + 360
-    while time.monotonic() < deadline and steps_done(run) < 4:
-        time.sleep(1)
-    # What SLURM sends before a time limit (--signal=B:USR2): to the batch script, on the host; its
-    # trap touches the stop file, which rank 0 reads inside the container.
-    subprocess.run(["scancel", "--batch", "--signal=USR2", job], env=env, check=True)
-    deadline = time.monotonic() + 360
-    state = "PENDING"
-    while time.monotonic() < deadline and state not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-        time.sleep(3)
-        state = _sacct_state(env, job)
-    log = "\n".join(p.read_text(errors="replace") for p in sorted(plan.glob("slurm-*.out")))
-    if state != "COMPLETED":
-        subprocess.run(["scancel", job], env=env)
-    assert state == "COMPLETED", f"job {job} ended {state}:\n{log[-4000:]}"
+def test_plain_sbatch_in_a_container_survives_a_preemption(preempted_runs, runtime):
+    r = preempted_runs["sbatch", runtime]
+    log = r.log()
+    assert r.preempted, f"job {r.job} ended {r.state} before it was 4 steps in:\n{log[-4000:]}"
+    assert r.state == "COMPLETED", f"job {r.job} ended {r.state}:\n{log[-4000:]}"
     allocations, requeues = _allocations_and_requeues(log)
     assert re.search(r"\(resumed from .*checkpoints/step\d+\)", log), log[-3000:]
-    assert [s for s, _ in losses(run)] == list(range(1, STEPS + 1))  # each step once, none lost
-    assert not (run / "stop.request").exists() and not (run / "stopped.json").exists()
-    check_recorded(box, runtime, plan, run)
-    print(f"job {job} ({runtime}): {allocations} allocations, {requeues} requeue(s)")
+    assert [s for s, _ in losses(r.run)] == list(range(1, STEPS + 1))  # each step once, none lost
+    assert not (r.run / "stop.request").exists() and not (r.run / "stopped.json").exists()
+    check_recorded(r.box, runtime, r.plan, r.run)
+    print(f"job {r.job} ({runtime}): {allocations} allocations, {requeues} requeue(s)")

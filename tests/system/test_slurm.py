@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -165,9 +166,11 @@ def test_cancel_ends_a_running_job(slurm_env, tmp_path):
 
 @pytest.mark.parametrize("how", ["scontrol-requeue", "submitit-preemption"])
 def test_requeued_job_resumes_without_gap_or_repeat(slurm_env, tmp_path, how):
-    env = slurm_env
+    # Paced at 0.3 s per step (the entrypoint's test hook), so that the requeue at step 12 lands
+    # at least 14 s before the end on any machine; 60 steps, not more, keep the test near a minute.
+    env = dict(slurm_env, DSORCH_TEST_MIN_STEP_SECONDS="0.3")
     plan_tiny(env, tmp_path, "loopback", "plans/p", *LAYOUT)
-    steps = 150
+    steps = 60
     job = submitted_id(dsorch(env, tmp_path, "submit", "plans/p", "--steps", steps, "--extend-schedule", "--save-interval", "10"))
     wait_for(env, tmp_path, job, lambda r: (r["last_step"] or 0) >= 12, timeout=240, what="step 12")
     if how == "scontrol-requeue":
@@ -192,23 +195,33 @@ def _sacct_state(env, job: str) -> str:
     return out[-1].rstrip("+") if out else "UNKNOWN"
 
 
-def _sbatch_until_done(env, plan: Path, timeout_s: float = 1500) -> tuple[str, str, str]:
-    """Submit PLAN/job.sbatch with plain sbatch from the plan directory and leave it alone until
-    it ends; (job id, final state, the job's output over all allocations)."""
-    r = subprocess.run(["sbatch", "--parsable", "job.sbatch"], cwd=plan, env=env, capture_output=True, text=True,
-                       check=True)
-    job = r.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + timeout_s
-    state = "PENDING"
-    while time.monotonic() < deadline:
-        state = _sacct_state(env, job)
-        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
-            break
-        time.sleep(5)
-    log = "\n".join(p.read_text(errors="replace") for p in sorted(plan.glob("slurm-*.out")))
-    if state != "COMPLETED":
-        subprocess.run(["scancel", job], env=env)
-    return job, state, log
+@dataclass
+class Sbatch:
+    """A plan's job.sbatch submitted with plain sbatch from the plan directory, then left alone."""
+
+    plan: Path
+    env: dict
+    job: str = ""
+
+    def submit(self) -> Sbatch:
+        r = subprocess.run(["sbatch", "--parsable", "job.sbatch"], cwd=self.plan, env=self.env, capture_output=True,
+                           text=True, check=True)
+        self.job = r.stdout.strip().split(";")[0]
+        return self
+
+    def wait(self, timeout_s: float = 1500) -> tuple[str, str]:
+        """Until the job ends: (final state, the job's output over all allocations)."""
+        deadline = time.monotonic() + timeout_s
+        state = "PENDING"
+        while time.monotonic() < deadline:
+            state = _sacct_state(self.env, self.job)
+            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+                break
+            time.sleep(5)
+        log = "\n".join(p.read_text(errors="replace") for p in sorted(self.plan.glob("slurm-*.out")))
+        if state != "COMPLETED":
+            subprocess.run(["scancel", self.job], env=self.env)
+        return state, log
 
 
 def _allocations_and_requeues(log: str) -> tuple[int, int]:
@@ -228,50 +241,6 @@ def _long_tiny_spec(tmp_path: Path, steps: int) -> Path:
 ONE_NODE_DP = ["--tp", "1", "--pp", "1", "--zero", "1", "--mbs", "4", "--recompute", "none", "--no-sp"]
 
 
-def test_plain_sbatch_requeues_itself_past_its_time_limit(slurm_env, tmp_path):
-    """The committed job.sbatch, submitted with plain sbatch by someone who never runs `dsorch
-    submit`, for a job that needs several times its 2-minute limit, left alone: SLURM warns it
-    before each limit, every rank checkpoints at the same step, the job requeues itself, and it
-    ends COMPLETED with every step exactly once."""
-    # Paced at 0.4 s per step (the entrypoint's test hook): 240 steps are 96 s of training, more
-    # than one 2-minute allocation holds after start-up and SLURM's early warning, on any machine.
-    env = dict(slurm_env, PATH=f"{Path(sys.executable).parent}:{slurm_env['PATH']}",
-               DSORCH_TEST_MIN_STEP_SECONDS="0.4")
-    steps = 240
-    plan = tmp_path / "plans" / "long"
-    dsorch(env, tmp_path, "plan", _long_tiny_spec(tmp_path, steps), "--cluster", "loopback-short", "--out", plan,
-           *ONE_NODE_DP)
-    job, state, log = _sbatch_until_done(env, plan)
-    assert state == "COMPLETED", f"job {job} ended {state}:\n{log[-4000:]}"
-    allocations, requeues = _allocations_and_requeues(log)
-    assert len(re.findall(r"\(resumed from .*checkpoints/step\d+\)", log)) == requeues
-    run = plan / "run"
-    assert [s for s, _ in losses(run)] == list(range(1, steps + 1))  # each step once, none lost
-    assert not (run / "stop.request").exists() and not (run / "stopped.json").exists()
-    print(f"job {job}: {allocations} allocations of at most 2 minutes for {steps} steps")
-
-
-def test_plain_sbatch_of_a_megatron_plan_requeues_through_megatrons_signal_handler(slurm_env, tmp_path):
-    """The same for --runtime megatron: job.sbatch passes SIGUSR2 to the step, torchrun survives it,
-    the ranks (a FAKE pretrain_gpt.py with Megatron-LM's --exit-signal-handler behaviour: Megatron-LM
-    needs CUDA) checkpoint and exit 0, and the job requeues while the tracker file has advanced and is
-    below --train-iters."""
-    env = dict(slurm_env, PATH=f"{Path(sys.executable).parent}:{slurm_env['PATH']}",
-               MEGATRON_LM=str(Path(__file__).parents[1] / "fakes" / "megatron"), FAKE_MEGATRON_ITERATION_SECONDS="0.4")
-    iters = 240
-    plan = tmp_path / "plans" / "m"
-    dsorch(env, tmp_path, "plan", _long_tiny_spec(tmp_path, iters), "--cluster", "loopback-short", "--runtime",
-           "megatron", "--out", plan, *ONE_NODE_DP)
-    job, state, log = _sbatch_until_done(env, plan)
-    assert state == "COMPLETED", f"job {job} ended {state}:\n{log[-4000:]}"
-    allocations, _ = _allocations_and_requeues(log)
-    ckpt = plan / "checkpoints"
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == str(iters)
-    done = re.findall(r"^iteration (\d+)$", (ckpt / "iterations.log").read_text(), re.M)
-    assert [int(i) for i in done] == list(range(1, iters + 1))  # each iteration once, none lost
-    print(f"job {job}: {allocations} allocations of at most 2 minutes for {iters} iterations")
-
-
 # A FAKE launch.sh: ranks that never get past the step they resumed from. The bundled entrypoint
 # always trains at least one step before it honours a stop request (train/entry.py), so it cannot
 # show this; the job script's requeue decision is what is under test, on the real SLURM.
@@ -284,23 +253,86 @@ rm -f "$DSORCH_RUN_DIR/stop.request"
 echo '{"step": 7, "signal": "stop.request", "time": 0}' > "$DSORCH_RUN_DIR/stopped.json"
 exit 3
 """
+TIME_LIMITED_STEPS = 240
 
 
-def test_plain_sbatch_does_not_requeue_an_allocation_that_made_no_progress(slurm_env, tmp_path):
+@pytest.fixture(scope="module")
+def time_limited_jobs(slurm_env, tmp_path_factory) -> dict[str, Sbatch]:
+    """The plain-sbatch jobs that meet the 2-minute time limit of `loopback-short`, submitted at
+    once: each waits for SLURM's clock, not for work, and they fit on the loopback nodes together
+    (2 of a node's 4 CPUs each; job.sbatch's MASTER_PORT comes from the job id, so jobs on one
+    host do not meet on torchrun's port). The module waits for the limits once, not three times."""
+    tmp = tmp_path_factory.mktemp("time-limited")
+    bin_path = f"{Path(sys.executable).parent}:{slurm_env['PATH']}"
+    spec = _long_tiny_spec(tmp, TIME_LIMITED_STEPS)
+    # Paced at 0.4 s per step (the entrypoint's test hook): 240 steps are 96 s of training, more
+    # than one 2-minute allocation holds after start-up and SLURM's early warning, on any machine.
+    deepspeed = dict(slurm_env, PATH=bin_path, DSORCH_TEST_MIN_STEP_SECONDS="0.4")
+    megatron = dict(slurm_env, PATH=bin_path, MEGATRON_LM=str(Path(__file__).parents[1] / "fakes" / "megatron"),
+                    FAKE_MEGATRON_ITERATION_SECONDS="0.4")
+    jobs = {
+        "deepspeed": Sbatch(tmp / "plans" / "long", deepspeed),  # both nodes, 4 ranks
+        "megatron": Sbatch(tmp / "plans" / "m", megatron),
+        "stuck": Sbatch(tmp / "plans" / "stuck", slurm_env),
+    }
+    dsorch(deepspeed, tmp, "plan", spec, "--cluster", "loopback-short", "--out", jobs["deepspeed"].plan, *ONE_NODE_DP)
+    dsorch(megatron, tmp, "plan", spec, "--cluster", "loopback-short", "--runtime", "megatron", "--nodes", "1",
+           "--out", jobs["megatron"].plan, *ONE_NODE_DP)
+    stuck = jobs["stuck"].plan
+    dsorch(slurm_env, tmp, "plan", EXAMPLES / "tiny.yaml", "--cluster", "loopback-short", "--nodes", "1", "--out",
+           stuck, *ONE_NODE_DP)
+    (stuck / "launch.sh").write_text(STUCK_LAUNCH)
+    start = stuck / "run" / "checkpoints" / "step00000007"
+    start.mkdir(parents=True)
+    (start / "dsorch_manifest.json").write_text('{"step": 7, "files": {}}')
+    for job in jobs.values():
+        job.submit()
+    yield jobs
+    for job in jobs.values():
+        subprocess.run(["scancel", job.job], env=job.env, capture_output=True)  # nothing, unless a test gave up
+
+
+def test_plain_sbatch_requeues_itself_past_its_time_limit(time_limited_jobs):
+    """The committed job.sbatch, submitted with plain sbatch by someone who never runs `dsorch
+    submit`, for a job that needs several times its 2-minute limit, left alone: SLURM warns it
+    before each limit, every rank checkpoints at the same step, the job requeues itself, and it
+    ends COMPLETED with every step exactly once."""
+    sbatch = time_limited_jobs["deepspeed"]
+    state, log = sbatch.wait()
+    assert state == "COMPLETED", f"job {sbatch.job} ended {state}:\n{log[-4000:]}"
+    allocations, requeues = _allocations_and_requeues(log)
+    assert len(re.findall(r"\(resumed from .*checkpoints/step\d+\)", log)) == requeues
+    run = sbatch.plan / "run"
+    assert [s for s, _ in losses(run)] == list(range(1, TIME_LIMITED_STEPS + 1))  # each step once, none lost
+    assert not (run / "stop.request").exists() and not (run / "stopped.json").exists()
+    print(f"job {sbatch.job}: {allocations} allocations of at most 2 minutes for {TIME_LIMITED_STEPS} steps")
+
+
+def test_plain_sbatch_of_a_megatron_plan_requeues_through_megatrons_signal_handler(time_limited_jobs):
+    """The same for --runtime megatron: job.sbatch passes SIGUSR2 to the step, torchrun survives it,
+    the ranks (a FAKE pretrain_gpt.py with Megatron-LM's --exit-signal-handler behaviour: Megatron-LM
+    needs CUDA) checkpoint and exit 0, and the job requeues while the tracker file has advanced and is
+    below --train-iters."""
+    sbatch = time_limited_jobs["megatron"]
+    state, log = sbatch.wait()
+    assert state == "COMPLETED", f"job {sbatch.job} ended {state}:\n{log[-4000:]}"
+    allocations, _ = _allocations_and_requeues(log)
+    ckpt = sbatch.plan / "checkpoints"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == str(TIME_LIMITED_STEPS)
+    done = re.findall(r"^iteration (\d+)$", (ckpt / "iterations.log").read_text(), re.M)
+    assert [int(i) for i in done] == list(range(1, TIME_LIMITED_STEPS + 1))  # each iteration once, none lost
+    print(f"job {sbatch.job}: {allocations} allocations of at most 2 minutes for {TIME_LIMITED_STEPS} iterations")
+
+
+def test_plain_sbatch_does_not_requeue_an_allocation_that_made_no_progress(time_limited_jobs):
     """job.sbatch (deepspeed runtime) requeues on its time-limit warning only when the stop's step
     (stopped.json) is past the newest checkpoint at the allocation's start: ranks that stop where
     they began end the job FAILED after one allocation instead of requeueing it forever."""
-    plan = tmp_path / "plans" / "stuck"
-    dsorch(slurm_env, tmp_path, "plan", EXAMPLES / "tiny.yaml", "--cluster", "loopback-short", "--out", plan,
-           *ONE_NODE_DP)
-    (plan / "launch.sh").write_text(STUCK_LAUNCH)
-    start = plan / "run" / "checkpoints" / "step00000007"
-    start.mkdir(parents=True)
-    (start / "dsorch_manifest.json").write_text('{"step": 7, "files": {}}')
+    sbatch = time_limited_jobs["stuck"]
     # One 2-minute allocation, then a second one were it requeued: stop waiting well past the first.
-    job, state, log = _sbatch_until_done(slurm_env, plan, timeout_s=240)
+    state, log = sbatch.wait(timeout_s=240)
     assert re.findall(r"^job.sbatch: job \d+ allocation (\d+)", log, re.M) == ["1"], log[-4000:]
-    assert state == "FAILED", f"job {job} ended {state}:\n{log[-4000:]}"
+    assert state == "FAILED", f"job {sbatch.job} ended {state}:\n{log[-4000:]}"
     assert "stopped at step 7; this allocation started at step 7 and training ends at step 30: no progress" in log
 
 
