@@ -49,3 +49,10 @@ def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("DSORCH_PROFILES_DIR", raising=False)
     return tmp_path
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every SLURM test is a `jobs` test too (scripts/test.sh runs those beside the rest)."""
+    for item in items:
+        if item.get_closest_marker("slurm") is not None and item.get_closest_marker("jobs") is None:
+            item.add_marker(pytest.mark.jobs)

@@ -39,7 +39,9 @@ pytestmark = pytest.mark.slurm
 
 FAKES = Path(__file__).parents[1] / "fakes"
 ONE_NODE = ["--nodes", "1", "--tp", "1", "--pp", "1", "--zero", "1", "--mbs", "4", "--recompute", "none", "--no-sp"]
-STEPS = 30  # examples/tiny.yaml's schedule
+# examples/tiny.yaml for this many steps: at the test hook's 0.3 s a step, the preemption after
+# step 4 has 13 s to land before the end, on a machine busy with three more such jobs.
+STEPS = 48
 
 
 def container_profile(tmp_path: Path, runtime: str) -> dict:
@@ -108,15 +110,19 @@ class BoxedRun:
     env: dict
     job: str = ""
     run: Path = Path()
-    preempted: bool = False
+    preempted_at: int | None = None  # the steps done when the preemption was sent
     state: str = "PENDING"
 
     @property
     def plan(self) -> Path:
         return (self.exp / "plans" / "p").resolve()
 
+    def make_plan(self) -> None:
+        spec = self.exp / "tiny-long.yaml"
+        spec.write_text((EXAMPLES / "tiny.yaml").read_text().replace("train_tokens: 30720", f"steps: {STEPS}"))
+        dsorch(self.env, self.exp, "plan", spec, "--cluster", "boxed", "--out", self.plan, *ONE_NODE)
+
     def start(self) -> None:
-        dsorch(self.env, self.exp, "plan", EXAMPLES / "tiny.yaml", "--cluster", "boxed", "--out", self.plan, *ONE_NODE)
         if self.how == "submit":
             self.job = submitted_id(dsorch(self.env, self.exp, "submit", self.plan, "--save-interval", "10"))
             self.run = Path(next(r["run_dir"] for r in status(self.env, self.exp) if r["job_id"] == self.job))
@@ -131,8 +137,8 @@ class BoxedRun:
         batch script requeues on the host. To job.sbatch as --signal=B:USR2 sends it, to the batch
         script on the host: its trap touches the stop file, which rank 0 reads inside the container."""
         batch = ["--batch"] if self.how == "sbatch" else []
+        self.preempted_at = steps_done(self.run)
         subprocess.run(["scancel", *batch, "--signal=USR2", self.job], env=self.env, check=True)
-        self.preempted = True
 
     def log(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.plan.glob("slurm-*.out")))
@@ -152,15 +158,23 @@ def preempted_runs(slurm_env, tmp_path_factory) -> dict[tuple[str, str], BoxedRu
         box = container_profile(exp, runtime)
         runs[how, runtime] = BoxedRun(how, runtime, exp, box, job_env(slurm_env, box))
     for run in runs.values():
+        run.make_plan()
+    for run in runs.values():
         run.start()
     deadline = time.monotonic() + 600
+    next_look = 0.0
     try:
         while time.monotonic() < deadline and any(r.state not in ENDED for r in runs.values()):
+            # The steps often (reading a file), the states now and then (sacct is slower): a late
+            # preemption would find the run done.
             for r in runs.values():
-                if not r.preempted and steps_done(r.run) >= 4:
+                if r.preempted_at is None and steps_done(r.run) >= 4:
                     r.preempt()
-                r.state = _sacct_state(r.env, r.job)
-            time.sleep(1)
+            if time.monotonic() >= next_look:
+                for r in runs.values():
+                    r.state = _sacct_state(r.env, r.job)
+                next_look = time.monotonic() + 3
+            time.sleep(0.2)
         yield runs
     finally:
         for r in runs.values():
@@ -173,10 +187,11 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
 def test_dsorch_submit_in_a_container_survives_a_preemption(preempted_runs, runtime):
     r = preempted_runs["submit", runtime]
-    assert r.preempted, f"job {r.job} ended {r.state} before it was 4 steps in"
+    assert r.preempted_at is not None, f"job {r.job} ended {r.state} before it was 4 steps in"
     rec = next(x for x in status(r.env, r.exp) if x["job_id"] == r.job)
     assert rec["state"] == "COMPLETED", rec
-    assert rec["requeues"] >= 1 and len((r.run / "starts.jsonl").read_text().splitlines()) >= 2
+    assert rec["requeues"] >= 1, f"preempted after step {r.preempted_at}, yet never requeued: {rec}"
+    assert len((r.run / "starts.jsonl").read_text().splitlines()) >= 2
     assert [s for s, _ in losses(r.run)] == list(range(1, STEPS + 1))  # each step once, none lost
     assert not (r.run / "requeue.request").exists()
     check_recorded(r.box, runtime, r.plan, r.run)
@@ -186,8 +201,8 @@ def test_dsorch_submit_in_a_container_survives_a_preemption(preempted_runs, runt
 def test_plain_sbatch_in_a_container_survives_a_preemption(preempted_runs, runtime):
     r = preempted_runs["sbatch", runtime]
     log = r.log()
-    assert r.preempted, f"job {r.job} ended {r.state} before it was 4 steps in:\n{log[-4000:]}"
-    assert r.state == "COMPLETED", f"job {r.job} ended {r.state}:\n{log[-4000:]}"
+    assert r.preempted_at is not None, f"job {r.job} ended {r.state} before it was 4 steps in:\n{log[-4000:]}"
+    assert r.state == "COMPLETED", f"job {r.job} ended {r.state} (preempted after step {r.preempted_at}):\n{log[-4000:]}"
     allocations, requeues = _allocations_and_requeues(log)
     assert re.search(r"\(resumed from .*checkpoints/step\d+\)", log), log[-3000:]
     assert [s for s, _ in losses(r.run)] == list(range(1, STEPS + 1))  # each step once, none lost

@@ -13,7 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from ..conftest import EXAMPLES, load_script
+
+# Paced steps (the entrypoint's test hook), so mostly waiting: scripts/test.sh runs it beside the rest.
+pytestmark = pytest.mark.jobs
 
 DSORCH = str(Path(sys.executable).with_name("dsorch"))
 STEPS = 60

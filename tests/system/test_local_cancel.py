@@ -10,7 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from ..conftest import EXAMPLES
+
+# A paced run, so mostly waiting: scripts/test.sh runs it beside the rest.
+pytestmark = pytest.mark.jobs
 
 DSORCH = str(Path(sys.executable).with_name("dsorch"))
 PINS = ("--gpus-per-node", "2", "--tp", "1", "--pp", "1", "--dp", "2", "--zero", "1", "--mbs", "4",

@@ -22,6 +22,9 @@ import pytest
 from ..conftest import EXAMPLES, ROOT
 from . import test_run_data as run_data
 
+# A FAKE pretrain_gpt.py paced per iteration, so mostly waiting: scripts/test.sh runs it beside the rest.
+pytestmark = pytest.mark.jobs
+
 FAKE = ROOT / "tests" / "fakes" / "megatron"
 PINS = ("--gpus-per-node", "2", "--tp", "1", "--pp", "1", "--dp", "2", "--zero", "1", "--mbs", "4",
         "--recompute", "none", "--no-sp")
