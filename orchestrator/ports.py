@@ -80,12 +80,13 @@ def slurm_master_port_lines() -> list[str]:
     cluster, whose nodes share one host. Every task must agree without talking, so the port is a
     function of the job id and the allocation (SLURM_RESTART_COUNT: a requeued job's store of the
     last allocation may still be closing), read from the first node's own range: the batch script
-    runs there, which is where rank 0's store listens, and srun passes the export to every task."""
+    runs there, which is where rank 0's store listens, and srun passes the export to every task.
+    job.sbatch runs them under ``set -u``, also when bash runs it outside SLURM: no id reads as 0."""
     lo, hi = DEFAULT_EPHEMERAL
     return [
         f"read -r dsorch_lo dsorch_hi < {EPHEMERAL_RANGE_FILE} 2>/dev/null || {{ dsorch_lo={lo}; dsorch_hi={hi}; }}",
         f"if (( dsorch_lo > {LOWEST} + 1000 )); then dsorch_base={LOWEST}; dsorch_span=$((dsorch_lo - {LOWEST}));"
         " else dsorch_base=$((dsorch_hi + 1)); dsorch_span=$((65535 - dsorch_hi)); fi",
-        'export MASTER_PORT="${MASTER_PORT:-$((dsorch_base + (SLURM_JOB_ID * 7 + ${SLURM_RESTART_COUNT:-0} * 101)'
+        'export MASTER_PORT="${MASTER_PORT:-$((dsorch_base + (${SLURM_JOB_ID:-0} * 7 + ${SLURM_RESTART_COUNT:-0} * 101)'
         ' % dsorch_span))}"',
     ]

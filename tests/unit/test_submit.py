@@ -307,7 +307,8 @@ def test_a_slurm_job_exports_one_master_port_outside_the_ephemeral_range():
     from orchestrator.spec.cluster import load_profile
 
     def port(**env) -> int:
-        script = "\n".join([*slurm_master_port_lines(), 'echo "$MASTER_PORT"'])
+        # job.sbatch runs them under `set -u`, also when bash runs it outside SLURM (test_hostile.py).
+        script = "\n".join(["set -euo pipefail", *slurm_master_port_lines(), 'echo "$MASTER_PORT"'])
         out = subprocess.run(["bash", "-c", script], env={"PATH": os.environ["PATH"], **env}, capture_output=True,
                              text=True, check=True).stdout
         return int(out)
@@ -318,6 +319,7 @@ def test_a_slurm_job_exports_one_master_port_outside_the_ephemeral_range():
     assert port(SLURM_JOB_ID="123") == port(SLURM_JOB_ID="123", SLURM_RESTART_COUNT="0")
     assert port(SLURM_JOB_ID="123", SLURM_RESTART_COUNT="1") != port(SLURM_JOB_ID="123")
     assert port(SLURM_JOB_ID="123", MASTER_PORT="29511") == 29511
+    assert not lo <= port() <= hi  # no job id: outside SLURM, where nothing else sets one
     spec = scheduler.JobSpec.of(load_profile("dgx16").profile, "tiny")
     assert scheduler.sbatch_script(spec, Path("/tmp/folder")).count("export MASTER_PORT=") == 1
 
