@@ -13,7 +13,11 @@ bash scripts/setup.sh
 export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1
 # The slowest tests, printed at the end: the suite is meant to stay well under 30 minutes.
 PYTEST=(.venv/bin/python -m pytest -q --durations=25)
-if [[ "${DSORCH_TEST_SERIAL:-}" == 1 ]] || printf '%s\n' "$@" | grep -qx -- '-m'; then
+serial="${DSORCH_TEST_SERIAL:-}"
+for arg in "$@"; do
+  if [[ "$arg" == -m* ]]; then serial=1; fi
+done
+if [[ "$serial" == 1 ]]; then
   exec "${PYTEST[@]}" "$@"
 fi
 
