@@ -156,13 +156,14 @@ class Soak:
 
         def moved() -> bool:
             self.recover()
-            return last_step(self.run_dir) >= target or self.state() == "COMPLETED"
+            return last_step(self.run_dir) >= target or self.ended()
 
         self.wait(moved, f"step {target}", timeout=900)
         self.best = max(self.best, last_step(self.run_dir))
-        return self.state() not in ("COMPLETED",) and self.best < self.steps
+        return not self.ended() and self.best < self.steps
 
     def ended(self) -> bool:
+        """The run is over: the current job COMPLETED."""
         return self.state() == "COMPLETED"
 
     def nodes(self) -> list[str]:
@@ -199,7 +200,7 @@ class Soak:
         self.wait(lambda: self.recover() or self.ended() or rank_pid(self.run_dir, rank) is not None, "a rank", 600)
         pid = rank_pid(self.run_dir, rank)
         if pid is None:  # the run completed first, or the rank ended between the look and now
-            return "no rank process to kill (the run had completed); nothing killed"
+            return "no rank process to kill (the run had completed or the rank had just exited); nothing killed"
         os.kill(pid, signal.SIGKILL)
         return f"SIGKILL to rank {rank} (pid {pid})"
 
@@ -395,7 +396,7 @@ def run_soak(
                     time.sleep(rng.uniform(0.0, 1.5))  # anywhere in a step or a checkpoint
                     soak.inject(kind)
                 soak.wait(
-                    lambda: soak.recover() or (soak.state() == "COMPLETED" and last_step(run_dir) >= steps),
+                    lambda: soak.recover() or (soak.ended() and last_step(run_dir) >= steps),
                     "the chaos job to complete",
                     timeout=900,
                 )

@@ -23,10 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import EXAMPLES, ROOT
+from ..conftest import ROOT
 from .test_slurm import (  # noqa: F401  (slurm_env is a fixture)
+    ENDED,
     PROFILES,
+    Sbatch,
     _allocations_and_requeues,
+    _long_tiny_spec,
     _sacct_state,
     dsorch,
     losses,
@@ -118,18 +121,14 @@ class BoxedRun:
         return (self.exp / "plans" / "p").resolve()
 
     def make_plan(self) -> None:
-        spec = self.exp / "tiny-long.yaml"
-        spec.write_text((EXAMPLES / "tiny.yaml").read_text().replace("train_tokens: 30720", f"steps: {STEPS}"))
-        dsorch(self.env, self.exp, "plan", spec, "--cluster", "boxed", "--out", self.plan, *ONE_NODE)
+        dsorch(self.env, self.exp, "plan", _long_tiny_spec(self.exp, STEPS), "--cluster", "boxed", "--out", self.plan, *ONE_NODE)
 
     def start(self) -> None:
         if self.how == "submit":
             self.job = submitted_id(dsorch(self.env, self.exp, "submit", self.plan, "--save-interval", "10"))
             self.run = Path(next(r["run_dir"] for r in status(self.env, self.exp) if r["job_id"] == self.job))
         else:
-            r = subprocess.run(["sbatch", "--parsable", "job.sbatch"], cwd=self.plan, env=self.env,
-                               capture_output=True, text=True, check=True)
-            self.job, self.run = r.stdout.strip().split(";")[0], self.plan / "run"
+            self.job, self.run = Sbatch(self.plan, self.env).submit().job, self.plan / "run"
 
     def preempt(self) -> None:
         """SLURM's warning before preemption or the time limit, 4 steps in. Under `dsorch submit` to
@@ -141,7 +140,7 @@ class BoxedRun:
         subprocess.run(["scancel", *batch, "--signal=USR2", self.job], env=self.env, check=True)
 
     def log(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in sorted(self.plan.glob("slurm-*.out")))
+        return Sbatch(self.plan, self.env, self.job).log()
 
 
 CASES = [(how, runtime) for how in ("submit", "sbatch") for runtime in ("pyxis", "apptainer")]
@@ -180,8 +179,6 @@ def preempted_runs(slurm_env, tmp_path_factory) -> dict[tuple[str, str], BoxedRu
         for r in runs.values():
             subprocess.run(["scancel", r.job], env=r.env, capture_output=True)  # nothing, unless one hung
 
-
-ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])

@@ -209,19 +209,26 @@ class Sbatch:
         self.job = r.stdout.strip().split(";")[0]
         return self
 
+    def log(self) -> str:
+        """The job's output over all its allocations (--open-mode=append)."""
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.plan.glob("slurm-*.out")))
+
     def wait(self, timeout_s: float = 1500) -> tuple[str, str]:
         """Until the job ends: (final state, the job's output over all allocations)."""
         deadline = time.monotonic() + timeout_s
         state = "PENDING"
         while time.monotonic() < deadline:
             state = _sacct_state(self.env, self.job)
-            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            if state in ENDED:
                 break
             time.sleep(5)
-        log = "\n".join(p.read_text(errors="replace") for p in sorted(self.plan.glob("slurm-*.out")))
         if state != "COMPLETED":
             subprocess.run(["scancel", self.job], env=self.env)
-        return state, log
+        return state, self.log()
+
+
+# sacct's states of a job that has ended.
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
 def _allocations_and_requeues(log: str) -> tuple[int, int]:
