@@ -616,6 +616,26 @@ def _megatron_moe_limits(model: ModelSpec) -> list[str]:
     return problems
 
 
+# The compute capabilities Transformer Engine runs each FP8 recipe on (pytorch/quantization.py
+# _compute_mxfp8_support, _compute_fp8_block_scaling_support @ d0067d0): MXFP8 from Blackwell (10.0)
+# and not yet on 12.0+, 1x128/128x128 block scaling from Hopper (9.0). Delayed and per-tensor
+# scaling run wherever FP8 does (the profile's fp8 peak says so).
+_FP8_RECIPE_CC = {
+    "mxfp8": ((10, 0), (12, 0), "Transformer Engine runs MXFP8 on compute capability 10.0 up to (not incl.) 12.0"),
+    "blockwise": ((9, 0), None, "Transformer Engine's FP8 block scaling needs compute capability 9.0 or higher"),
+}
+
+
+def _fp8_recipe_unsupported(recipe: str, compute_capability: str | None) -> str | None:
+    """Why Transformer Engine refuses ``recipe`` on a GPU of this compute capability (None: it runs,
+    or the profile does not say)."""
+    if compute_capability is None or recipe not in _FP8_RECIPE_CC:
+        return None
+    cc = tuple(int(v) for v in compute_capability.split("."))
+    low, high, why = _FP8_RECIPE_CC[recipe]
+    return why if cc < low or (high is not None and cc >= high) else None
+
+
 def check_training(training: TrainingSpec, profile: ClusterProfile, runtime: str) -> list[str]:
     """What the runtime refuses about the training settings, whatever the layout."""
     problems = []
@@ -635,6 +655,12 @@ def check_training(training: TrainingSpec, profile: ClusterProfile, runtime: str
                 f"training.fp8 {training.fp8!r}: profile '{profile.name}' states no FP8 peak for "
                 f"{profile.gpu.name} (gpu.peak_tflops.fp8; FP8 tensor cores start with Hopper and Ada): "
                 f"add it to the profile or drop training.fp8"
+            )
+        elif (why := _fp8_recipe_unsupported(training.fp8_recipe, profile.gpu.compute_capability)) is not None:
+            problems.append(
+                f"training.fp8_recipe {training.fp8_recipe!r} on {profile.gpu.name} (profile '{profile.name}', "
+                f"gpu.compute_capability {profile.gpu.compute_capability}): {why}; pick another recipe "
+                f"(tensorwise or delayed run on every FP8 GPU)"
             )
     if runtime != "megatron" and training.tp_comm_overlap:
         problems.append(

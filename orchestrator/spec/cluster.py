@@ -42,6 +42,10 @@ class GpuSpec(BaseModel):
     # Dense (no 2:4 sparsity) peak, TFLOP/s, per device.
     peak_tflops: PeakTflops
     hbm_bandwidth_gbps: float = Field(default=2000.0, gt=0, description="GB/s")
+    # CUDA compute capability ("9.0" Hopper, "10.0" B200/GB200, "10.3" GB300; nvidia-smi
+    # --query-gpu=compute_cap prints it). Transformer Engine gates FP8 recipes on it
+    # (pytorch/quantization.py: MXFP8 needs 10.0 up to 12.0, block scaling 9.0+); None: unknown.
+    compute_capability: str | None = Field(default=None, pattern=r"^\d{1,2}\.\d$")
 
 
 class IntraNode(BaseModel):

@@ -130,6 +130,25 @@ def test_fp8_is_refused_where_it_cannot_run(runner, in_tmp, args, text):
     assert not (in_tmp / "p").exists()
 
 
+@pytest.mark.parametrize("recipe, cluster, refused", [
+    ("mxfp8", "dgx16", True),  # Hopper: TE's MXFP8 needs compute capability 10.0
+    ("mxfp8", "gb300-nvl72", False),
+    ("blockwise", "dgx16", False),
+    ("blockwise", "gb200-nvl72", False),
+])
+def test_fp8_recipe_is_refused_on_gpus_transformer_engine_refuses_it(runner, in_tmp, recipe, cluster, refused):
+    text = (EXAMPLES / "llama3-70b-fp8.yaml").read_text().replace("fp8: hybrid", f"fp8: hybrid\n  fp8_recipe: {recipe}")
+    assert f"fp8_recipe: {recipe}" in text
+    (in_tmp / "s.yaml").write_text(text)
+    r = plan(runner, in_tmp / "s.yaml", "--cluster", cluster, "--runtime", "megatron", "--out", in_tmp / "p")
+    assert (r.exit_code == 2) == refused, r.output
+    if refused:
+        assert f"training.fp8_recipe '{recipe}' on " in r.output and "compute_capability 9.0" in r.output
+        assert not (in_tmp / "p").exists()
+    else:
+        assert dict(_flags(in_tmp / "p"))["--fp8-recipe"] == recipe
+
+
 def test_fp8_needs_bf16(tmp_path):
     from orchestrator.errors import SpecError
 
