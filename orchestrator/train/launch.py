@@ -15,6 +15,7 @@ torchrun's variables win when both are present (torchrun started inside an alloc
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -59,6 +60,17 @@ def read_env(environ=None) -> DistEnv:
     return DistEnv(0, 0, 1, "127.0.0.1", int(env.get("MASTER_PORT", 29500)), "single")
 
 
+def deepspeed_arch_list(value: str) -> str:
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed 0.19's JIT op builder reads it. Its compute_capability_args
+    (deepspeed/ops/op_builder/builder.py) takes each entry as digits with an optional "+PTX", so an
+    architecture-specific "9.0a" or family-specific "10.0f", which PyTorch's own extension builder
+    accepts and CUDA images set, stops FusedAdam's build with int("0a") before the first step (seen
+    on an H200 image, docs/measurements/gpu-check-NVIDIA-H200-2026-12-04.yaml). The suffix only
+    unlocks instructions (wgmma, tcgen05) that DeepSpeed's optimizer kernels do not use."""
+    entries = (e.strip() for e in value.replace(" ", ";").split(";"))
+    return ";".join(re.sub(r"^(\d+\.\d+)[af](\+PTX)?$", r"\1\2", e) for e in entries if e)
+
+
 def init(denv: DistEnv, backend: str) -> torch.device:
     """Start the default process group and bind this rank to its device."""
     if backend == "nccl" and torch.cuda.is_available():
@@ -71,6 +83,11 @@ def init(denv: DistEnv, backend: str) -> torch.device:
         # gloo run several times slower.
         torch.set_num_threads(1)
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if device.type == "cuda" and arch and deepspeed_arch_list(arch) != arch:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = deepspeed_arch_list(arch)
+        if denv.rank == 0:
+            print(f"TORCH_CUDA_ARCH_LIST {arch!r} -> {os.environ['TORCH_CUDA_ARCH_LIST']!r} for DeepSpeed's op builds")
     # DeepSpeed reads these for its own bookkeeping (deepspeed.comm, checkpoint naming).
     for k, v in (
         ("RANK", denv.rank),
