@@ -70,7 +70,9 @@ def _trial(plan: Plan) -> dict | None:
 def _unmeasured_runtime(plan: Plan) -> str | None:
     """The deepspeed runtime's kernels are dsorch's own entrypoint (PyTorch RMSNorm and SwiGLU, no
     Transformer Engine), but its efficiencies are those fitted to torchtitan's and MosaicML's FSDP
-    runs (calibration.BORROWS); no GPU run of the entrypoint is in the calibration. Until a trial
+    runs (calibration.BORROWS). The entrypoint's one GPU measurement is a single H200 (scripts/
+    gpu_check.sh, docs/measurements/gpu-check-NVIDIA-H200-2026-12-04.yaml): a 0.9B model at 2K
+    tokens, six one-GPU layouts, predicted 10 % fast to 21 % slow; nothing at scale. Until a trial
     calibrates the profile (its efficiencies then come from the profile), say so."""
     if plan.runtime != "deepspeed":
         return None
@@ -79,9 +81,10 @@ def _unmeasured_runtime(plan: Plan) -> str | None:
         return None
     return (
         "the deepspeed runtime runs dsorch's own entrypoint (PyTorch RMSNorm and SwiGLU, no Transformer "
-        f"Engine), whose GPU speed no run has measured: its efficiencies are {eff.entry or 'the defaults'}'s, "
-        "fitted to torchtitan and MosaicML FSDP runs, so this prediction is likely optimistic (it can "
-        "come out faster than Megatron-Core's for the same layout)"
+        f"Engine), whose GPU speed at scale no run has measured: its efficiencies are "
+        f"{eff.entry or 'the defaults'}'s, fitted to torchtitan and MosaicML FSDP runs, so this prediction "
+        "can be optimistic (it can come out faster than Megatron-Core's for the same layout); on one H200 "
+        "(a 0.9B model, six one-GPU layouts) it was 10 % fast to 21 % slow"
     )
 
 
