@@ -4,6 +4,7 @@ predictions for the same layouts. Needs nothing from the network (synthetic toke
 
     scripts/gpu_check.sh                       # on a machine with one CUDA GPU (H200 profile)
     scripts/gpu_check.sh --dry-run             # everything but the GPU: a small model on CPU ranks
+    scripts/gpu_check.py --shape llama3-70b-2l # two layers at Llama 3 70B's width: the GEMMs a 70B plan runs
 
 For each layout one GPU allows (micro-batch 1/2/4, recompute none/selective/full, ZeRO 0/1):
 ``dsorch plan`` with the layout pinned on a one-GPU profile, the entrypoint for a few steps, then
@@ -44,6 +45,18 @@ CPU_SEQ = 128
 # per step: DeepSpeed refuses fp32 accumulation there, rules.zero_stages).
 LAYOUTS = [(1, "none", 1), (2, "none", 1), (4, "none", 1), (4, "selective", 1), (4, "full", 1), (4, "none", 0)]
 GLOBAL_BATCH = 8  # sequences per step at ZeRO-1; ZeRO-0 runs one micro-batch per step
+SHAPE = "1b"  # --shape
+
+# --shape llama3-70b-2l: two layers of Llama 3 70B at its width (hidden 8192, ffn 28672, 64 heads
+# over 8 kv heads, 128K vocabulary, 4K tokens; "The Llama 3 Herd of Models" Table 3): the GEMM
+# shapes a 70B plan runs, on one GPU (3.7B parameters, ~67 GB of ZeRO-1 states at dp 1).
+SHAPES = {
+    "1b": (GPU_MODEL, GPU_SEQ, LAYOUTS, GLOBAL_BATCH),
+    "llama3-70b-2l": (
+        {**GPU_MODEL, "num_layers": 2, "hidden_size": 8192, "ffn_hidden_size": 28672, "num_attention_heads": 64,
+         "num_kv_heads": 8, "vocab_size": 128256, "max_position_embeddings": 4096},
+        4096, [(1, "none", 1), (1, "full", 1), (2, "none", 1)], 4),
+}
 
 
 def one_gpu_profile(dry_run: bool) -> str:
@@ -53,11 +66,12 @@ def one_gpu_profile(dry_run: bool) -> str:
 
 
 def spec_text(dry_run: bool, mbs: int, zero: int) -> str:
-    model, seq = (CPU_MODEL, CPU_SEQ) if dry_run else (GPU_MODEL, GPU_SEQ)
-    doc = {"name": f"gpu-check-{'cpu' if dry_run else '1b'}",
+    model, seq, _, global_batch = SHAPES[SHAPE]
+    model, seq = (CPU_MODEL, CPU_SEQ) if dry_run else (model, seq)
+    doc = {"name": f"gpu-check-{'cpu' if dry_run else SHAPE}",
            "source": "scripts/gpu_check.py: a Llama-shaped model sized for one GPU",
            "model": model,
-           "training": {"seq_length": seq, "global_batch_size": mbs if zero == 0 else GLOBAL_BATCH,
+           "training": {"seq_length": seq, "global_batch_size": mbs if zero == 0 else global_batch,
                         "precision": "bf16", "steps": 1000, "flash_attention": True,
                         "optimizer": {"warmup_steps": 10}}}
     return yaml.safe_dump(doc, sort_keys=False)
@@ -142,7 +156,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None,
                     help="records file (default docs/measurements/gpu-check-<gpu>-<date>.yaml; dry run: a temp file)")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds for all layouts; the rest are skipped")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="1b",
+                    help="the model and its layouts: 1b (default, six layouts) or llama3-70b-2l (70B's width)")
     a = ap.parse_args()
+    global SHAPE
+    SHAPE = a.shape
     steps = a.steps or (3 if a.dry_run else 12)
     warmup = 1 if a.dry_run else 4
     if not a.dry_run:
@@ -160,7 +178,7 @@ def main() -> None:
         profiles = work / "profiles"
         profiles.mkdir()
         (profiles / ("gpu-check-cpu.yaml" if a.dry_run else "gpu-check-h200.yaml")).write_text(one_gpu_profile(a.dry_run))
-        for mbs, rc, zero in LAYOUTS:
+        for mbs, rc, zero in SHAPES[SHAPE][2]:
             label = f"mbs {mbs} recompute {rc} ZeRO-{zero}"
             left = a.budget - (time.monotonic() - t_start)
             if left < 30:
