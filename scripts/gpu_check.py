@@ -45,7 +45,6 @@ CPU_SEQ = 128
 # per step: DeepSpeed refuses fp32 accumulation there, rules.zero_stages).
 LAYOUTS = [(1, "none", 1), (2, "none", 1), (4, "none", 1), (4, "selective", 1), (4, "full", 1), (4, "none", 0)]
 GLOBAL_BATCH = 8  # sequences per step at ZeRO-1; ZeRO-0 runs one micro-batch per step
-SHAPE = "1b"  # --shape
 
 # --shape llama3-70b-2l: two layers of Llama 3 70B at its width (hidden 8192, ffn 28672, 64 heads
 # over 8 kv heads, 128K vocabulary, 4K tokens; "The Llama 3 Herd of Models" Table 3): the GEMM
@@ -65,10 +64,10 @@ def one_gpu_profile(dry_run: bool) -> str:
     return "extends: hgx-h200-ndr\nname: gpu-check-h200\nnodes: 1\ngpus_per_node: 1\n"
 
 
-def spec_text(dry_run: bool, mbs: int, zero: int) -> str:
-    model, seq, _, global_batch = SHAPES[SHAPE]
+def spec_text(dry_run: bool, mbs: int, zero: int, shape: str = "1b") -> str:
+    model, seq, _, global_batch = SHAPES[shape]
     model, seq = (CPU_MODEL, CPU_SEQ) if dry_run else (model, seq)
-    doc = {"name": f"gpu-check-{'cpu' if dry_run else SHAPE}",
+    doc = {"name": f"gpu-check-{'cpu' if dry_run else shape}",
            "source": "scripts/gpu_check.py: a Llama-shaped model sized for one GPU",
            "model": model,
            "training": {"seq_length": seq, "global_batch_size": mbs if zero == 0 else global_batch,
@@ -77,13 +76,13 @@ def spec_text(dry_run: bool, mbs: int, zero: int) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def plan(work: Path, profiles: Path, dry_run: bool, mbs: int, rc: str, zero: int) -> Path:
+def plan(work: Path, profiles: Path, dry_run: bool, mbs: int, rc: str, zero: int, shape: str = "1b") -> Path:
     from click.testing import CliRunner
 
     from orchestrator.cli.main import main
 
     spec = work / f"spec-mbs{mbs}-z{zero}.yaml"
-    spec.write_text(spec_text(dry_run, mbs, zero))
+    spec.write_text(spec_text(dry_run, mbs, zero, shape))
     out = work / f"plan-mbs{mbs}-{rc}-z{zero}"
     r = CliRunner().invoke(main, ["plan", str(spec), "--cluster", "gpu-check-cpu" if dry_run else "gpu-check-h200",
                                   "--profiles-dir", str(profiles), "--out", str(out), "--tp", "1", "--pp", "1",
@@ -159,8 +158,6 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1b",
                     help="the model and its layouts: 1b (default, six layouts) or llama3-70b-2l (70B's width)")
     a = ap.parse_args()
-    global SHAPE
-    SHAPE = a.shape
     steps = a.steps or (3 if a.dry_run else 12)
     warmup = 1 if a.dry_run else 4
     if not a.dry_run:
@@ -178,13 +175,13 @@ def main() -> None:
         profiles = work / "profiles"
         profiles.mkdir()
         (profiles / ("gpu-check-cpu.yaml" if a.dry_run else "gpu-check-h200.yaml")).write_text(one_gpu_profile(a.dry_run))
-        for mbs, rc, zero in SHAPES[SHAPE][2]:
+        for mbs, rc, zero in SHAPES[a.shape][2]:
             label = f"mbs {mbs} recompute {rc} ZeRO-{zero}"
             left = a.budget - (time.monotonic() - t_start)
             if left < 30:
                 rows.append({"layout": label, "failure": "skipped: the time budget is spent"})
                 continue
-            plan_dir = plan(work, profiles, a.dry_run, mbs, rc, zero)
+            plan_dir = plan(work, profiles, a.dry_run, mbs, rc, zero, a.shape)
             run_dir = work / f"run-{plan_dir.name}"
             rc_code, tail = train(plan_dir, run_dir, steps, a.dry_run, timeout=left)
             if rc_code != 0 or not (run_dir / "metrics.jsonl").is_file():
