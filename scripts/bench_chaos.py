@@ -387,10 +387,12 @@ def run_soak(
             calm_job = out.stdout.split()[2]
             soak.submit("--run-dir", str(run_dir))
             drawn = schedule(rng, faults, kinds, disk_full=on_tmpfs)
-            # Gaps of 2 steps up to an even share of the run: all faults land before its end.
-            spread = max(3, steps // (len(drawn) + 1))
             try:
-                for kind in drawn:
+                for i, kind in enumerate(drawn):
+                    # Gaps of 2 steps up to an even share of the steps still ahead: every fault lands
+                    # before the end, also when a fault lets the run train on (a full disk fails the
+                    # job only at its next write; a fast machine trains many steps per poll).
+                    spread = max(2, (steps - soak.best) // (len(drawn) - i + 1))
                     if not soak.wait_for_progress(rng.randint(2, spread)):
                         break
                     time.sleep(rng.uniform(0.0, 1.5))  # anywhere in a step or a checkpoint

@@ -26,7 +26,10 @@ CI_KINDS = ("preempt-term", "kill-rank", "disk-full")
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the disk-full fault mounts a tmpfs, which needs root")
 def test_a_run_survives_a_sigterm_preemption_a_killed_rank_and_a_full_disk(slurm_env):  # noqa: F811
-    report = chaos.run_soak(slurm_env, steps=100, faults=len(CI_KINDS), seed=1, save_interval=10, kinds=CI_KINDS)
+    # Steps paced at 0.25 s (the entrypoint's test hook): a fast machine would otherwise train past the
+    # step a fault was drawn for between two polls, and a fault could land after the last step.
+    env = dict(slurm_env, DSORCH_TEST_MIN_STEP_SECONDS="0.25")
+    report = chaos.run_soak(env, steps=100, faults=len(CI_KINDS), seed=1, save_interval=10, kinds=CI_KINDS)
     print(report.summary())
     assert report.problems == [], report.summary()
     assert report.survived == {kind: 1 for kind in CI_KINDS}, report.summary()
