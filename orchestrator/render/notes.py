@@ -51,20 +51,24 @@ def _mfu(plan: Plan) -> dict:
     }
 
 
-def _trial(plan: Plan) -> dict | None:
-    """The one command that measures the chosen layout on the user's cluster, and its price: `dsorch
-    trial --top 1` runs the chosen layout and the best of every other family that fits
-    (run/trial.py select_trials), TRIAL_STEPS steps each on the whole cluster. Only the deepspeed
-    runtime's entrypoint is what a trial runs."""
+def _trial(plan: Plan) -> dict:
+    """The one command that measures the chosen layout on the user's cluster, and its price, TRIAL_STEPS
+    steps of each layout on the whole cluster by the plan's predictions. The deepspeed runtime:
+    `dsorch trial --top 1`, the chosen layout and the best of every other family that fits
+    (run/trial.py select_trials). A trial runs dsorch's entrypoint only, so a megatron plan is
+    measured by submitting it for a few steps (Megatron-LM's iteration lines become the run's
+    metrics, run/megatron_log.py) and calibrating the profile from that run."""
     if plan.runtime != "deepspeed":
-        return None
-    runs = [plan.chosen] + [fb.scored for fb in plan.result.families if fb.rank is not None and fb.rank > 1]
+        runs = [plan.chosen]
+        command = (
+            f"dsorch submit PLAN_DIR --steps {TRIAL_STEPS} --wait, then dsorch calibrate RUN_DIR --cluster "
+            f"{plan.profile.name}"
+        )
+    else:
+        runs = [plan.chosen] + [fb.scored for fb in plan.result.families if fb.rank is not None and fb.rank > 1]
+        command = f"dsorch trial {plan.spec_path} --cluster {plan.profile.name}{plan.resize_flags} --top 1"
     seconds = sum(TRIAL_STEPS * s.step_time_s for s in runs)
-    return {
-        "command": f"dsorch trial {plan.spec_path} --cluster {plan.profile.name}{plan.resize_flags} --top 1",
-        "layouts": len(runs),
-        "gpu_hours": _r(seconds * plan.profile.world_size / 3600.0, 2),
-    }
+    return {"command": command, "layouts": len(runs), "gpu_hours": _r(seconds * plan.profile.world_size / 3600.0, 2)}
 
 
 def _unmeasured_runtime(plan: Plan) -> str | None:
@@ -198,12 +202,7 @@ def notes_text(plan: Plan) -> list[str]:
         out.append(
             f"measure it on your cluster: {trial['command']} ({trial['layouts']} "
             f"layout{'s' if trial['layouts'] > 1 else ''} x {TRIAL_STEPS} steps, about {trial['gpu_hours']:.3g} "
-            f"GPU-hours by this plan's predictions)"
-        )
-    elif doc["outside_fitted_domain"]:
-        out.append(
-            "`dsorch trial` measures the deepspeed runtime only: a short Megatron-LM run of this plan "
-            "(`dsorch submit`) is what measures this layout"
+            f"GPU-hours by this plan's predictions{', start-up apart' if plan.runtime != 'deepspeed' else ''})"
         )
     out += _checkpoint_text(plan)
     ov = plan.spec.overrides

@@ -123,6 +123,17 @@ def test_unmeasured_plan_names_the_trial_and_its_cost():
     assert any("dsorch trial" in n and "GPU-hours" in n for n in notes_text(p))
 
 
+def test_megatron_plan_outside_the_domain_names_a_short_submit_and_its_cost():
+    p = _plan("llama3-70b-128k", "megatron", nodes=16)
+    doc = notes_doc(p)
+    assert p.chosen.interval is None and doc["outside_fitted_domain"]
+    trial = doc["measure"]
+    assert trial["command"] == "dsorch submit PLAN_DIR --steps 20 --wait, then dsorch calibrate RUN_DIR --cluster dgx16"
+    assert trial["layouts"] == 1
+    assert trial["gpu_hours"] == pytest.approx(20 * p.chosen.step_time_s * p.profile.world_size / 3600, abs=0.005)
+    assert any("dsorch submit PLAN_DIR" in n and "GPU-hours" in n for n in notes_text(p))
+
+
 def test_megatron_in_domain_plan_has_nothing_to_measure():
     p = _plan("llama3-70b", "megatron", nodes=16, memory_margin_gib=0.0)
     doc = notes_doc(p)
