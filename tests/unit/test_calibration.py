@@ -499,6 +499,8 @@ def test_moe_runs_as_rows():
             L["tp"], L["pp"], L["cp"], L["dp"], L["ep"] or 1)
         assert row.pins.vpp == (L["vp"] or 1) and row.pins.recompute == "none" and row.pins.zero_stage == 1
         assert row.pins.micro_batch_size == run["training"]["micro_batch_size"]
+        # Megatron-Bridge's performance configs reduce gradients in bf16; Megatron-LM's README runs in fp32.
+        assert row.training.grad_reduce_in_fp32 == (run["source"]["repo"] != "NVIDIA-NeMo/Megatron-Bridge")
         assert (row.model.moe is None) == (run["model"]["type"] == "dense")
         # Published sizes: total and active parameters within 3 % (DeepSeek-V3 671B / 37B, Qwen3
         # 30.5B / 3.3B and 235B / 22B, Mixtral 46.7B / 12.9B), dense Llama 8B / 405B.
