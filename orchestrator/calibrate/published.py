@@ -407,6 +407,9 @@ def moe_training(run: dict) -> tuple[TrainingSpec, str | None]:
         # reduce-scatter bytes (Megatron-LM --grad-reduce-in-bf16). The shipped fit was made with
         # fp32 rows; its recorded errors still hold to 0.2 % (test_calibration_file_is_current).
         grad_reduce_in_fp32=not bridge,
+        # Bridge's FP8 presets keep FP8 weights only (mixed_precision.py at 5776a6d:
+        # bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed set fp8_param_gather = True).
+        fp8_param_gather=bridge and fp8 is not None,
         **moe,
     )
     return training, recipe

@@ -739,7 +739,9 @@ def _memory(x: _Inputs) -> _Memory:
 
     # Transformer Engine keeps an FP8 copy of each layer weight and of its transpose across the
     # micro-batches of a step (Megatron passes is_first_microbatch, so the casts are cached).
-    fp8_weights = 2.0 * x.layer_params_local if training.fp8 is not None else 0.0
+    # With --fp8-param-gather that FP8 weight and its transpose are the only copy (the weight_b bytes
+    # already counted): nothing on top.
+    fp8_weights = 2.0 * x.layer_params_local if training.fp8 is not None and not training.fp8_param_gather else 0.0
 
     def stage_memory(layers, moe_layers, params_local, experts_local, stage_index, extra_act, outputs=True):
         # The routed experts' states shard over the expert data-parallel group (Megatron's distributed

@@ -80,12 +80,16 @@ def uses_megatron_fsdp(runtime: str, zero_stage: int) -> bool:
     return runtime == "megatron" and zero_stage == MEGATRON_FSDP_ZERO
 
 
-def zero_stages(runtime: str, pp: int, precision: str, grad_accum_steps: int, pinned: int | None = None) -> list[int]:
+def zero_stages(
+    runtime: str, pp: int, precision: str, grad_accum_steps: int, pinned: int | None = None, fp8_param_gather=False
+) -> list[int]:
     """The ZeRO stages a runtime can run a layout with (the solver enumerates exactly these);
     ``pinned`` is the stage the user asked for, if any."""
     if runtime == "megatron":
         # 0: plain DDP; 1: the distributed optimizer; 2: Megatron-FSDP optim_grads, only when asked.
-        return [0, 1, MEGATRON_FSDP_ZERO] if pinned == MEGATRON_FSDP_ZERO else [0, 1]
+        # --fp8-param-gather needs the distributed optimizer or Megatron-FSDP (validate_args).
+        stages = [0, 1, MEGATRON_FSDP_ZERO] if pinned == MEGATRON_FSDP_ZERO else [0, 1]
+        return stages[1:] if fp8_param_gather else stages
     # DeepSpeed's pipeline engine asserts stage < 2 (pipe/engine.py). With bf16, dsorch accumulates
     # gradients in fp32 (ds_config data_types.grad_accum_dtype), which DeepSpeed refuses at ZeRO-0
     # ("unsupported mix of model_dtype=torch.bfloat16 and grad_accum_dtype=torch.float32",
@@ -502,8 +506,15 @@ def _batch_rules(L: Layout, training: TrainingSpec) -> list[str]:
 
 def _zero_rules(L: Layout, training: TrainingSpec, runtime: str) -> list[str]:
     """Why the ZeRO stage is not one ``zero_stages`` offers (one reason)."""
-    if L.zero_stage in zero_stages(runtime, L.pp, training.precision, L.grad_accum_steps, L.zero_stage):
+    if L.zero_stage in zero_stages(
+        runtime, L.pp, training.precision, L.grad_accum_steps, L.zero_stage, training.fp8_param_gather
+    ):
         return []
+    if runtime == "megatron" and L.zero_stage == 0:
+        return [
+            "zero_stage=0 with training.fp8_param_gather: Megatron-LM's --fp8-param-gather needs the distributed "
+            "optimizer (validate_args); use zero_stage 1 or set fp8_param_gather false"
+        ]
     if runtime == "megatron":
         return [
             f"zero_stage={L.zero_stage}: on Megatron-LM dsorch plans zero_stage 1 (the distributed "
@@ -662,6 +673,11 @@ def check_training(training: TrainingSpec, profile: ClusterProfile, runtime: str
                 f"gpu.compute_capability {profile.gpu.compute_capability}): {why}; pick another recipe "
                 f"(tensorwise or delayed run on every FP8 GPU)"
             )
+    if training.fp8_param_gather and (runtime != "megatron" or training.fp8 is None):
+        problems.append(
+            "training.fp8_param_gather is Megatron-LM's --fp8-param-gather: it keeps FP8 weights, so it needs "
+            "training.fp8 and the megatron runtime; set both, or leave it out"
+        )
     if runtime != "megatron" and training.tp_comm_overlap:
         problems.append(
             "training.tp_comm_overlap is Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers); "

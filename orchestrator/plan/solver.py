@@ -215,7 +215,7 @@ def _layouts_at(degrees, split, model, training, runtime, pins, reject) -> list[
 
     for mbs in _options(pins, "micro_batch_size", divisors(gbs // dp)):
         gas = gbs // (dp * mbs)
-        zeros = zero_stages(runtime, pp, training.precision, gas, pins.zero_stage)
+        zeros = zero_stages(runtime, pp, training.precision, gas, pins.zero_stage, training.fp8_param_gather)
         wanted = _options(pins, "zero_stage", all_zero)
         ok_vpps = []
         for vpp in _options(pins, "vpp", vpps):

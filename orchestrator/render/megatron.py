@@ -392,6 +392,8 @@ def _precision_flags(plan: Plan) -> _Flags:
         yield "--fp16", None
     if t.fp8 is not None and plan.runtime == "megatron":
         yield "--fp8-format", t.fp8
+        if t.fp8_param_gather:
+            yield "--fp8-param-gather", None
         if t.fp8_recipe != "delayed":
             yield "--fp8-recipe", t.fp8_recipe
             return

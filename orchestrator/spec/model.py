@@ -600,6 +600,13 @@ class TrainingSpec(BaseModel):
     # false: a bf16 buffer (2 bytes), --grad-reduce-in-bf16, as Megatron-Core's own
     # DistributedDataParallelConfig defaults to.
     grad_reduce_in_fp32: bool = True
+    # FP8 weights only (Megatron-LM --fp8-param-gather): Transformer Engine keeps each FP8 layer's
+    # weight as an FP8 tensor (and its transpose), with no bf16 copy; the distributed optimizer casts
+    # its fp32 main weights straight into it and all-gathers FP8 (megatron/core/fp8_utils.py). 2 bytes
+    # per FP8 weight instead of 4 (bf16 + FP8 cache). Needs fp8 and the distributed optimizer or
+    # Megatron-FSDP (validate_args); Megatron-Bridge's FP8 presets set it (training/mixed_precision.py
+    # bf16_with_fp8_current_scaling_mixed, bf16_with_mxfp8_mixed).
+    fp8_param_gather: bool = False
     # How context parallelism (cp > 1) exchanges the sequence (Megatron-LM --cp-comm-type, default
     # p2p; Transformer Engine attention/dot_product_attention/context_parallel.py): p2p passes K and
     # V around the cp ring, each step overlapped with one block of attention (AttnFuncWithCPAndKVP2P);

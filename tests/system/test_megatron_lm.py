@@ -98,14 +98,14 @@ def test_llama3_405b_uneven_interleaved_layout_passes_megatron_lm(runner, in_tmp
 @pytest.mark.parametrize("cp_comm, recipe", [("a2a+p2p", "tensorwise"), ("all_gather", "blockwise")])
 def test_cp_fp8_and_overlap_flags_pass_megatron_lm(runner, in_tmp, cp_comm, recipe):
     """Llama 3 70B in FP8 with context parallelism exchanged by Transformer Engine's hierarchical a2a+p2p
-    (or all_gather), TP communication overlapped and gradients reduced in bf16: Megatron-LM's own
-    validate_args and TransformerConfig accept --cp-comm-type, --hierarchical-context-parallel-sizes,
-    --fp8-recipe, --tp-comm-overlap and --grad-reduce-in-bf16 as dsorch emits them."""
+    (or all_gather), TP communication overlapped, gradients reduced in bf16 and FP8 weights only: Megatron-LM's
+    own validate_args and TransformerConfig accept --cp-comm-type, --hierarchical-context-parallel-sizes,
+    --fp8-recipe, --tp-comm-overlap, --grad-reduce-in-bf16 and --fp8-param-gather as dsorch emits them."""
     import yaml
 
     doc = yaml.safe_load((ROOT / "examples" / "llama3-70b.yaml").read_text())
     doc["training"].update(fp8="hybrid", fp8_recipe=recipe, cp_comm_type=cp_comm, grad_reduce_in_fp32=False,
-                           tp_comm_overlap=True)
+                           tp_comm_overlap=True, fp8_param_gather=True)
     spec, out = in_tmp / "spec.yaml", in_tmp / "plan"
     spec.write_text(yaml.safe_dump(doc, sort_keys=False))
     r = plan(runner, spec, "--cluster", "dgx16", "--nodes", "16", "--runtime", "megatron", "--tp", "4", "--pp", "4",
@@ -113,6 +113,7 @@ def test_cp_fp8_and_overlap_flags_pass_megatron_lm(runner, in_tmp, cp_comm, reci
     assert r.exit_code == 0, r.output
     flags = (out / "megatron_args.txt").read_text()
     assert f"--cp-comm-type {cp_comm}" in flags and f"--fp8-recipe {recipe}" in flags, flags
+    assert "--fp8-param-gather" in flags, flags
     proc = subprocess.run(
         [MEGATRON_LM_PYTHON, str(CHECK), "--megatron-lm", MEGATRON_LM, "--verbose", str(out)],
         capture_output=True, text=True, timeout=900)

@@ -149,6 +149,40 @@ def test_fp8_recipe_is_refused_on_gpus_transformer_engine_refuses_it(runner, in_
         assert dict(_flags(in_tmp / "p"))["--fp8-recipe"] == recipe
 
 
+def test_fp8_param_gather_keeps_fp8_weights_only(runner, in_tmp):
+    """--fp8-param-gather (Megatron-Bridge's FP8 presets): the flag beside the distributed optimizer,
+    accepted by dsorch's copy of Megatron-LM's argument rules; the FP8 cache of every layer weight
+    is no longer counted on top of the bf16 one; the step time is the same."""
+    text = (EXAMPLES / "llama3-70b-fp8.yaml").read_text().replace("fp8: hybrid", "fp8: hybrid\n  fp8_param_gather: true")
+    assert "fp8_param_gather: true" in text
+    (in_tmp / "s.yaml").write_text(text)
+    r = plan(runner, in_tmp / "s.yaml", "--cluster", "dgx16", "--runtime", "megatron", "--out", in_tmp / "p")
+    assert r.exit_code == 0, r.output
+    doc, flags = _doc(in_tmp / "p"), _flags(in_tmp / "p")
+    names = [f for f, _ in flags]
+    assert "--fp8-param-gather" in names and "--use-distributed-optimizer" in names
+    assert doc["layout"]["zero_stage"] == 1
+    assert check_megatron_args(flags, doc["cluster"]["world_size"]) == []
+    spec, _ = load_spec(in_tmp / "s.yaml")
+    plain = spec.training.model_copy(update={"fp8_param_gather": False})
+    profile = load_profile("dgx16").profile
+    L = doc["layout"]
+    pins = Pins(**{k: L[k] for k in ("tp", "pp", "dp", "vpp", "cp", "micro_batch_size", "recompute")},
+                zero_stage=1, sequence_parallel=L["sequence_parallel"])
+    c, _ = enumerate_layouts(spec.model, spec.training, profile, "megatron", pins)
+    gather = evaluate(spec.model, spec.training, profile, "megatron", c)
+    cached = evaluate(spec.model, plain, profile, "megatron", c)
+    per_gpu = spec.model.num_params / (L["tp"] * L["pp"])
+    saved = float(cached.memory.params[0] - gather.memory.params[0])
+    assert 1.5 * per_gpu < saved < 2.0 * per_gpu  # 2 bytes per layer weight; embeddings and norms stay bf16
+    assert float(gather.time.step[0]) == float(cached.time.step[0])
+    for args, text in [(["--runtime", "megatron", "--zero", "0"], "zero_stage=0 with training.fp8_param_gather"),
+                       (["--runtime", "deepspeed"], "training.fp8_param_gather is Megatron-LM's --fp8-param-gather")]:
+        r = plan(runner, in_tmp / "s.yaml", "--cluster", "dgx16", *args, "--out", in_tmp / "q")
+        assert r.exit_code == 2 and text in r.output, r.output
+        assert not (in_tmp / "q").exists()
+
+
 def test_fp8_needs_bf16(tmp_path):
     from orchestrator.errors import SpecError
 
