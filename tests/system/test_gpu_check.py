@@ -34,6 +34,22 @@ def test_gpu_check_dry_run_measures_every_layout_and_writes_calibrate_records(tm
     assert "predicted next to measured" in out.read_text()
 
 
+def test_gpu_check_70b_width_shape_dry_run(tmp_path):
+    """--shape llama3-70b-2l, the check prepared for the next GPU (two layers at Llama 3 70B's width):
+    its three layouts and global batch, end to end on a CPU rank."""
+    out = tmp_path / "records.yaml"
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--steps", "2",
+                        "--shape", "llama3-70b-2l", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"records": 3, "failures": []}
+    records = yaml.safe_load(out.read_text())["records"]
+    assert {(r["layout"]["micro_batch_size"], r["layout"]["recompute"], r["layout"]["zero_stage"]) for r in records} == \
+        {(1, "none", 1), (1, "full", 1), (2, "none", 1)}
+    assert {r["training"]["global_batch_size"] for r in records} == {4}
+
+
 torch = pytest.importorskip("torch")
 
 
