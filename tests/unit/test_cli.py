@@ -298,7 +298,7 @@ def test_profiles_list_json_and_user_profile(runner, in_tmp):
     assert {"dgx16", "dgx-a100-80gb-hdr", "hgx-h200-ndr", "local", "mycluster"} <= set(rows)
     assert rows["dgx16"]["origin"] == "user" and rows["dgx16"]["nodes"] == 4
     assert rows["local"]["origin"] == "shipped"
-    assert rows["mycluster"]["gpu"] == "H200-SXM-141GB" and rows["mycluster"]["gpu_memory_gib"] == 141
+    assert rows["mycluster"]["gpu"] == "H200-SXM-141GB" and rows["mycluster"]["gpu_memory_gib"] == 140.4
     for row in rows.values():
         assert {"name", "origin", "nodes", "gpus_per_node", "gpu", "gpu_memory_gib"} <= set(row)
     r = runner.invoke(main, ["profiles", "dgx16"], env={"DSORCH_PROFILES_DIR": str(user)})

@@ -124,7 +124,7 @@ def test_unknown_profile_lists_known_ones():
 def test_extends_overrides_fields_and_inherits_the_rest():
     h200 = load_profile("hgx-h200-ndr").profile
     dgx = load_profile("dgx16").profile
-    assert h200.gpu.memory_gib == 141 and h200.nodes == 8
+    assert h200.gpu.memory_gib == 140.4 and h200.nodes == 8
     assert h200.inter_node == dgx.inter_node and h200.slurm == dgx.slurm
 
 
