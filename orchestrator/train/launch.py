@@ -84,10 +84,10 @@ def init(denv: DistEnv, backend: str) -> torch.device:
         torch.set_num_threads(1)
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    if device.type == "cuda" and arch and deepspeed_arch_list(arch) != arch:
-        os.environ["TORCH_CUDA_ARCH_LIST"] = deepspeed_arch_list(arch)
+    if device.type == "cuda" and arch and (readable := deepspeed_arch_list(arch)) != arch:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = readable
         if denv.rank == 0:
-            print(f"TORCH_CUDA_ARCH_LIST {arch!r} -> {os.environ['TORCH_CUDA_ARCH_LIST']!r} for DeepSpeed's op builds")
+            print(f"TORCH_CUDA_ARCH_LIST {arch!r} -> {readable!r} for DeepSpeed's op builds")
     # DeepSpeed reads these for its own bookkeeping (deepspeed.comm, checkpoint naming).
     for k, v in (
         ("RANK", denv.rank),
