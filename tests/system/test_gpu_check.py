@@ -15,13 +15,20 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_gpu_check_dry_run_measures_every_layout_and_writes_calibrate_records(tmp_path):
+def _dry_run(tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """scripts/gpu_check.sh --dry-run, 2 steps a layout, as a clean environment runs it."""
     out = tmp_path / "records.yaml"
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--steps", "2", "--out", str(out)],
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--steps", "2", "--out", str(out),
+                        *extra],
                        cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHON": sys.executable,
                             "HOME": str(tmp_path)})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p, out
+
+
+def test_gpu_check_dry_run_measures_every_layout_and_writes_calibrate_records(tmp_path):
+    p, out = _dry_run(tmp_path)
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary == {"records": 6, "failures": []}
     assert "the records file reads back as 6 calibration rows" in p.stdout
@@ -37,12 +44,7 @@ def test_gpu_check_dry_run_measures_every_layout_and_writes_calibrate_records(tm
 def test_gpu_check_70b_width_shape_dry_run(tmp_path):
     """--shape llama3-70b-2l, the check prepared for the next GPU (two layers at Llama 3 70B's width):
     its three layouts and global batch, end to end on a CPU rank."""
-    out = tmp_path / "records.yaml"
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--steps", "2",
-                        "--shape", "llama3-70b-2l", "--out", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)})
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    p, out = _dry_run(tmp_path, "--shape", "llama3-70b-2l")
     assert json.loads(p.stdout.strip().splitlines()[-1]) == {"records": 3, "failures": []}
     records = yaml.safe_load(out.read_text())["records"]
     assert {(r["layout"]["micro_batch_size"], r["layout"]["recompute"], r["layout"]["zero_stage"]) for r in records} == \
