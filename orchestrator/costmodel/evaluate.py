@@ -70,6 +70,7 @@ from orchestrator.costmodel.memory import (
     moe_activation_bytes_per_layer,
     moe_mlp_activation_bytes,
     state_bytes,
+    step_transient_bytes,
 )
 from orchestrator.costmodel.pipe_schedule import exposed_transfers, partition_gathers
 from orchestrator.costmodel.stacks import MEMORY_PARTS, TIME_PARTS, MemoryStack, TimeStack
@@ -742,6 +743,7 @@ def _memory(x: _Inputs) -> _Memory:
     # With --fp8-param-gather that FP8 weight and its transpose are the only copy (the weight_b bytes
     # already counted): nothing on top.
     fp8_weights = 2.0 * x.layer_params_local if training.fp8 is not None and not training.fp8_param_gather else 0.0
+    step_b = step_transient_bytes(x.runtime, training.precision, training.grad_reduce_in_fp32)
 
     def stage_memory(layers, moe_layers, params_local, experts_local, stage_index, extra_act, outputs=True):
         # The routed experts' states shard over the expert data-parallel group (Megatron's distributed
@@ -756,10 +758,14 @@ def _memory(x: _Inputs) -> _Memory:
         moe_kept = np.where(full, rerun * layer.saved_moe + (1 - rerun) * layer.saved_moe_none, layer.saved_moe)
         kept = (layers - moe_layers) * dense_kept + moe_layers * moe_kept
         act = kept * inflight + layer.working + extra_act + (out_buf * inflight if outputs else 0.0)
+        # The optimizer step's fp32 main-grad copy (memory.MEGATRON_MAIN_GRAD_COPY), sharded like the
+        # optimizer states, exists once the activations are freed: only what exceeds them adds.
+        step = model_state_bytes(params_local, x.dpc, zero, 0.0, 0.0, step_b)[2]
+        step = step + model_state_bytes(experts_local, x.edp, zero, 0.0, 0.0, step_b)[2]
         return _StageMemory(
             params=w + ew + layers * fp8_weights,
             grads=g + eg,
-            optimizer=o + eo,
+            optimizer=o + eo + np.maximum(0.0, step - act),
             activations=act,
             entrypoint_activations=layers * layer.saved_entrypoint * inflight + layer.working_entrypoint,
         )

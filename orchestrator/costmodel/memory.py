@@ -34,8 +34,8 @@ STATE_BYTES = {
     ("deepspeed", "fp16"): (2, 2, 16),
     ("deepspeed", "fp32"): (4, 4, 8),
     # Megatron-LM: bf16 reduces and accumulates gradients in fp32 (validate_args sets
-    # accumulate_allreduce_grads_in_fp32 for bf16); fp16 keeps fp16 grads plus an fp32 main-grad
-    # copy inside the optimizer (16 = master 4 + main grad 4 + Adam 8). Checked term by term against
+    # accumulate_allreduce_grads_in_fp32 for bf16); fp16 keeps fp16 grads, and fp32 master + Adam
+    # (12) across steps. Checked term by term against
     # Megatron-Core (core/distributed/param_and_grad_buffer.py _ParamAndGradBuffer: with the
     # distributed optimizer the bf16 params live in one param_data buffer and the grads in one
     # grad_data buffer of grad_dtype, both whole on every rank, reduce-scattered in place, nothing
@@ -44,7 +44,7 @@ STATE_BYTES = {
     # lcm(dp, 128) elements per bucket of >= 40M) and 64-element parameter alignment add under
     # 0.1 %, left out. bf16 with --grad-reduce-in-bf16: MEGATRON_BF16_GRADS.
     ("megatron", "bf16"): (2, 4, 12),
-    ("megatron", "fp16"): (2, 2, 16),
+    ("megatron", "fp16"): (2, 2, 12),
     ("megatron", "fp32"): (4, 4, 8),
 }
 
@@ -70,12 +70,25 @@ DS_FP32_ZERO_OPTIMIZER = 12
 
 # Megatron-LM bf16 with --grad-reduce-in-bf16 (TrainingSpec.grad_reduce_in_fp32 false): the DDP grad
 # buffer takes the parameters' dtype (core/distributed/param_and_grad_buffer.py group_params_for_buffers:
-# grad_dtype = float if grad_reduce_in_fp32 else param.dtype), 2 bytes, whole on every rank; the
-# distributed optimizer makes each step's fp32 main-grad shard from it (core/optimizer/
-# distrib_optimizer.py _copy_model_grads_to_main_grads: shard_model_grad.float()) beside the fp32
-# main params and the two Adam moments: 4 + 4 + 8 sharded, as for fp16 (dist_optimizer.md's
-# "bf16 param, bf16 grads" row, 4 + 16/d).
-MEGATRON_BF16_GRADS = (2, 2, 16)
+# grad_dtype = float if grad_reduce_in_fp32 else param.dtype), 2 bytes, whole on every rank; the fp32
+# main params and the two Adam moments, 12 sharded, stay across steps.
+MEGATRON_BF16_GRADS = (2, 2, 12)
+# ... and with 16-bit grads (fp16, or bf16 reduced in bf16) the optimizer step makes an fp32 main-grad
+# copy of this rank's shard (core/optimizer/distrib_optimizer.py _copy_model_grads_to_main_grads:
+# shard_main_param.grad = shard_model_grad.float(); optimizer.py Float16OptimizerWithFloat16Params
+# likewise, unsharded), 4 bytes per parameter, which the next step's zero_grad frees (set_to_none on
+# shard_fp32_from_float16_groups) before its first forward (training.py train_step: zero_grad_buffer,
+# then optimizer.zero_grad). It lives while the activations do not: dist_optimizer.md's "4 + 16/d" for
+# 16-bit grads counts it as if it stayed. With fp32 grads the copy is a view of the grad buffer
+# (.float() of an fp32 tensor is itself): nothing.
+MEGATRON_MAIN_GRAD_COPY = 4
+
+
+def step_transient_bytes(runtime: str, precision: str, grad_reduce_in_fp32: bool = True) -> float:
+    """Bytes per parameter, sharded like the optimizer states, that exist only in the optimizer step,
+    after the step's activations are freed (MEGATRON_MAIN_GRAD_COPY)."""
+    sixteen_bit_grads = precision == "fp16" or (precision == "bf16" and not grad_reduce_in_fp32)
+    return float(MEGATRON_MAIN_GRAD_COPY) if runtime == "megatron" and sixteen_bit_grads else 0.0
 
 
 def state_bytes(runtime: str, precision: str, zero_stage, grad_reduce_in_fp32: bool = True):
