@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from orchestrator.calibrate import error_summary, error_table, fit, row_errors
 from orchestrator.calibrate.rows import resolved_with, predicted_peak_gib
 from orchestrator.calibrate.published import HARDWARE, all_published_rows, moe_runs
-from orchestrator.costmodel.calibration import FIELDS
+from orchestrator.costmodel.calibration import FIELDS, MODEL_FEATURES, model_features
 from orchestrator.costmodel.evaluate import runtime_engine
 
 OUT = ROOT / "orchestrator" / "costmodel" / "calibration.yaml"
@@ -156,6 +156,9 @@ def moe_file_table(errors) -> str:
     kind = {r.id: ("moe" if r.model.moe else "dense") + (f" {r.fp8_recipe}" if r.fp8_recipe else " bf16")
             for r in rows}
     held = {rid: v for e in calibration_table()["entries"] for rid, v in (e.get("held_out_errors") or {}).items()}
+    # A run scored but not fitted was held out of every fit: its error is its held-out error.
+    held.update({rid: run["error"] for e in calibration_table()["entries"]
+                 for rid, run in (e.get("scored_not_fitted") or {}).items()})
     mine = [e for e in errors if e.id in kind]
     lines = ["published_runs_moe.yaml, per engine (error: the shipped fit; held out: a fit without the run):",
              f"{'run':58s} {'kind':14s} {'measured s':>10s} {'predicted s':>11s} {'error':>7s} {'held out':>8s}"]
@@ -168,8 +171,8 @@ def moe_file_table(errors) -> str:
     for sk in skipped:
         lines.append(f"  not a row: {sk.id}: {sk.reason}")
     for e in calibration_table()["entries"]:
-        for rid, why in (e.get("scored_not_fitted") or {}).items():
-            lines.append(f"  scored, not fitted ({e['id']}): {rid}: {why}")
+        for rid, run in (e.get("scored_not_fitted") or {}).items():
+            lines.append(f"  scored, not fitted ({e['id']}; {', '.join(run['features'])}): {rid}: {run['why']}")
     for label, sel in (("all", mine), ("moe", [e for e in mine if kind[e.id].startswith("moe")]),
                        ("dense", [e for e in mine if kind[e.id].startswith("dense")]),
                        ("fp8", [e for e in mine if not kind[e.id].endswith("bf16")]),
@@ -250,16 +253,19 @@ def fit_entry(spec: dict, rows, fitted: dict, iters: int) -> dict:
             rest = part[:i] + part[i + 1:]
             v = _fit_from_best_start(spec, rest, values, free, iters, restarts=1) if rest else before
             held_out[row.id] = row_errors([row], lambda r, v=v: resolved_with(v))[0].rel_error
-    # A run the entry does not fit on is scored like the others: its held-out error is its error.
-    for row in (r for r in mine if r.id in unfitted):
-        held_out[row.id] = row_errors([row], lambda r: resolved_with(values))[0].rel_error
-    summary = error_summary(row_errors(mine, lambda r: resolved_with(values)))
-    loo = [abs(held_out[r.id]) for r in mine]
+    # The entry's figures are those of the runs it is fitted on: the domain it gives intervals in. A run
+    # it declines to fit is scored apart, with the model features (costmodel.calibration.MODEL_FEATURES)
+    # that put it outside that domain; a plan with those features says so and quotes its error.
+    scored = {r.id: row_errors([r], lambda r: resolved_with(values))[0].rel_error for r in mine if r.id in unfitted}
+    summary = error_summary(row_errors(fitting, lambda r: resolved_with(values)))
+    loo = [abs(held_out[r.id]) for r in fitting]
     summary["loo_max"], summary["loo_mean"] = max(loo), sum(loo) / len(loo)
     print(f"{eid}: " + ", ".join(f"{f}={values[f]:.4g}" for f in FIELDS)
           + f"  mean {100 * summary['mean']:.2f}% max {100 * summary['max']:.2f}%"
-          + f"  held out: mean {100 * summary['loo_mean']:.2f}% max {100 * summary['loo_max']:.2f}%", flush=True)
-    return {"values": values, "summary": summary, "rows": mine, "held_out": held_out}
+          + f"  held out: mean {100 * summary['loo_mean']:.2f}% max {100 * summary['loo_max']:.2f}%"
+          + "".join(f"  scored, not fitted: {rid} {100 * e:+.1f}%" for rid, e in scored.items()), flush=True)
+    return {"values": values, "summary": summary, "rows": fitting, "held_out": held_out, "scored": scored,
+            "scored_rows": [r for r in mine if r.id in unfitted]}
 
 
 def entry_doc(spec: dict, fz: dict) -> dict:
@@ -279,7 +285,9 @@ def entry_doc(spec: dict, fz: dict) -> dict:
               # TP overlap runs only with tp > 1 (evaluate: with sequence parallelism).
               "tp_overlap": int(any(e.tp_overlap and (r.pins.tp or 1) > 1 for e, r in zip(engines, mine))),
               "dp_overlap": int(any(e.dp_overlap for e in engines)),
-              "ep_overlap": int(any(r.training.moe_overlap_ep_comm for r in mine if r.model.moe))}
+              "ep_overlap": int(any(r.training.moe_overlap_ep_comm for r in mine if r.model.moe)),
+              **{f: int(any(f in model_features(r.model, r.training.seq_length) for r in mine))
+                 for f in MODEL_FEATURES}}
     fitted_fields = [f for st in stages for f in st["free"]]
     s = fz["summary"]
     return {
@@ -290,7 +298,9 @@ def entry_doc(spec: dict, fz: dict) -> dict:
            if spec.get("stages") else {}),
         **({"fixed_from_literature": spec["fixed"]} if spec.get("fixed") else {}),
         **({"borrowed_from": spec["borrow"]} if spec.get("borrow") else {}),
-        **({"scored_not_fitted": spec["unfitted"]} if spec.get("unfitted") else {}),
+        **({"scored_not_fitted": {r.id: {"why": spec["unfitted"][r.id], "error": round(fz["scored"][r.id], 4),
+                                         "features": list(model_features(r.model, r.training.seq_length))}
+                                  for r in fz["scored_rows"]}} if spec.get("unfitted") else {}),
         "efficiency": {f: round(fz["values"][f], 4) for f in FIELDS},
         "covers": covers,
         "step_time_error": {"rows": s["rows"], "mean": round(s["mean"], 4), "max": round(s["max"], 4),
@@ -332,8 +342,11 @@ def expressible(rows):
 
 
 def print_check() -> None:
+    from orchestrator.costmodel.calibration import calibration_table
+
     errors = row_errors(expressible(all_published_rows()))
-    print(error_table(errors))
+    scored = {rid for e in calibration_table()["entries"] for rid in (e.get("scored_not_fitted") or {})}
+    print(error_table(errors, scored))
     print(held_out_table())
     print()
     print(moe_file_table(errors))

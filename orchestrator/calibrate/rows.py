@@ -171,14 +171,21 @@ def error_summary(errors: list[RowError]) -> dict:
     return {"rows": len(rel), "mean": statistics.fmean(rel) if rel else 0.0, "max": max(rel) if rel else 0.0}
 
 
-def error_table(errors: list[RowError]) -> str:
+def error_table(errors: list[RowError], scored: set[str] | frozenset[str] = frozenset()) -> str:
+    """Each row's error, then the mean and max per entry and over all rows. ``scored``: runs an entry
+    scores but was not fitted on (calibration.yaml scored_not_fitted), marked and summed apart."""
     lines = [f"{'run':48s} {'layout (pinned + searched)':44s} {'measured s':>10s} {'predicted s':>11s} {'error':>7s}"]
     for e in errors:
-        lines.append(f"{e.id:48s} {e.layout:44s} {e.measured_s:10.3f} {e.predicted_s:11.3f} {100 * e.rel_error:+6.1f}%")
+        mark = "  scored, not fitted" if e.id in scored else ""
+        lines.append(
+            f"{e.id:48s} {e.layout:44s} {e.measured_s:10.3f} {e.predicted_s:11.3f} {100 * e.rel_error:+6.1f}%{mark}"
+        )
+    fitted = [e for e in errors if e.id not in scored]
     groups: dict[str | None, list[RowError]] = {}
-    for e in errors:
+    for e in fitted:
         groups.setdefault(e.hardware, []).append(e)
-    for hw, errs in [*groups.items(), ("all", errors)]:
+    apart = [("scored, not fitted", [e for e in errors if e.id in scored])] if scored else []
+    for hw, errs in [*groups.items(), ("all", fitted), *apart]:
         s = error_summary(errs)
         lines.append(f"{hw}: {s['rows']} rows, mean |error| {100 * s['mean']:.2f}%, max |error| {100 * s['max']:.2f}%")
     return "\n".join(lines)

@@ -37,6 +37,7 @@ import numpy as np
 import yaml
 
 from orchestrator.spec.cluster import ClusterProfile
+from orchestrator.spec.model import ModelSpec
 
 FIELDS = (
     "gemm",
@@ -64,6 +65,31 @@ BORROWS = {
     "deepspeed-zero3": ("megatron",),
     "megatron": ("deepspeed-zero3",),
 }
+
+
+# Model features that change which kernels a layer runs and that no fitted published run has: the
+# one run with them (GPT-OSS 120B on GB300) is scored but not fitted (scripts/fit_calibration.py
+# ENTRIES `unfitted`), so an entry vouches for a feature only where one of its fitted runs had it
+# (``covers``) and a plan whose model has another is outside the fitted domain. The keys are covers'.
+MODEL_FEATURES = {
+    # Megatron-LM --softmax-type learnable: Transformer Engine's fused attention with a softmax
+    # offset (cuDNN 9.13.1+; FlashAttention refuses it: attention/dot_product_attention/utils.py
+    # get_attention_backend, "Filter: Softmax type").
+    "attention_sinks": "attention sinks (a learned softmax offset per head)",
+    # Only where the window is shorter than the sequence does the mask change the kernel's work.
+    "sliding_window": "sliding-window attention shorter than the sequence",
+    "quick_geglu": "the quick-GEGLU activation",
+}
+
+
+def model_features(model: ModelSpec, seq_length: int) -> tuple[str, ...]:
+    """The MODEL_FEATURES keys a model has at this sequence length."""
+    found = {
+        "attention_sinks": model.attention_sinks,
+        "sliding_window": model.sliding_window is not None and model.sliding_window < seq_length,
+        "quick_geglu": model.activation == "quick_geglu",
+    }
+    return tuple(k for k in MODEL_FEATURES if found[k])
 
 
 def engine_of(runtime: str, zero_stage, pp=1) -> np.ndarray:
@@ -113,6 +139,9 @@ class Resolved:
     # of their sizes.
     held_out_max: float | None = None
     held_out_mean: float | None = None
+    # Runs of the entry's GPU that it scores but was not fitted on (calibration.yaml
+    # scored_not_fitted): (id, relative step-time error, MODEL_FEATURES keys of its model).
+    scored: tuple[tuple[str, float, tuple[str, ...]], ...] = ()
 
     def values(self) -> dict[str, float]:
         return {f: getattr(self, f) for f in FIELDS}
@@ -161,6 +190,7 @@ class Resolved:
         megatron_fsdp: bool = False,
         ep: int = 1,
         moe: bool = False,
+        features: tuple[str, ...] = (),
     ) -> str | None:
         """What of a layout lies beyond the runs the entry was fitted on, in words; None if nothing."""
         if self.domain != "fitted" or not self.covers:
@@ -180,6 +210,11 @@ class Resolved:
         ):
             if used and not c.get(key):
                 out.append(f"{what} (none of its runs)")
+        missing = [key for key in features if not c.get(key)]
+        if missing:
+            seen = [f"{rid}, {100 * err:+.0f} %" for rid, err, fs in self.scored if set(missing) & set(fs)]
+            evidence = f"; scored, not fitted: {'; '.join(seen)}" if seen else ""
+            out.append(f"{', '.join(MODEL_FEATURES[k] for k in missing)} (none of its fitted runs{evidence})")
         return ", ".join(out) or None
 
     def describe(self) -> str:
@@ -280,6 +315,10 @@ def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table:
         domain, reason = "adjusted", f"the profile states {', '.join(stated)}"
     err = (entry or {}).get("step_time_error") or table["default"].get("step_time_error") or {}
     covers = tuple(sorted((k, int(v)) for k, v in ((entry or {}).get("covers") or {}).items()))
+    scored = tuple(
+        (rid, float(run["error"]), tuple(run.get("features") or ()))
+        for rid, run in ((entry or {}).get("scored_not_fitted") or {}).items()
+    )
     return Resolved(
         **values,
         sources=tuple(sources),
@@ -293,6 +332,7 @@ def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table:
         reason=reason,
         held_out_max=err.get("held_out_max"),
         held_out_mean=err.get("held_out_mean"),
+        scored=scored,
     )
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from orchestrator.costmodel import Candidates, Evaluation, evaluate
-from orchestrator.costmodel.calibration import engine_of, per_layout
+from orchestrator.costmodel.calibration import engine_of, model_features, per_layout
 from orchestrator.costmodel.evaluate import invariant_violations, runtime_engine
 from orchestrator.costmodel.memory import GIB, state_bytes
 from orchestrator.costmodel.stacks import MEMORY_KEYS, TIME_PARTS
@@ -288,6 +288,7 @@ def _confidence(resolved, runtime: str, model: ModelSpec, training: TrainingSpec
     """(interval, basis) of a layout: its engine's calibration entry (``resolved``, per engine), unless
     the layout goes beyond the runs that entry was fitted on."""
     eng = runtime_engine(runtime, training)
+    features = model_features(model, training.seq_length)
 
     def of(L: Layout) -> tuple[float | None, str]:
         r = resolved[str(engine_of(runtime, L.zero_stage, L.pp).item())]
@@ -301,6 +302,7 @@ def _confidence(resolved, runtime: str, model: ModelSpec, training: TrainingSpec
             megatron_fsdp=uses_megatron_fsdp(runtime, L.zero_stage),
             ep=L.ep,
             moe=model.moe is not None,
+            features=features,
         )
         if beyond:
             return None, f"outside the fitted domain of {r.entry}: {beyond}"
