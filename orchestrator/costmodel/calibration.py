@@ -293,6 +293,21 @@ def hardware_entry(
     return None, "default", f"no calibration for {gpu} and {engine}"
 
 
+def pipeline_gemm_ratio(table: dict) -> tuple[float, str] | None:
+    """The pipeline engine's GEMM rate over ZeRO-3's where both were fitted on one GPU (the
+    deepspeed-pipeline entry and the deepspeed-zero3 entry it borrows from), and where it comes from.
+    On A100 the pipeline engine's fitted rate is ~0.70 of ZeRO-3's: its one fitted value also carries
+    what the engine adds per instruction (blocking sends, the activation copies, the host's schedule
+    walk: costmodel/pipe_schedule.py), which a ZeRO-3 run on the same kernels does not pay."""
+    entries = {e["id"]: e for e in table.get("entries", [])}
+    for e in table.get("entries", []):
+        base = entries.get(e.get("borrowed_from") or "")
+        if e.get("engine") == "deepspeed-pipeline" and base is not None and base.get("engine") == "deepspeed-zero3":
+            ratio = float(e["efficiency"]["gemm"]) / float(base["efficiency"]["gemm"])
+            return ratio, f"{e['id']} gemm / {base['id']} gemm"
+    return None
+
+
 def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table: dict | None = None) -> Resolved:
     table = calibration_table() if table is None else table
     entry, domain, reason = hardware_entry(profile, engine, table)
@@ -308,6 +323,13 @@ def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table:
         else:
             values[f], src = float(default[f]), "default"
         sources.append((f, src))
+    # The pipeline engine on a GPU none of its runs used borrows ZeRO-3's kernels there, at the GEMM
+    # rate its own runs measured against ZeRO-3's on theirs (pipeline_gemm_ratio), not ZeRO-3's whole.
+    ratio = pipeline_gemm_ratio(table) if engine == "deepspeed-pipeline" else None
+    if ratio is not None and entry is not None and entry["engine"] != engine and profile.efficiency.gemm is None:
+        values["gemm"] *= ratio[0]
+        sources = [(f, f"{src} x {ratio[0]:.3f} ({ratio[1]})" if f == "gemm" else src) for f, src in sources]
+        reason = f"{reason}; its GEMM rate x {ratio[0]:.2f} ({ratio[1]})"
     stated = [f for f, src in sources if src == "profile"]
     if len(stated) == len(FIELDS):
         domain, reason = "profile", "the profile states every efficiency"

@@ -638,3 +638,24 @@ def test_deepspeed_pipeline_entry_exists_and_resolves():
     assert set(entry["held_out_errors"]) == fitted
     h100 = resolve_efficiency(load_profile("dgx16").profile, "deepspeed-pipeline")
     assert h100.domain == "borrowed" and h100.interval is None
+
+
+def test_borrowed_pipeline_engine_keeps_its_measured_gemm_deficit():
+    """On a GPU none of its runs used, the pipeline engine takes ZeRO-3's kernels there at the GEMM
+    rate its runs measured against ZeRO-3's on A100, and says so; a profile's own gemm wins."""
+    from orchestrator.costmodel.calibration import pipeline_gemm_ratio
+
+    entries = {e["id"]: e for e in calibration_table()["entries"]}
+    ratio, origin = pipeline_gemm_ratio(calibration_table())
+    pipe_a100, zero3_a100 = entries["deepspeed-pipeline/a100-sxm4-hdr"], entries["deepspeed-zero3/a100-sxm4-hdr"]
+    assert ratio == pytest.approx(pipe_a100["efficiency"]["gemm"] / zero3_a100["efficiency"]["gemm"])
+    assert 0.3 < ratio < 1.0 and "deepspeed-pipeline/a100-sxm4-hdr" in origin
+    h100 = load_profile("dgx16").profile
+    pipe, zero3 = resolve_efficiency(h100, "deepspeed-pipeline"), resolve_efficiency(h100, "deepspeed-zero3")
+    assert pipe.gemm == pytest.approx(zero3.gemm * ratio) and pipe.attention == zero3.attention
+    assert "x " in dict(pipe.sources)["gemm"] and "GEMM rate" in pipe.reason
+    # Where the pipeline engine was measured, its own fitted value, unscaled.
+    a100 = resolve_efficiency(load_profile("dgx-a100-80gb-hdr").profile, "deepspeed-pipeline")
+    assert a100.gemm == pytest.approx(pipe_a100["efficiency"]["gemm"])
+    stated = h100.model_copy(update={"efficiency": h100.efficiency.model_copy(update={"gemm": 0.6})})
+    assert resolve_efficiency(stated, "deepspeed-pipeline").gemm == pytest.approx(0.6)

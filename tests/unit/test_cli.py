@@ -427,7 +427,7 @@ def test_every_prediction_says_how_sure_it_is(runner, in_tmp):
     from orchestrator.costmodel.calibration import resolve_efficiency
     from orchestrator.spec.cluster import load_profile
 
-    r = plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--json")
+    r = plan(runner, "examples/llama3-70b.yaml", "--cluster", "dgx16", "--json", "--top", "40")
     doc = json.loads(r.output)
     z3 = resolve_efficiency(load_profile("dgx16").profile, "deepspeed-zero3")
     by_kind = {}
