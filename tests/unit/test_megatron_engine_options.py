@@ -391,6 +391,16 @@ def test_no_overlapped_sends_flag_and_cost(tmp_path, runner):
     serial = spec.training.model_copy(update={"overlap_p2p_comm": False})
     exposed = float(evaluate(spec.model, serial, profile, "megatron", c).time.pp_comm[0])
     assert exposed > 5 * overlapped > 0
+    # Serial: every chunk's send, m x vpp + pp - 1 of them; overlapped: only the warm-up's (and the
+    # cool-down's), 2 (pp - 1) + (vpp - 1) pp chunks (schedules.py get_pp_rank_microbatches), at most
+    # all m x vpp when the micro-batches are few. Each send costs the same either way.
+    for gbs in (512, 16):
+        few = spec.training.model_copy(update={"global_batch_size": gbs})
+        c, _ = enumerate_layouts(spec.model, few, profile, "megatron", pins)
+        m, pp, vpp = int(c.grad_accum_steps[0]), 4, 5
+        ratio = float(evaluate(spec.model, few.model_copy(update={"overlap_p2p_comm": False}), profile, "megatron",
+                               c).time.pp_comm[0]) / float(evaluate(spec.model, few, profile, "megatron", c).time.pp_comm[0])
+        assert ratio == pytest.approx((m * vpp + pp - 1) / min(m * vpp, 2 * (pp - 1) + (vpp - 1) * pp), rel=1e-9), gbs
     text = (EXAMPLES / "llama3-70b.yaml").read_text().replace("  precision: bf16", "  precision: bf16\n  overlap_p2p_comm: false")
     (tmp_path / "s.yaml").write_text(text)
     out = tmp_path / "p"
