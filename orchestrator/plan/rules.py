@@ -510,7 +510,7 @@ def _zero_rules(L: Layout, training: TrainingSpec, runtime: str) -> list[str]:
         runtime, L.pp, training.precision, L.grad_accum_steps, L.zero_stage, training.fp8_param_gather
     ):
         return []
-    if runtime == "megatron" and L.zero_stage == 0:
+    if runtime == "megatron" and L.zero_stage == 0 and training.fp8_param_gather:
         return [
             "zero_stage=0 with training.fp8_param_gather: Megatron-LM's --fp8-param-gather needs the distributed "
             "optimizer (validate_args); use zero_stage 1 or set fp8_param_gather false"
