@@ -36,6 +36,7 @@ from importlib import resources
 import numpy as np
 import yaml
 
+from orchestrator.runtimes import runtime_named
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec
 
@@ -92,14 +93,9 @@ def model_features(model: ModelSpec, seq_length: int) -> tuple[str, ...]:
     return tuple(k for k in MODEL_FEATURES if found[k])
 
 
-def engine_of(runtime: str, zero_stage, pp=1) -> np.ndarray:
-    """The calibration engine of each layout (an array of names): the deepspeed runtime runs
-    DeepSpeed's PipelineEngine whenever pp > 1 (train/entry.py), ZeRO-3 never with a pipeline."""
-    z = np.asarray(zero_stage)
-    if runtime == "megatron":
-        return np.full(z.shape, "megatron", dtype=object)
-    pipe = np.broadcast_to(np.asarray(pp), z.shape) > 1
-    return np.where(z >= 3, "deepspeed-zero3", np.where(pipe, "deepspeed-pipeline", "deepspeed")).astype(object)
+def engine_of(runtime, zero_stage, pp=1) -> np.ndarray:
+    """The calibration engine of each layout (an array of names): ``Runtime.calibration_engine``."""
+    return runtime_named(runtime).calibration_engine(zero_stage, pp)
 
 
 @dataclass(frozen=True)

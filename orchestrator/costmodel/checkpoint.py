@@ -34,7 +34,7 @@ FAR_FACTOR = 3.0
 
 def checkpoint_bytes(params: int, runtime: str, precision: str, zero_stage: int) -> float:
     """The size of one checkpoint, all ranks together. fp32 training keeps no separate master copy,
-    except in DeepSpeed's ZeRO optimizers (memory.DS_FP32_ZERO_OPTIMIZER: a cloned fp32 partition,
+    except in DeepSpeed's ZeRO optimizers (runtimes/deepspeed.FP32_ZERO_OPTIMIZER: a cloned fp32 partition,
     saved as SINGLE_PARTITION_OF_FP32_GROUPS)."""
     master = FP32_MASTER_BYTES
     if precision == "fp32" and not (runtime == "deepspeed" and zero_stage >= 1):

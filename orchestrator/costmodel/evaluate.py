@@ -54,7 +54,7 @@ layer stay bf16), adds the quantizations' HBM traffic per recipe (training.fp8_r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -74,6 +74,7 @@ from orchestrator.costmodel.memory import (
 )
 from orchestrator.costmodel.pipe_schedule import exposed_transfers, partition_gathers
 from orchestrator.costmodel.stacks import MEMORY_PARTS, TIME_PARTS, MemoryStack, TimeStack
+from orchestrator.runtimes import RUNTIMES, Engine, runtime_named
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
@@ -98,62 +99,14 @@ MEGATRON_BUCKET_PER_DP = 1_000_000
 OPTIMIZER_BYTES_PER_PARAM = 34.0
 
 
-@dataclass(frozen=True)
-class Engine:
-    """What the training engine overlaps and how it sends activations; the runtime's defaults are
-    ``ENGINES``, calibration rows pass the settings of the published run."""
-
-    dp_overlap: bool  # gradient reduction overlaps the last micro-batch's backward
-    dp_overlap_with_pp: bool  # ... also when pp > 1
-    param_gather_overlap: bool  # distributed optimizer's weight all-gather overlaps the next forward
-    tp_overlap: bool  # TP collectives overlap GEMMs (Megatron-Core --tp-comm-overlap), with tp > 1 and SP
-    p2p_scatter_gather: bool  # stage boundaries send b*s*h/t (Megatron scatter/gather, Sec. 4.1)
-    # The interleaved schedule's sends overlap compute (Megatron-Core's default overlap_p2p_comm,
-    # which it turns off without interleaving): only the fill and drain sends stay exposed.
-    p2p_overlap: bool = False
-    # CUDA graphs capture the MoE router and the dispatcher's preprocessing (Megatron-Core
-    # --cuda-graph-impl transformer_engine --cuda-graph-scope moe_router moe_preprocess): no host
-    # work per MoE layer (``moe_layer_us``). Calibration rows set it where the published run did.
-    moe_cuda_graphs: bool = False
+# The engines' overlap settings are each runtime's ``engine`` (orchestrator.runtimes); calibration
+# rows pass the settings of the published run.
+ENGINES = {name: rt.engine for name, rt in RUNTIMES.items()}
 
 
-ENGINES = {
-    # DeepSpeed: ZeRO overlap_comm (dsorch's ds_config sets it) overlaps the reduction with the
-    # backward pass, but the pipeline engine reduces only after the pipeline flush
-    # (PipelineEngine._exec_reduce_grads is the last instruction of its TrainSchedule). With
-    # tp > 1 dsorch's ds_config sets pipeline.pipe_partitioned/grad_partitioned, so each tp rank
-    # sends 1/tp of the activation and the receiver all-gathers it over NVLink (the same
-    # scatter/gather as Megatron's); with SP the activation is already sequence-sharded, 1/tp.
-    "deepspeed": Engine(
-        dp_overlap=True,
-        dp_overlap_with_pp=False,
-        param_gather_overlap=False,
-        tp_overlap=False,
-        p2p_scatter_gather=True,
-        p2p_overlap=False,
-    ),
-    # Megatron-LM as dsorch launches it: --overlap-grad-reduce / --overlap-param-gather with the
-    # distributed optimizer; --tp-comm-overlap only where the spec asks (it needs Transformer
-    # Engine userbuffers). Megatron-Core sends the whole (s, b, h) activation between stages, s/tp
-    # only with sequence parallelism (pipeline_parallel/schedules.py get_tensor_shapes): the 2021
-    # scatter/gather optimization is gone.
-    "megatron": Engine(
-        dp_overlap=True,
-        dp_overlap_with_pp=True,
-        param_gather_overlap=True,
-        tp_overlap=False,
-        p2p_scatter_gather=False,
-        p2p_overlap=True,
-    ),
-}
-
-
-def runtime_engine(runtime: str, training: TrainingSpec) -> Engine:
-    """The runtime's engine with the spec's Megatron-LM options applied."""
-    eng = ENGINES[runtime]
-    if runtime != "megatron":
-        return eng
-    return replace(eng, tp_overlap=training.tp_comm_overlap, p2p_overlap=training.overlap_p2p_comm)
+def runtime_engine(runtime, training: TrainingSpec) -> Engine:
+    """The runtime's engine with the spec's options applied (``Runtime.engine_for``)."""
+    return runtime_named(runtime).engine_for(training)
 
 
 def _take(obj, idx):
@@ -758,7 +711,7 @@ def _memory(x: _Inputs) -> _Memory:
         moe_kept = np.where(full, rerun * layer.saved_moe + (1 - rerun) * layer.saved_moe_none, layer.saved_moe)
         kept = (layers - moe_layers) * dense_kept + moe_layers * moe_kept
         act = kept * inflight + layer.working + extra_act + (out_buf * inflight if outputs else 0.0)
-        # The optimizer step's fp32 main-grad copy (memory.MEGATRON_MAIN_GRAD_COPY), sharded like the
+        # The optimizer step's fp32 main-grad copy (runtimes/megatron.MAIN_GRAD_COPY), sharded like the
         # optimizer states, exists once the activations are freed: only what exceeds them adds.
         step = model_state_bytes(params_local, x.dpc, zero, 0.0, 0.0, step_b)[2]
         step = step + model_state_bytes(experts_local, x.edp, zero, 0.0, 0.0, step_b)[2]

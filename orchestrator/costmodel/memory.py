@@ -17,92 +17,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from orchestrator.runtimes import runtime_named
+
 GIB = float(1 << 30)
 
-# Bytes per parameter: (weights, gradients, optimizer states) before any sharding.
-# The ZeRO paper counts 2 + 2 + K with K = 12 (fp32 master, momentum, variance); DeepSpeed's
-# implementation also converts its gradient partition to fp32 for the optimizer step
-# (stage_1_and_2.py: single_grad_partition ... .to(fp32); stage3.py: _prepare_fp32_grad_for_sub_group),
-# which its own estimator counts ("18 = 2_grads_16bit + 4_grads_32bit + 4_params_32bit +
-# 8_optimizer_states_32bit", estimate_zero2_model_states_mem_needs). dsorch counts that fp32
-# gradient with the optimizer states it is sharded like: 2 + 2 + 16.
-# fp32 training: 4 + 4 + 8 (momentum and variance; the weights are the master copy).
-STATE_BYTES = {
-    # bf16 at ZeRO-0 (only with one micro-batch per step; see rules.zero_stages). From ZeRO-1 on see
-    # DS_BF16_FP32_ACCUM below.
-    ("deepspeed", "bf16"): (2, 2, 16),
-    ("deepspeed", "fp16"): (2, 2, 16),
-    ("deepspeed", "fp32"): (4, 4, 8),
-    # Megatron-LM: bf16 reduces and accumulates gradients in fp32 (validate_args sets
-    # accumulate_allreduce_grads_in_fp32 for bf16); fp16 keeps fp16 grads, and fp32 master + Adam
-    # (12) across steps. Checked term by term against
-    # Megatron-Core (core/distributed/param_and_grad_buffer.py _ParamAndGradBuffer: with the
-    # distributed optimizer the bf16 params live in one param_data buffer and the grads in one
-    # grad_data buffer of grad_dtype, both whole on every rank, reduce-scattered in place, nothing
-    # freed; core/optimizer/distrib_optimizer.py: fp32 main params and the Adam moments for this
-    # rank's shard only). Bucket-end padding (core/optimizer/param_layout.py pad_bucket_end: to
-    # lcm(dp, 128) elements per bucket of >= 40M) and 64-element parameter alignment add under
-    # 0.1 %, left out. bf16 with --grad-reduce-in-bf16: MEGATRON_BF16_GRADS.
-    ("megatron", "bf16"): (2, 4, 12),
-    ("megatron", "fp16"): (2, 2, 12),
-    ("megatron", "fp32"): (4, 4, 8),
-}
+
+def step_transient_bytes(runtime, precision: str, grad_reduce_in_fp32: bool = True) -> float:
+    """Bytes per parameter, sharded like the optimizer states, that exist only in the optimizer step
+    (the runtime's ``step_transient_bytes``: Megatron-LM's fp32 main-grad copy)."""
+    return runtime_named(runtime).step_transient_bytes(precision, grad_reduce_in_fp32)
 
 
-# DeepSpeed with bf16 and ``data_types.grad_accum_dtype: fp32`` (what dsorch's ds_config sets from
-# ZeRO-1 on), read in deepspeed 0.19 and measured by walking the optimizer's tensors (dp=2):
-# * ZeRO-1 is BF16_Optimizer (engine.py _do_optimizer_sanity_check), not the ZeRO optimizer: a
-#   full-size fp32 accumulation buffer (bf16_optimizer.py: fp32_flat_buffer = zeros_like(bf16
-#   flat, dtype=grad_acc_dtype)), 4 bytes per parameter not sharded; with bf16.immediate_grad_update
-#   (set by dsorch) no bf16 .grad stays besides it. fp32 master + Adam moments, sharded: 12.
-# * ZeRO-2/3 keep the fp32 gradient partition itself (stage_1_and_2.py compact grad partition
-#   buffer, stage3.py grad_partitions_flat_buffer): 4 sharded, and it is what the optimizer steps
-#   on, so no extra fp32 copy: 12 for master + moments.
-DS_BF16_FP32_ACCUM = (2, 4, 12)
-
-
-# DeepSpeed's ZeRO optimizers keep an fp32 master partition of their own even when the model is
-# fp32 (stage_1_and_2.py single_partition_of_fp32_groups is a clone of the flat partition;
-# stage3.py fp32_partitioned_groups_flat): 4 + 8 bytes of optimizer state per parameter, sharded.
-# Measured by train/census.py (tests/system/test_census.py): 12 bytes per parameter over dp at ZeRO-1/2.
-DS_FP32_ZERO_OPTIMIZER = 12
-
-
-# Megatron-LM bf16 with --grad-reduce-in-bf16 (TrainingSpec.grad_reduce_in_fp32 false): the DDP grad
-# buffer takes the parameters' dtype (core/distributed/param_and_grad_buffer.py group_params_for_buffers:
-# grad_dtype = float if grad_reduce_in_fp32 else param.dtype), 2 bytes, whole on every rank; the fp32
-# main params and the two Adam moments, 12 sharded, stay across steps.
-MEGATRON_BF16_GRADS = (2, 2, 12)
-# ... and with 16-bit grads (fp16, or bf16 reduced in bf16) the optimizer step makes an fp32 main-grad
-# copy of this rank's shard (core/optimizer/distrib_optimizer.py _copy_model_grads_to_main_grads:
-# shard_main_param.grad = shard_model_grad.float(); optimizer.py Float16OptimizerWithFloat16Params
-# likewise, unsharded), 4 bytes per parameter, which the next step's zero_grad frees (set_to_none on
-# shard_fp32_from_float16_groups) before its first forward (training.py train_step: zero_grad_buffer,
-# then optimizer.zero_grad). It lives while the activations do not: dist_optimizer.md's "4 + 16/d" for
-# 16-bit grads counts it as if it stayed. With fp32 grads the copy is a view of the grad buffer
-# (.float() of an fp32 tensor is itself): nothing.
-MEGATRON_MAIN_GRAD_COPY = 4
-
-
-def step_transient_bytes(runtime: str, precision: str, grad_reduce_in_fp32: bool = True) -> float:
-    """Bytes per parameter, sharded like the optimizer states, that exist only in the optimizer step,
-    after the step's activations are freed (MEGATRON_MAIN_GRAD_COPY)."""
-    sixteen_bit_grads = precision == "fp16" or (precision == "bf16" and not grad_reduce_in_fp32)
-    return float(MEGATRON_MAIN_GRAD_COPY) if runtime == "megatron" and sixteen_bit_grads else 0.0
-
-
-def state_bytes(runtime: str, precision: str, zero_stage, grad_reduce_in_fp32: bool = True):
-    """(weights, gradients, optimizer) bytes per parameter before sharding; arrays over layouts."""
-    if runtime == "megatron" and precision == "bf16" and not grad_reduce_in_fp32:
-        return MEGATRON_BF16_GRADS
-    w, g, o = STATE_BYTES[(runtime, precision)]
-    if runtime == "deepspeed" and precision == "fp32":
-        return w, g, np.where(np.asarray(zero_stage) >= 1, DS_FP32_ZERO_OPTIMIZER, o)
-    if runtime == "deepspeed" and precision == "bf16":
-        z = np.asarray(zero_stage)
-        fw, fg, fo = DS_BF16_FP32_ACCUM
-        return np.where(z >= 1, fw, w), np.where(z >= 1, fg, g), np.where(z >= 1, fo, o)
-    return w, g, o
+def state_bytes(runtime, precision: str, zero_stage, grad_reduce_in_fp32: bool = True):
+    """(weights, gradients, optimizer) bytes per parameter before sharding; arrays over layouts.
+    Each runtime's table and its sources: ``orchestrator.runtimes``."""
+    return runtime_named(runtime).state_bytes(precision, zero_stage, grad_reduce_in_fp32)
 
 
 def model_state_bytes(params, dp, zero_stage, weight_b, grad_b, opt_b):

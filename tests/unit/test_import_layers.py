@@ -21,6 +21,7 @@ PACKAGE = ROOT / "orchestrator"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("orchestrator", "orchestrator.errors", "orchestrator.resources"),
     ("orchestrator.spec",),
+    ("orchestrator.runtimes",),
     ("orchestrator.costmodel",),
     ("orchestrator.plan",),
     ("orchestrator.plandir",),
