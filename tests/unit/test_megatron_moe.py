@@ -23,7 +23,8 @@ from orchestrator.render.megatron import (
 )
 from orchestrator.spec.cluster import Features, load_profile
 from orchestrator.spec.model import ModelSpec, SpecFile
-from orchestrator.validate.megatron import _layout_stages, check_megatron_args, check_pretrain_needs, parse_args_lines
+from orchestrator.validate.megatron import check_megatron_args, check_pretrain_needs, parse_args_lines
+from orchestrator.validate.megatron_parallel import layout_stages
 
 TRAINING = {"seq_length": 4096, "global_batch_size": 1024, "steps": 1000, "optimizer": {"warmup_steps": 100}}
 
@@ -175,7 +176,7 @@ def test_pipeline_layout_places_the_split_dsorch_planned(layers, mtp, pp, vpp):
     split = stage_split(layers, pp, mtp)
     text = pipeline_layout(layers, mtp, pp, vpp, split.kind)
     assert " " not in text
-    stages = _layout_stages(text)  # Megatron's parse_str_to_list, as validate/megatron.py reproduces it
+    stages = layout_stages(text)  # Megatron's parse_str_to_list, as validate/megatron_parallel.py reproduces it
     assert len(stages) == pp * vpp
     per_rank = [[stages[v * pp + r] for v in range(vpp)] for r in range(pp)]
     layers_of = [sum(chunk.count("t") for chunk in rank) for rank in per_rank]
