@@ -26,6 +26,7 @@ def load_table() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def by_option() -> dict[str, dict[str, Any]]:
+    """Each option string (``--bf16``, ``--no-bias-gelu-fusion``) to its record in the table."""
     return {opt: rec for rec in load_table()["arguments"] for opt in rec["option_strings"]}
 
 
