@@ -24,7 +24,8 @@ import json
 import pytest
 import yaml
 
-from tests.system.test_train import _env, ROOT
+from tests.system.harness import clean_env
+from tests.system.test_train import ROOT
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -84,7 +85,7 @@ def launch(plan_dir, nproc: int, run_dir, steps: int, *args: str):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "-m", "orchestrator.train", "--plan", str(plan_dir), "--run-dir", str(run_dir), "--steps", str(steps),
            "--dump-logits", str(run_dir / "logits"), *args]
-    p = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     return p
 

@@ -4,37 +4,29 @@ shell submitit starts its controller under, and the cancel must reach the contro
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from ..conftest import EXAMPLES
+from .harness import dsorch
 
 # A paced run, so mostly waiting: scripts/test.sh runs it beside the rest.
 pytestmark = pytest.mark.jobs
 
-DSORCH = str(Path(sys.executable).with_name("dsorch"))
 PINS = ("--gpus-per-node", "2", "--tp", "1", "--pp", "1", "--dp", "2", "--zero", "1", "--mbs", "4",
         "--recompute", "none", "--no-sp")
 STEPS = 300  # at a second a step (below), minutes more than the test waits
 
 
-def _env() -> dict:
-    # Each step paced to a second (the entrypoint's test hook): the job is still training when cancelled.
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", DSORCH_TEST_MIN_STEP_SECONDS="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DSORCH_CLUSTER"):
-        env.pop(k, None)
-    return env
+# Each step paced to a second (the entrypoint's test hook): the job is still training when cancelled.
+PACED = {"DSORCH_TEST_MIN_STEP_SECONDS": "1"}
 
 
 def _dsorch(cwd, *args) -> subprocess.CompletedProcess:
-    r = subprocess.run([DSORCH, *map(str, args)], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"dsorch {' '.join(map(str, args))}:\n{r.stdout}\n{r.stderr}"
-    return r
+    return dsorch(cwd, *args, env=PACED)
 
 
 def _training(run_dir: Path) -> list[int]:

@@ -15,12 +15,11 @@ import signal
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
 from ..conftest import EXAMPLES, ROOT
-from . import test_run_data as run_data
+from .harness import dsorch
 
 # A FAKE pretrain_gpt.py paced per iteration, so mostly waiting: scripts/test.sh runs it beside the rest.
 pytestmark = pytest.mark.jobs
@@ -36,8 +35,7 @@ ENV = {"MEGATRON_LM": str(FAKE), "FAKE_MEGATRON_ITERATION_SECONDS": "0.4",
 
 
 def _dsorch(cwd, *args):
-    with mock.patch.dict(os.environ, ENV):  # test_run_data's _dsorch starts from this environment
-        return run_data._dsorch(cwd, *args)
+    return dsorch(cwd, *args, env=ENV)
 
 
 def _status(cwd) -> list[dict]:

@@ -8,7 +8,6 @@ Cost on 2 cores: about a minute and a half (five short runs of the tiny model)."
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -17,26 +16,11 @@ from pathlib import Path
 import pytest
 
 from ..conftest import EXAMPLES, ROOT
+from .harness import clean_env, dsorch
 
 CORPUS = EXAMPLES / "data" / "pydoc"
-DSORCH = str(Path(sys.executable).with_name("dsorch"))
 PINS = ("--gpus-per-node", "2", "--tp", "1", "--pp", "1", "--dp", "2", "--zero", "1", "--mbs", "4",
         "--recompute", "none", "--no-sp")
-
-
-def _env() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS",
-              "DSORCH_PLAN_DIR", "DSORCH_CLUSTER"):
-        env.pop(k, None)
-    return env
-
-
-def _dsorch(cwd, *args, check=True):
-    r = subprocess.run([DSORCH, *map(str, args)], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
-    if check:
-        assert r.returncode == 0, f"dsorch {' '.join(map(str, args))}:\n{r.stdout}\n{r.stderr}"
-    return r
 
 
 def _ranks(plan_dir: Path, run_dir: Path, *args: str) -> tuple[list[int], str, str]:
@@ -47,7 +31,7 @@ def _ranks(plan_dir: Path, run_dir: Path, *args: str) -> tuple[list[int], str, s
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "orchestrator.train", "--plan", str(plan_dir), "--run-dir", str(run_dir), *args]
     procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env() | dict(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                              env=clean_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
                                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
              for r in (0, 1)]
     outs = [p.communicate(timeout=300) for p in procs]
@@ -60,7 +44,7 @@ def _manifest(run_dir: Path, step: int) -> dict:
 
 @pytest.fixture
 def plan_dir(tmp_path) -> Path:
-    _dsorch(tmp_path, "plan", EXAMPLES / "tiny.yaml", "--cluster", "local", "--out", "plans/t", *PINS)
+    dsorch(tmp_path, "plan", EXAMPLES / "tiny.yaml", "--cluster", "local", "--out", "plans/t", *PINS)
     return tmp_path / "plans" / "t"
 
 
@@ -93,12 +77,12 @@ def test_a_resume_on_other_data_is_refused_unless_switched(tmp_path, plan_dir):
 
 
 def test_submit_resume_trains_on_the_first_job_s_data(tmp_path, plan_dir):
-    r = _dsorch(tmp_path, "submit", "plans/t", "--steps", "2", "--data", CORPUS, "--wait")
+    r = dsorch(tmp_path, "submit", "plans/t", "--steps", "2", "--data", CORPUS, "--wait")
     assert "COMPLETED" in r.stdout, r.stdout + r.stderr
-    r = _dsorch(tmp_path, "submit", "plans/t", "--resume", "--steps", "4", "--wait", check=False)
+    r = dsorch(tmp_path, "submit", "plans/t", "--resume", "--steps", "4", "--wait", check=False)
     assert r.returncode == 0 and "COMPLETED" in r.stdout, r.stdout + r.stderr
     assert f"data: {CORPUS} (job " in r.stderr
-    jobs = json.loads(_dsorch(tmp_path, "status", "--json").stdout)
+    jobs = json.loads(dsorch(tmp_path, "status", "--json").stdout)
     run = Path(jobs[-1]["run_dir"])
     assert [j["state"] for j in jobs] == ["COMPLETED", "COMPLETED"] and jobs[0]["run_dir"] == str(run)
     assert [j["data"] for j in jobs] == [str(CORPUS), str(CORPUS)]  # the registry keeps it for requeues too

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import socket
 import subprocess
@@ -30,22 +29,13 @@ from pathlib import Path
 
 import pytest
 
+from .harness import clean_env
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny.yaml"
 CORPUS = ROOT / "examples" / "data" / "pydoc"
 STEPS = 6
 RTOL = 1e-5
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
-    # launch.sh calls `torchrun` by name: the one next to this interpreter.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
-              "SLURM_NTASKS", "DSORCH_PLAN_DIR"):
-        env.pop(k, None)
-    return env
 
 
 def _free_port() -> int:
@@ -71,7 +61,7 @@ def train(plan_dir: Path, nproc: int, run_dir: Path, *args: str, expect_ok: bool
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            str(nproc), "-m", "orchestrator.train", "--plan", str(plan_dir), "--run-dir",
            str(run_dir), "--steps", str(STEPS), *args]
-    p = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
     if expect_ok:
         assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     return p
@@ -240,7 +230,7 @@ def test_launch_script_trains_on_real_text(tmp_path):
     """The README example: the default local plan's launch.sh (torchrun, 4 ranks) on the
     shipped corpus; the loss falls well below its starting value within 25 steps."""
     plan_dir = plan(tmp_path / "tiny")
-    env = _env() | {"MASTER_PORT": str(_free_port())}
+    env = clean_env(MASTER_PORT=str(_free_port()))
     p = subprocess.run(["bash", str(plan_dir / "launch.sh"), "--steps", "25", "--data", str(CORPUS),
                         "--no-save"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=300)

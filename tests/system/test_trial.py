@@ -13,6 +13,7 @@ from orchestrator.plan.layout import Pins
 from orchestrator.run.trial import select_trials, trial_cost
 
 from ..conftest import EXAMPLES
+from .harness import dsorch
 
 
 @pytest.fixture(scope="module")
@@ -150,16 +151,8 @@ def test_every_trial_is_an_ordinary_plan_directory(tmp_path):
     assert [f for _, f in again] == [f for _, f in plans]
 
 
-def _dsorch(cwd, *args, env=None, timeout=900):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = dict(os.environ if env is None else env, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-    env.pop("DSORCH_PROFILES_DIR", None)
-    exe = str(Path(sys.executable).with_name("dsorch"))
-    return subprocess.run([exe, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+def _dsorch(cwd, *args):
+    return dsorch(cwd, *args, check=False)  # each call's exit code is the test's to check
 
 
 def test_trial_on_the_local_executor_measures_calibrates_and_replans(tmp_path):
