@@ -12,6 +12,10 @@ a family's reader does not map, a pattern of MoE layers the spec's cannot reprod
 only the numerics of an otherwise equal model (RoPE scaling, partial rotary, Gemma's embedding
 scale, router jitter) is carried as a warning and into the spec's ``source``: memory and step time,
 what dsorch plans, are the same.
+
+Here: the refusals no family's reader gets to, the table of families by model_type (``HF_FAMILIES``)
+and the spec document. The readers are in spec/hf_families.py, the accessor they share and the keys
+every reader reads alike in spec/hf_config.py.
 """
 
 from __future__ import annotations
@@ -24,6 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import SpecError
+from orchestrator.spec.hf_config import HFConfig
+from orchestrator.spec.hf_families import (
+    read_deepseek_v3,
+    read_falcon,
+    read_gpt2,
+    read_gpt_neox,
+    read_gpt_oss,
+    read_llama_like,
+    read_mixtral,
+    read_qwen_moe,
+)
 
 # Sequence and batch the imported spec trains with unless the flags say otherwise: the config
 # states the architecture, not the training run. About 4M tokens per step (Llama 3's 8K x 512).
@@ -41,44 +56,6 @@ class Imported:
     # The attention window in tokens (Mistral's sliding_window), None for full attention. Whether the
     # spec can carry it depends on the sequence trained, which spec_document decides.
     window: int | None = None
-
-
-class _Config:
-    """The config's values, read with the error a user can act on."""
-
-    def __init__(self, data: dict, path: Path, family: str, prefix: str = ""):
-        self.data, self.path, self.family = data, path, family
-        self.prefix = prefix  # "text_config." when the model is nested in a multimodal config
-        self.window: int | None = None  # set by _window
-
-    def refuse(self, key: str, why: str) -> SpecError:
-        return SpecError(
-            f"{self.path}: {self.prefix}{key}: {why}. dsorch's model spec cannot express this {self.family} "
-            f"model; plan a model without it, or write the spec by hand (see examples/)."
-        )
-
-    def get(self, *keys: str, default: Any = None, required: bool = False) -> Any:
-        for k in keys:
-            if self.data.get(k) is not None:
-                return self.data[k]
-        if required:
-            raise SpecError(
-                f"{self.path}: no {' or '.join(keys)}; a {self.family} config.json states it. Is this "
-                f"the model's config.json?"
-            )
-        return default
-
-    def integer(self, *keys: str, default: int | None = None) -> int:
-        v = self.get(*keys, default=default, required=default is None)
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise SpecError(f"{self.path}: {keys[0]}: {v!r} is not a positive integer.")
-        return v
-
-    def number(self, key: str, default: float) -> float:
-        v = self.get(key, default=default)
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-            raise SpecError(f"{self.path}: {key}: {v!r} is not a non-negative number.")
-        return float(v)
 
 
 # ---- what no family imports ----
@@ -105,7 +82,7 @@ _HYBRID_KEYS = (
 _ATTENTION_LAYERS = {"full_attention", "sliding_attention"}
 
 
-def _hybrid(c: _Config) -> None:
+def _hybrid(c: HFConfig) -> None:
     for key in _HYBRID_KEYS:
         v = c.data.get(key)
         if v in (None, [], ""):
@@ -121,12 +98,12 @@ def _hybrid(c: _Config) -> None:
         )
 
 
-def _chunked(c: _Config) -> None:
+def _chunked(c: HFConfig) -> None:
     """Llama 4 (configuration_llama4.py): attention within chunks of attention_chunk_size tokens,
     and layers without RoPE (no_rope_layers) among the rotary ones, in a text_config inside the
     multimodal config."""
     text = c.data.get("text_config")
-    inner = _Config(text, c.path, c.family, "text_config.") if isinstance(text, dict) else c
+    inner = HFConfig(text, c.path, c.family, "text_config.") if isinstance(text, dict) else c
     if inner.get("attention_chunk_size") is not None:
         n = inner.get("attention_chunk_size")
         raise inner.refuse(
@@ -144,550 +121,9 @@ def _chunked(c: _Config) -> None:
         )
 
 
-# ---- keys every reader shares ----
-
-
-def _kv_channels(c: _Config, hidden: int, heads: int, default: int | None = None) -> int | None:
-    """An explicit head width (head_dim) when it is not hidden / heads: Q and O are
-    hidden x heads*head_dim, K and V hidden x kv_heads*head_dim (LlamaAttention, Qwen3Attention,
-    GemmaAttention), which the spec's kv_channels sets (Megatron-LM --kv-channels)."""
-    if c.get("head_dim", default=default) is None:
-        return None
-    d = c.integer("head_dim", default=default)
-    return None if d * heads == hidden else d
-
-
-def _rope(c: _Config, notes: list[str], theta: float = 10000.0, default_scaling: str | None = None) -> float:
-    """rope_theta (the configuration class's default ``theta``), and a note for rope_scaling (the
-    class's ``default_scaling`` when the config has none)."""
-    # transformers 5 writes both into rope_parameters; published configs before it, rope_theta and
-    # rope_scaling.
-    params = c.get("rope_parameters")
-    scaling = c.get("rope_scaling") or params or default_scaling
-    if isinstance(scaling, dict):
-        kind = scaling.get("rope_type") or scaling.get("type")
-    else:
-        kind = scaling
-    if kind and kind != "default":
-        notes.append(
-            f"rope_scaling {kind} (RoPE frequencies rescaled for long context): the spec's "
-            f"RoPE is plain; memory and step time are the same"
-        )
-    if isinstance(params, dict) and params.get("rope_theta") is not None:
-        theta = params["rope_theta"]
-    return float(c.get("rope_theta", "rotary_emb_base", default=theta))
-
-
-def _norm_epsilon(c: _Config, key: str, default: float) -> float:
-    """The norms' epsilon (``key``; ``default``: the configuration class's, e.g. LlamaConfig.rms_norm_eps
-    1e-6, MixtralConfig's and GPT-NeoX's 1e-5). The spec's model.norm_epsilon."""
-    v = c.number(key, default)
-    if not 0 < v < 1:
-        raise SpecError(f"{c.path}: {c.prefix}{key}: {v!r} is not an epsilon between 0 and 1.")
-    return v
-
-
-def _quantized(c: _Config, notes: list[str]) -> None:
-    q = c.get("quantization_config")
-    if isinstance(q, dict) and q.get("quant_method"):
-        notes.append(
-            f"quantization_config {q['quant_method']} (how the published weights are stored): the spec "
-            f"trains at training.precision"
-        )
-
-
-def _window(c: _Config, use_key: str | None = None) -> None:
-    """The sliding window in effect (Mistral's sliding_window; Qwen2's only with use_sliding_window).
-    Kept on the config, not refused here: whether full attention equals it depends on the sequence
-    length, which spec_document knows."""
-    used = c.get(use_key, default=False) if use_key else True
-    if used and c.get("sliding_window") is not None:
-        c.window = c.integer("sliding_window")
-
-
-def _biases(c: _Config) -> bool:
-    """The spec's bias flag puts biases on every linear layer; LlamaConfig's attention_bias and
-    mlp_bias set them on the attention and on the MLP apart."""
-    attn_bias = bool(c.get("attention_bias", default=False))
-    mlp_bias = bool(c.get("mlp_bias", default=False))
-    if attn_bias != mlp_bias:
-        raise c.refuse("attention_bias", f"{attn_bias} with mlp_bias {mlp_bias}: biases on one kind of layer only")
-    return attn_bias
-
-
-# head_dim when the config omits it: Qwen3Config's 128; the others hidden / heads.
-_HEAD_DIM_DEFAULT = {"qwen3": 128}
-
-
-def _llama_like(c: _Config, family: str, notes: list[str]) -> dict:
-    """Llama, Mistral, Mixtral, Qwen2(-MoE), Qwen3(-MoE) and Gemma share LlamaConfig's key names."""
-    hidden = c.integer("hidden_size")
-    heads = c.integer("num_attention_heads")
-    act = c.get("hidden_activation", "hidden_act", default="silu")
-    if family == "gemma":
-        if act not in ("gelu_pytorch_tanh", "gelu"):
-            raise c.refuse("hidden_activation", f"{act!r}: Gemma's MLP is GeGLU (gelu_pytorch_tanh)")
-        activation = "geglu"
-        notes.append(
-            "Gemma scales the embeddings by sqrt(hidden_size) and its RMSNorm by (1 + weight); the spec's "
-            "are plain: memory and step time are the same"
-        )
-    elif act == "silu":
-        activation = "swiglu"
-    else:
-        raise c.refuse(
-            "hidden_act",
-            f"{act!r}: a {family} MLP with silu is SwiGLU; another activation is not a {family} the spec knows",
-        )
-    bias = _biases(c)
-    model: dict[str, Any] = {
-        "num_layers": c.integer("num_hidden_layers"),
-        "hidden_size": hidden,
-        "ffn_hidden_size": c.integer("intermediate_size"),
-        "num_attention_heads": heads,
-        "num_kv_heads": c.integer("num_key_value_heads", default=heads),
-    }
-    kv_channels = _kv_channels(c, hidden, heads, _HEAD_DIM_DEFAULT.get(family))
-    if kv_channels is not None:
-        model["kv_channels"] = kv_channels
-    model.update(
-        {
-            "vocab_size": c.integer("vocab_size"),
-            "activation": activation,
-            # Gemma ties its embeddings always (GemmaConfig's default); the others default to untied.
-            "tied_embeddings": bool(c.get("tie_word_embeddings", default=family == "gemma")),
-            "normalization": "rmsnorm",
-            "position_embedding": "rope",
-            "bias": bias,
-        }
-    )
-    if family in ("qwen2", "qwen2_moe") and not bias:
-        # Qwen2Attention / Qwen2MoeAttention: q/k/v projections with bias (Qwen2MoeConfig.qkv_bias,
-        # default true), o_proj without.
-        model["qkv_bias"] = bool(c.get("qkv_bias", default=True))
-    if family in ("qwen3", "qwen3_moe"):
-        model["qk_norm"] = True  # Qwen3Attention: q_norm and k_norm, RMSNorm over head_dim
-    model["max_position_embeddings"] = c.integer("max_position_embeddings")
-    model["rope_theta"] = _rope(c, notes)
-    model["norm_epsilon"] = _norm_epsilon(c, "rms_norm_eps", 1e-5 if family == "mixtral" else 1e-6)
-    model["init_method_std"] = float(c.get("initializer_range", default=0.02))
-    _window(c, "use_sliding_window" if family.startswith("qwen") else None)
-    _quantized(c, notes)
-    return model
-
-
-def _gpt_neox(c: _Config, notes: list[str]) -> dict:
-    hidden = c.integer("hidden_size")
-    heads = c.integer("num_attention_heads")
-    act = c.get("hidden_act", default="gelu")
-    if not str(act).startswith("gelu"):
-        raise c.refuse("hidden_act", f"{act!r}: the spec's non-gated MLP is GELU")
-    pct = float(c.get("rotary_pct", "partial_rotary_factor", default=1.0))
-    if pct != 1.0:
-        notes.append(
-            f"rotary_pct {pct:g}: GPT-NeoX rotates a part of each head, the spec all of it: memory and "
-            f"step time are the same"
-        )
-    return {
-        "num_layers": c.integer("num_hidden_layers"),
-        "hidden_size": hidden,
-        "ffn_hidden_size": c.integer("intermediate_size"),
-        "num_attention_heads": heads,
-        "vocab_size": c.integer("vocab_size"),
-        "activation": "gelu",
-        "tied_embeddings": bool(c.get("tie_word_embeddings", default=False)),
-        "normalization": "layernorm",
-        "position_embedding": "rope",
-        "bias": bool(c.get("attention_bias", default=True)),
-        "parallel_residual": bool(c.get("use_parallel_residual", default=True)),
-        "max_position_embeddings": c.integer("max_position_embeddings"),
-        "rope_theta": float(c.get("rotary_emb_base", "rope_theta", default=10000.0)),
-        "norm_epsilon": _norm_epsilon(c, "layer_norm_eps", 1e-5),
-        "init_method_std": float(c.get("initializer_range", default=0.02)),
-    }
-
-
-def _gpt2(c: _Config, notes: list[str]) -> dict:
-    hidden = c.integer("n_embd", "hidden_size")
-    act = c.get("activation_function", default="gelu_new")
-    if not str(act).startswith("gelu"):
-        raise c.refuse("activation_function", f"{act!r}: the spec's non-gated MLP is GELU")
-    if act != "gelu":
-        notes.append(
-            f"activation_function {act} (the tanh approximation of GELU) becomes the spec's exact gelu: "
-            f"memory and step time are the same"
-        )
-    return {
-        "num_layers": c.integer("n_layer", "num_hidden_layers"),
-        "hidden_size": hidden,
-        "ffn_hidden_size": c.integer("n_inner", default=4 * hidden),  # GPT2Config: n_inner None means 4 x n_embd
-        "num_attention_heads": c.integer("n_head", "num_attention_heads"),
-        "vocab_size": c.integer("vocab_size"),
-        "activation": "gelu",
-        "tied_embeddings": bool(c.get("tie_word_embeddings", default=True)),
-        "normalization": "layernorm",
-        "position_embedding": "learned",
-        "bias": True,
-        "max_position_embeddings": c.integer("n_positions", "max_position_embeddings"),
-        "norm_epsilon": _norm_epsilon(c, "layer_norm_epsilon", 1e-5),
-        "init_method_std": float(c.get("initializer_range", default=0.02)),
-    }
-
-
-def _falcon(c: _Config, notes: list[str]) -> dict:
-    if c.get("alibi", default=False):
-        raise c.refuse("alibi", "true: ALiBi position biases; the spec's positions are RoPE or learned")
-    hidden = c.integer("hidden_size")
-    heads = c.integer("num_attention_heads", "n_head")
-    new_arch = bool(c.get("new_decoder_architecture", default=False))
-    # FalconDecoderLayer: the new architecture is a parallel block with ln_attn and ln_mlp unless
-    # num_ln_in_parallel_attn says 1; the old one is parallel (one shared input_layernorm) when
-    # parallel_attn, else sequential.
-    parallel = new_arch or bool(c.get("parallel_attn", default=True))
-    two_norms = new_arch and c.get("num_ln_in_parallel_attn", default=2) != 1
-    if parallel and not two_norms:
-        key = "num_ln_in_parallel_attn" if new_arch else "parallel_attn"
-        raise c.refuse(
-            key,
-            "a parallel block with one layernorm shared by attention and MLP (Falcon-7B's); the "
-            "spec's parallel residual has a norm for each (Falcon 40B/180B, GPT-NeoX)",
-        )
-    if new_arch:
-        kv = c.integer("num_kv_heads", "n_head_kv", default=heads)
-    else:
-        kv = 1 if c.get("multi_query", default=True) else heads
-    return {
-        "num_layers": c.integer("num_hidden_layers", "n_layer"),
-        "hidden_size": hidden,
-        "ffn_hidden_size": c.integer("ffn_hidden_size", default=4 * hidden),  # FalconConfig: 4 x hidden_size
-        "num_attention_heads": heads,
-        "num_kv_heads": kv,
-        "vocab_size": c.integer("vocab_size"),
-        "activation": "gelu",
-        "tied_embeddings": bool(c.get("tie_word_embeddings", default=True)),
-        "normalization": "layernorm",
-        "position_embedding": "rope",
-        "bias": bool(c.get("bias", default=False)),
-        "parallel_residual": parallel,
-        "max_position_embeddings": c.integer("max_position_embeddings", default=2048),
-        "rope_theta": float(c.get("rope_theta", default=10000.0)),
-        "norm_epsilon": _norm_epsilon(c, "layer_norm_epsilon", 1e-5),
-        "init_method_std": float(c.get("initializer_range", default=0.02)),
-    }
-
-
-# ---- mixtures of experts ----
-
-
-def _moe_layers(c: _Config, moe: list[bool], key: str) -> dict[str, int] | None:
-    """The spec's MoE-layer pattern (the first dense_leading_layers dense, then every layer_freq-th
-    MoE: ModelSpec.is_moe_layer, Megatron-LM's --moe-layer-freq after the dense leading layers)
-    reproducing a family's list of MoE layers exactly, or a refusal naming ``key``. None when no
-    layer is MoE (the model is dense)."""
-    idx = [i for i, m in enumerate(moe) if m]
-    if not idx:
-        return None
-    k = idx[0]
-    # With one MoE layer any frequency past the last layer leaves it alone.
-    freq = idx[1] - idx[0] if len(idx) > 1 else len(moe) - k
-    if [i >= k and (i - k) % freq == 0 for i in range(len(moe))] != moe:
-        shown = ", ".join(map(str, idx[:12])) + (", ..." if len(idx) > 12 else "")
-        raise c.refuse(
-            key,
-            f"{c.data.get(key)!r} makes layers {shown} mixture-of-experts ({len(idx)} of {len(moe)}); the spec's "
-            f"MoE layers are the first dense_leading_layers dense and then every layer_freq-th, which "
-            f"cannot give this set",
-        )
-    out = {}
-    if k:
-        out["dense_leading_layers"] = k
-    if freq > 1:
-        out["layer_freq"] = freq
-    return out
-
-
-def _with_moe(model: dict, moe: dict) -> dict:
-    """The model with its moe section where DeepSeek-V3's and GPT-OSS's readers put it: after the
-    layer's shapes, before the positions."""
-    tail = ("max_position_embeddings", "rope_theta", "norm_epsilon", "init_method_std")
-    out = {k: v for k, v in model.items() if k not in tail}
-    return {**out, "moe": moe, **{k: v for k, v in model.items() if k not in out}}
-
-
-def _experts(
-    c: _Config,
-    experts_keys: tuple[str, ...],
-    top_k_keys: tuple[str, ...],
-    ffn: int,
-    default_top_k: int,
-    default_experts: int,
-) -> dict:
-    # Each key with its alias in the configuration class's attribute_map (MixtralConfig, GptOssConfig:
-    # num_experts -> num_local_experts; DeepseekV3Config: num_local_experts -> n_routed_experts).
-    return {
-        "num_experts": c.integer(*experts_keys, default=default_experts),
-        "top_k": c.integer(*top_k_keys, default=default_top_k),
-        "ffn_hidden_size": ffn,
-    }
-
-
-def _aux_loss(c: _Config, key: str, default: float) -> dict:
-    # Switch Transformer's load-balancing loss over the batch, weighted by the family's coefficient
-    # (MixtralForCausalLM / Qwen2MoeForCausalLM: load_balancing_loss_func times router_aux_loss_coef).
-    return {"load_balancing": "aux_loss", "aux_loss_coeff": c.number(key, default)}
-
-
-def _mixtral(c: _Config, notes: list[str]) -> dict:
-    """MixtralConfig: num_local_experts (8) experts of intermediate_size, num_experts_per_tok (2);
-    MixtralSparseMoeBlock: softmax over the experts, top-k, renormalized; every layer MoE."""
-    model = _llama_like(c, "mixtral", notes)
-    jitter = c.number("router_jitter_noise", 0.0)
-    if jitter:
-        notes.append(f"router_jitter_noise {jitter:g} (noise on the router's inputs in training): numerics only")
-    moe = {
-        **_experts(c, ("num_local_experts", "num_experts"), ("num_experts_per_tok",), model["ffn_hidden_size"], 2, 8),
-        "router": "softmax",
-        "norm_top_k": True,
-        **_aux_loss(c, "router_aux_loss_coef", 0.001),
-    }
-    return _with_moe(model, moe)
-
-
-def _qwen_moe_layers(c: _Config, layers: int) -> dict[str, int] | None:
-    # Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer: layer i is sparse when it is not in mlp_only_layers
-    # and (i + 1) % decoder_sparse_step == 0.
-    step = c.integer("decoder_sparse_step", default=1)
-    dense = c.get("mlp_only_layers", default=[])
-    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
-        raise SpecError(f"{c.path}: mlp_only_layers: {dense!r} is not a list of layer indices.")
-    moe = [i not in dense and (i + 1) % step == 0 for i in range(layers)]
-    return _moe_layers(c, moe, "mlp_only_layers" if dense else "decoder_sparse_step")
-
-
-def _qwen_moe(c: _Config, family: str, notes: list[str]) -> dict:
-    """Qwen2MoeConfig / Qwen3MoeConfig: num_experts experts of moe_intermediate_size, top
-    num_experts_per_tok, softmax router renormalized only with norm_topk_prob (default false);
-    Qwen2-MoE adds one shared expert of shared_expert_intermediate_size behind a sigmoid gate
-    (Qwen2MoeSparseMoeBlock.shared_expert_gate, a 1 x hidden linear)."""
-    model = _llama_like(c, family, notes)
-    qwen2 = family == "qwen2_moe"
-    if c.get("num_experts", "num_local_experts") == 0:
-        return model  # Qwen2MoeDecoderLayer: sparse only with num_experts > 0
-    moe = {
-        **_experts(
-            c,
-            ("num_experts", "num_local_experts"),
-            ("num_experts_per_tok",),
-            c.integer("moe_intermediate_size", default=1408 if qwen2 else 768),
-            4 if qwen2 else 8,
-            60 if qwen2 else 128,
-        ),
-    }
-    if qwen2:
-        moe.update(
-            shared_experts=1,
-            shared_ffn_hidden_size=c.integer("shared_expert_intermediate_size", default=5632),
-            shared_expert_gate=True,
-        )
-    pattern = _qwen_moe_layers(c, model["num_layers"])
-    if pattern is None:
-        return model  # no sparse layer: the dense model of intermediate_size
-    moe.update(pattern)
-    moe.update(router="softmax", norm_top_k=bool(c.get("norm_topk_prob", default=False)))
-    moe.update(_aux_loss(c, "router_aux_loss_coef", 0.001))
-    return _with_moe(model, moe)
-
-
-def _deepseek_router(c: _Config) -> dict:
-    """DeepSeek-V3's MoEGate (configuration_deepseek.py defaults): sigmoid scores, the top
-    topk_group of n_group expert groups, top-k within them, renormalized, times routed_scaling_factor;
-    topk_method noaux_tc adds the per-expert bias of auxiliary-loss-free balancing (DeepSeek-V3
-    Sec. 2.1.2), with a small sequence-wise balance loss beside it (seq_aux)."""
-    scoring = c.get("scoring_func", default="sigmoid")
-    if scoring not in ("sigmoid", "softmax"):
-        raise c.refuse("scoring_func", f"{scoring!r}: the spec's routers score by softmax or sigmoid")
-    method = c.get("topk_method", default="noaux_tc")
-    if method not in ("noaux_tc", "group_limited_greedy", "greedy"):
-        raise c.refuse("topk_method", f"{method!r}: the spec routes by top-k, grouped top-k, or noaux_tc")
-    router: dict[str, Any] = {"router": scoring, "norm_top_k": bool(c.get("norm_topk_prob", default=True))}
-    if method != "greedy":
-        router["groups"] = c.integer("n_group", default=8)
-        router["group_top_k"] = c.integer("topk_group", default=4)
-    scale = c.number("routed_scaling_factor", 2.5)
-    if scale != 1.0:
-        router["scale"] = scale
-    # The sequence-wise loss of DeepSeek-V3 (seq_aux, default true in DeepSeek's MoEGate); its weight
-    # is aux_loss_alpha where the config states it, else the report's alpha = 0.0001 (Sec. 4.2).
-    seq = bool(c.get("seq_aux", default=True))
-    router["load_balancing"] = "seq_aux_loss" if seq else "aux_loss"
-    router["aux_loss_coeff"] = c.number("aux_loss_alpha", 0.0001)
-    if method == "noaux_tc":
-        router["expert_bias"] = True
-    return router
-
-
-def _mla(c: _Config) -> dict:
-    """Multi-head latent attention (DeepseekV3Attention): q_lora_rank null means a full Q projection."""
-    mla: dict[str, Any] = {}
-    if c.data.get("q_lora_rank", 1536) is not None:  # null: DeepSeek-V2-Lite's full Q projection
-        mla["q_lora_rank"] = c.integer("q_lora_rank", default=1536)
-    mla.update(
-        kv_lora_rank=c.integer("kv_lora_rank", default=512),
-        qk_nope_head_dim=c.integer("qk_nope_head_dim", default=128),
-        qk_rope_head_dim=c.integer("qk_rope_head_dim", default=64),
-        v_head_dim=c.integer("v_head_dim", default=128),
-    )
-    return mla
-
-
-def _deepseek_v3(c: _Config, notes: list[str]) -> dict:
-    """DeepseekV3Config (transformers) and DeepSeek's configuration_deepseek.py: MLA attention,
-    first_k_dense_replace dense layers of intermediate_size, then MoE layers (i % moe_layer_freq == 0)
-    of n_routed_experts routed experts and n_shared_experts shared ones, all of
-    moe_intermediate_size; num_nextn_predict_layers multi-token-prediction modules."""
-    heads = c.integer("num_attention_heads", default=128)
-    kv = c.integer("num_key_value_heads", default=heads)
-    if kv != heads:
-        raise c.refuse("num_key_value_heads", f"{kv} of {heads} heads: MLA gives every head its own key and value")
-    if c.get("attention_bias", default=False):
-        raise c.refuse(
-            "attention_bias", "true: biases on MLA's projections only, which the spec's bias flag cannot say"
-        )
-    act = c.get("hidden_act", default="silu")
-    if act != "silu":
-        raise c.refuse("hidden_act", f"{act!r}: DeepSeek-V3's MLP with silu is SwiGLU")
-    layers = c.integer("num_hidden_layers", default=61)
-    first_dense = c.get("first_k_dense_replace", default=3)
-    if isinstance(first_dense, bool) or not isinstance(first_dense, int) or first_dense < 0:
-        raise SpecError(f"{c.path}: first_k_dense_replace: {first_dense!r} is not a layer count.")
-    freq = c.integer("moe_layer_freq", default=1)
-    # DeepseekV3DecoderLayer: MoE when layer_idx >= first_k_dense_replace and layer_idx % moe_layer_freq == 0.
-    pattern = _moe_layers(c, [i >= first_dense and i % freq == 0 for i in range(layers)], "moe_layer_freq")
-    model: dict[str, Any] = {
-        "num_layers": layers,
-        "hidden_size": c.integer("hidden_size", default=7168),
-        "ffn_hidden_size": c.integer("intermediate_size", default=18432),
-        "num_attention_heads": heads,
-        "vocab_size": c.integer("vocab_size", default=129280),
-        "activation": "swiglu",
-        "tied_embeddings": bool(c.get("tie_word_embeddings", default=False)),
-        "normalization": "rmsnorm",
-        "position_embedding": "rope",
-        "bias": False,
-        "mla": _mla(c),
-    }
-    # n_routed_experts null: a dense model (DeepseekV3DecoderLayer's first condition).
-    if pattern is not None and c.data.get("n_routed_experts", 256) is not None:
-        ffn = c.integer("moe_intermediate_size", default=2048)
-        shared = c.integer("n_shared_experts", default=1) if c.data.get("n_shared_experts", 1) else 0
-        model["moe"] = {
-            **_experts(c, ("n_routed_experts", "num_local_experts"), ("num_experts_per_tok",), ffn, 8, 256),
-            **({"shared_experts": shared} if shared else {}),
-            **pattern,
-            **_deepseek_router(c),
-        }
-    mtp = c.get("num_nextn_predict_layers", default=0)
-    if mtp:
-        model["mtp_layers"] = c.integer("num_nextn_predict_layers")
-    model["max_position_embeddings"] = c.integer("max_position_embeddings", default=4096)
-    model["rope_theta"] = _rope(c, notes)
-    model["norm_epsilon"] = _norm_epsilon(c, "rms_norm_eps", 1e-6)
-    model["init_method_std"] = float(c.get("initializer_range", default=0.02))
-    _quantized(c, notes)
-    return model
-
-
-def _windows(c: _Config, layers: int) -> dict[str, int]:
-    """sliding_window and the spec's global_attention_every N (layer i full when (i + 1) % N == 0,
-    ModelSpec.is_sliding_layer) from GPT-OSS's layer_types; GptOssConfig's default alternates
-    sliding (even layers) and full (odd ones)."""
-    if c.data.get("sliding_window", 128) is None:
-        return {}
-    types = c.get("layer_types", default=None)
-    if types is None:
-        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
-    if not isinstance(types, list) or len(types) != layers:
-        raise SpecError(f"{c.path}: layer_types: {types!r} is not one entry per layer ({layers}).")
-    full = [i for i, t in enumerate(types) if t == "full_attention"]
-    if len(full) == layers:
-        return {}  # no layer slides
-    window = {"sliding_window": c.integer("sliding_window", default=128)}
-    if not full:
-        return window
-    n = full[0] + 1
-    if n < 2 or [(i + 1) % n == 0 for i in range(layers)] != [t == "full_attention" for t in types]:
-        raise c.refuse(
-            "layer_types",
-            f"full attention on layers {', '.join(map(str, full[:12]))}{', ...' if len(full) > 12 else ''}; the "
-            f"spec's full-attention layers are every global_attention_every-th (the last of each group), "
-            f"which cannot give this set",
-        )
-    return {**window, "global_attention_every": n}
-
-
-def _gpt_oss(c: _Config, notes: list[str]) -> dict:
-    """GptOssConfig and modeling_gpt_oss.py: every layer MoE (GptOssMLP: a router with bias, top-k of
-    its logits softmaxed; experts of intermediate_size with biases on both projections); attention
-    with biases (attention_bias), a learned sink logit per head, head_dim wide heads, and a
-    sliding window on the layers layer_types says."""
-    hidden = c.integer("hidden_size", default=2880)
-    heads = c.integer("num_attention_heads", default=64)
-    layers = c.integer("num_hidden_layers", default=36)
-    if not c.get("attention_bias", default=True):
-        raise c.refuse(
-            "attention_bias",
-            "false: GptOssExperts and GptOssTopKRouter carry biases whatever attention_bias says, and the "
-            "spec's bias flag is one for attention, experts and router",
-        )
-    ffn = c.integer("intermediate_size", default=2880)
-    model: dict[str, Any] = {
-        "num_layers": layers,
-        "hidden_size": hidden,
-        "ffn_hidden_size": ffn,
-        "num_attention_heads": heads,
-        "num_kv_heads": c.integer("num_key_value_heads", default=8),
-    }
-    kv_channels = _kv_channels(c, hidden, heads, default=64)
-    if kv_channels is not None:
-        model["kv_channels"] = kv_channels
-    alpha = c.number("swiglu_alpha", 1.702)
-    if alpha != 1.702:
-        notes.append(f"swiglu_alpha {alpha:g}: the spec's quick_geglu gate is x * sigmoid(1.702 x); numerics only")
-    model.update(
-        {
-            "vocab_size": c.integer("vocab_size", default=201088),
-            # GptOssExperts._apply_gate: (clamp(up, -limit, limit) + 1) * g * sigmoid(1.702 g) with
-            # g = clamp(gate, max=limit): Megatron-LM's --quick-geglu with --glu-linear-offset 1 and
-            # --activation-func-clamp-value limit.
-            "activation": "quick_geglu",
-            "activation_clamp": c.number("swiglu_limit", 7.0),
-            "glu_linear_offset": 1.0,
-            "tied_embeddings": bool(c.get("tie_word_embeddings", default=False)),
-            "normalization": "rmsnorm",
-            "position_embedding": "rope",
-            "bias": True,
-        }
-    )
-    model.update(_windows(c, layers))
-    model["attention_sinks"] = True  # GptOssAttention.sinks: one learned logit per head
-    model["moe"] = {
-        **_experts(c, ("num_local_experts", "num_experts"), ("num_experts_per_tok", "experts_per_token"), ffn, 4, 128),
-        "router": "softmax",
-        "norm_top_k": True,  # softmax over the top-k logits: the renormalized top-k of the full softmax
-        **_aux_loss(c, "router_aux_loss_coef", 0.001),
-    }
-    model["max_position_embeddings"] = c.integer("max_position_embeddings", default=131072)
-    # GptOssConfig: default_theta 150000 and, without rope_parameters, YaRN (factor 32).
-    model["rope_theta"] = _rope(c, notes, theta=150000.0, default_scaling="yarn")
-    model["norm_epsilon"] = _norm_epsilon(c, "rms_norm_eps", 1e-5)
-    model["init_method_std"] = float(c.get("initializer_range", default=0.02))
-    _quantized(c, notes)
-    return model
-
-
 # ---- the families ----
 
-Reader = Callable[[_Config, list[str]], dict]
+Reader = Callable[[HFConfig, list[str]], dict]
 
 
 @dataclass(frozen=True)
@@ -715,24 +151,24 @@ _DEEPSEEK_KEYS = {
     *("routed_scaling_factor", "norm_topk_prob", "num_nextn_predict_layers", "aux_loss_alpha", "seq_aux"),
 }
 _GPT_OSS_KEYS = {"num_local_experts", "num_experts", "experts_per_token", "num_experts_per_tok", "router_aux_loss_coef"}
-_FALCON = _Family("falcon", _falcon)
-FAMILIES = {
-    "llama": _Family("llama", lambda c, n: _llama_like(c, "llama", n)),
-    "mistral": _Family("mistral", lambda c, n: _llama_like(c, "mistral", n)),
-    "mixtral": _Family("mixtral", _mixtral, frozenset(_MIXTRAL_KEYS)),
-    "qwen2": _Family("qwen2", lambda c, n: _llama_like(c, "qwen2", n)),
+_FALCON = _Family("falcon", read_falcon)
+HF_FAMILIES = {
+    "llama": _Family("llama", lambda c, n: read_llama_like(c, "llama", n)),
+    "mistral": _Family("mistral", lambda c, n: read_llama_like(c, "mistral", n)),
+    "mixtral": _Family("mixtral", read_mixtral, frozenset(_MIXTRAL_KEYS)),
+    "qwen2": _Family("qwen2", lambda c, n: read_llama_like(c, "qwen2", n)),
     "qwen2_moe": _Family(
         "qwen2-moe",
-        lambda c, n: _qwen_moe(c, "qwen2_moe", n),
+        lambda c, n: read_qwen_moe(c, "qwen2_moe", n),
         frozenset(_QWEN_MOE_KEYS | {"shared_expert_intermediate_size"}),
     ),
-    "qwen3": _Family("qwen3", lambda c, n: _llama_like(c, "qwen3", n)),
-    "qwen3_moe": _Family("qwen3-moe", lambda c, n: _qwen_moe(c, "qwen3_moe", n), frozenset(_QWEN_MOE_KEYS)),
-    "deepseek_v3": _Family("deepseek-v3", _deepseek_v3, frozenset(_DEEPSEEK_KEYS)),
-    "gpt_oss": _Family("gpt-oss", _gpt_oss, frozenset(_GPT_OSS_KEYS)),
-    "gemma": _Family("gemma", lambda c, n: _llama_like(c, "gemma", n)),
-    "gpt_neox": _Family("gpt-neox", _gpt_neox),
-    "gpt2": _Family("gpt2", _gpt2),
+    "qwen3": _Family("qwen3", lambda c, n: read_llama_like(c, "qwen3", n)),
+    "qwen3_moe": _Family("qwen3-moe", lambda c, n: read_qwen_moe(c, "qwen3_moe", n), frozenset(_QWEN_MOE_KEYS)),
+    "deepseek_v3": _Family("deepseek-v3", read_deepseek_v3, frozenset(_DEEPSEEK_KEYS)),
+    "gpt_oss": _Family("gpt-oss", read_gpt_oss, frozenset(_GPT_OSS_KEYS)),
+    "gemma": _Family("gemma", lambda c, n: read_llama_like(c, "gemma", n)),
+    "gpt_neox": _Family("gpt-neox", read_gpt_neox),
+    "gpt2": _Family("gpt2", read_gpt2),
     "falcon": _FALCON,
     "RefinedWeb": _FALCON,  # Falcon's configs before transformers 4.33
     "RefinedWebModel": _FALCON,
@@ -748,7 +184,7 @@ _MOE_KEY = re.compile(r"expert|moe|router|routed|topk|top_k|n_group|sparse_step|
 _INFERENCE_ONLY = frozenset({"output_router_logits", "ep_size"})
 
 
-def _unmapped_moe(c: _Config, family: _Family) -> None:
+def _unmapped_moe(c: HFConfig, family: _Family) -> None:
     for key, v in c.data.items():
         if key in family.moe_keys or key in _INFERENCE_ONLY or not _MOE_KEY.search(key):
             continue
@@ -781,18 +217,18 @@ def import_config(path: Path, name: str | None = None) -> Imported:
     kind = data.get("model_type")
     # Checked before the family, so that Jamba is refused for its Mamba layers and Llama 4 for its
     # chunked attention, not for their model_type.
-    first = _Config(data, path, str(kind) if kind else "Hugging Face")
+    first = HFConfig(data, path, str(kind) if kind else "Hugging Face")
     _chunked(first)  # first: transformers 5 writes Llama 4's layer_types as "chunked_attention"
     _hybrid(first)
-    if kind not in FAMILIES:
-        known = ", ".join(sorted(k for k in FAMILIES if k.islower()))
+    if kind not in HF_FAMILIES:
+        known = ", ".join(sorted(k for k in HF_FAMILIES if k.islower()))
         raise SpecError(
             f"{path}: model_type {kind!r} is not a family dsorch imports ({known}); write the spec by "
             f"hand (see examples/)."
         )
-    family = FAMILIES[kind]
+    family = HF_FAMILIES[kind]
     notes: list[str] = []
-    c = _Config(data, path, family.name)
+    c = HFConfig(data, path, family.name)
     _unmapped_moe(c, family)
     model = family.read(c, notes)
     if name is None:
