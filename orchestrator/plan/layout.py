@@ -33,11 +33,11 @@ RUNTIMES: tuple[str, ...] = ("deepspeed", "megatron")
 # Families of layouts, named by what dominates their communication (the seed's decision guide:
 # DDP, ZeRO-3/FSDP, Megatron TP, pipeline; context parallelism for long sequences), in the order a
 # tie between them is reported.
-FAMILIES: tuple[str, ...] = ("context-parallel", "pipeline", "zero3", "tp-heavy", "data-parallel")
+LAYOUT_FAMILIES: tuple[str, ...] = ("context-parallel", "pipeline", "zero3", "tp-heavy", "data-parallel")
 
 
 def family_codes(tp, pp, zero_stage, cp):
-    """Index into FAMILIES of each layout (arrays of degrees, or scalars): the first of context
+    """Index into LAYOUT_FAMILIES of each layout (arrays of degrees, or scalars): the first of context
     parallelism, a pipeline, ZeRO-3, tensor parallelism that the layout uses; else data parallel."""
     tp, pp, zero_stage, cp = (np.asarray(v) for v in (tp, pp, zero_stage, cp))
     return np.select([cp > 1, pp > 1, zero_stage == 3, tp > 1], [0, 1, 2, 3], default=4)
@@ -80,7 +80,7 @@ class Layout:
 
     @property
     def family(self) -> str:
-        return FAMILIES[int(family_codes(self.tp, self.pp, self.zero_stage, self.cp))]
+        return LAYOUT_FAMILIES[int(family_codes(self.tp, self.pp, self.zero_stage, self.cp))]
 
     @property
     def world_size(self) -> int:

@@ -19,7 +19,7 @@ from orchestrator.costmodel.stacks import MEMORY_KEYS, TIME_PARTS
 from orchestrator.plan.layout import (
     AXES,
     AXIS,
-    FAMILIES,
+    LAYOUT_FAMILIES,
     PINNABLE,
     RECOMPUTE_LEVELS,
     SHORT_ORDER,
@@ -123,7 +123,7 @@ def _family_bests(
     rank = np.empty(len(cand), dtype=np.int64)
     rank[feasible_order] = np.arange(1, len(feasible_order) + 1)
     out = []
-    for code, name in enumerate(FAMILIES):
+    for code, name in enumerate(LAYOUT_FAMILIES):
         members = codes == code
         if not members.any():
             continue

@@ -31,8 +31,9 @@ import torch
 from orchestrator.errors import CheckpointError, InvalidFile
 from orchestrator.spec.model import ModelSpec, SpecFile
 
-# The families whose transformers model is dsorch's layer (checked by tests/system/test_hf_weights.py).
-FAMILIES = ("llama", "mistral", "qwen2")
+# The model families (spec/hf_import.py HF_FAMILIES, by name) whose transformers model is dsorch's layer,
+# so whose weights training.init_from loads (checked by tests/system/test_hf_weights.py).
+WEIGHT_FAMILIES = ("llama", "mistral", "qwen2")
 INDEX = "model.safetensors.index.json"
 # Shards of the export: transformers' save_pretrained default (max_shard_size "50GB" in 5.x is one
 # file per model at these sizes; 5 GB keeps files a filesystem and an upload handle comfortably).
@@ -86,9 +87,9 @@ def check_config(directory: Path, spec: SpecFile) -> None:
             "(config.json and *.safetensors, as save_pretrained writes it)"
         )
     imp = import_config(cfg)
-    if imp.family not in FAMILIES:
+    if imp.family not in WEIGHT_FAMILIES:
         raise InvalidFile(
-            f"{cfg}: a {imp.family} model; training.init_from loads the {', '.join(FAMILIES)} families, whose "
+            f"{cfg}: a {imp.family} model; training.init_from loads the {', '.join(WEIGHT_FAMILIES)} families, whose "
             "layers are dsorch's (train/model.py)"
         )
     if imp.notes:

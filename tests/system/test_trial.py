@@ -8,7 +8,7 @@ import pytest
 from orchestrator.plan.solver import enumerate_layouts, search
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import load_spec
-from orchestrator.plan.layout import FAMILIES
+from orchestrator.plan.layout import LAYOUT_FAMILIES
 from orchestrator.plan.layout import Pins
 from orchestrator.run.trial import select_trials, trial_cost
 
@@ -36,7 +36,7 @@ def test_top_k_then_the_best_of_every_other_family(ranked):
         assert p.scored is layouts[first] and p.family not in families[:3]
         assert p.why == f"best {p.family} layout (rank {first + 1})"
     assert len({p.scored.layout for p in picks}) == len(picks)
-    assert set(families) <= set(FAMILIES)
+    assert set(families) <= set(LAYOUT_FAMILIES)
     assert select_trials(layouts, 3) == picks  # deterministic
 
 

@@ -207,3 +207,13 @@ def test_train_tokens_gives_the_megatron_runtime_its_length(in_tmp):
     assert load_spec(in_tmp / "long.yaml")[0].training.train_tokens == 1e12
     r = run("plan", in_tmp / "long.yaml", "--cluster", "gb200-nvl72", "--runtime", "megatron", "--no-write")
     assert r.exit_code == 0, r.output
+
+
+def test_weight_families_are_import_families():
+    """training.init_from loads the families whose layers are dsorch's, named as import-hf names
+    them (imp.family): each name must be one of spec/hf_import.py's families, or no model loads."""
+    pytest.importorskip("torch")
+    from orchestrator.spec.hf_import import HF_FAMILIES
+    from orchestrator.train.hf_weights import WEIGHT_FAMILIES
+
+    assert set(WEIGHT_FAMILIES) <= {f.name for f in HF_FAMILIES.values()}
