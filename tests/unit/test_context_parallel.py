@@ -16,7 +16,7 @@ import pytest
 from orchestrator.cli.main import main
 from orchestrator.costmodel import evaluate
 from orchestrator.costmodel.calibration import per_layout
-from orchestrator.costmodel.evaluate import CP_STEP_OVERHEAD_S
+from orchestrator.costmodel.comm_cp import CP_STEP_OVERHEAD_S
 from orchestrator.plan.layout import Layout, Pins
 from orchestrator.plan.rules import check_layout
 from orchestrator.plan.solver import candidates_of, search

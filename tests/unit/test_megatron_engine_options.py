@@ -425,7 +425,7 @@ def test_megatron_dp_buckets_grow_with_the_dp_cp_group(monkeypatch):
     # Same layout with the old flat 40M rule: more buckets, more latency, all else equal.
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("orchestrator.costmodel.evaluate"), "MEGATRON_BUCKET_PER_DP", 0)
+    monkeypatch.setattr(importlib.import_module("orchestrator.costmodel.comm"), "MEGATRON_BUCKET_PER_DP", 0)
     ev40 = evaluate(spec.model, spec.training, profile, "megatron", c)
     assert float(ev40.dp_comm_total[0]) > float(ev.dp_comm_total[0])
 
