@@ -1,7 +1,7 @@
-"""One home for each parallel axis: every Layout field is carried, unchanged, from the CLI pins
-through the plan directory, its regenerate line, a calibration record and the pins of a trial or
-re-plan. The CLI words are made from the axis table, so a new axis is covered without editing
-this file."""
+"""One home for each parallel axis, plan/layout.py's AXES: every Layout field is carried, unchanged,
+from the CLI pins through the plan directory, its regenerate line, a calibration record and the
+pins of a trial or re-plan. The CLI words are made from the axis table, so a new axis is covered
+without editing this file."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import dataclasses
 import json
 import shlex
 
-import pydantic
 import pytest
 import yaml
 
@@ -128,15 +127,3 @@ def test_short_form_and_pins_of_a_layout():
     assert Pins.of(EVERY_AXIS).all_pinned() and not Pins(tp=8).all_pinned()
     assert Pins(tp=8, cp=2).words() == ["--tp", "8", "--cp", "2"]
     assert Pins(sequence_parallel=False).words() == ["--no-sp"]
-
-
-def test_old_plan_directories_without_a_later_axis_still_load():
-    """cp, ep, etp and recompute_layers came after 0.1: a plan.yaml without them means 1 (0: every layer
-    recomputed); the axes of 0.1 stay required."""
-    later = ("cp", "ep", "etp", "recompute_layers")
-    old = dataclasses.replace(EVERY_AXIS, cp=1, ep=1, etp=1, recompute_layers=0)
-    layout = {k: v for k, v in old.as_dict().items() if k not in later}
-    doc = PlanLayout(**layout)
-    assert (doc.cp, doc.ep, doc.etp, doc.recompute_layers) == (1, 1, 1, 0)
-    with pytest.raises(pydantic.ValidationError):
-        PlanLayout(**{k: v for k, v in layout.items() if k != "tp"})
