@@ -112,6 +112,9 @@ class Axis:
     choices: tuple[str, ...] = ()  # str axes: the values, in the order of their codes in the arrays
     # The CLI pin (`dsorch plan --tp 8`); None for what follows from the other axes.
     flag: str | None = None
+    # The Megatron-LM flag that sets it to its value (a switch for a bool axis): render/megatron.py
+    # emits it, render/overrides.py refuses it in a spec's overrides. None where no one flag does.
+    megatron_flag: str | None = None
     # The value at which the axis is not used (tp 1, ZeRO 0, no recompute). A calibration record
     # may leave such an axis out; ``since_0_1=False`` axes may be absent from plan directories and
     # checkpoints written before they existed, and mean this value there.
@@ -143,6 +146,7 @@ AXES: tuple[Axis, ...] = (
         label="tp",
         column="TP",
         flag="--tp",
+        megatron_flag="--tensor-model-parallel-size",
         high=1024,
         neutral=1,
         short="tp{}",
@@ -154,6 +158,7 @@ AXES: tuple[Axis, ...] = (
         label="pp",
         column="PP",
         flag="--pp",
+        megatron_flag="--pipeline-model-parallel-size",
         neutral=1,
         short="pp{}",
         splits_world=True,
@@ -196,6 +201,7 @@ AXES: tuple[Axis, ...] = (
         label="micro-batch",
         column="MBS",
         flag="--mbs",
+        megatron_flag="--micro-batch-size",
         high=100_000_000,
         short="mbs{}",
         help="Pin the micro-batch size (sequences).",
@@ -225,6 +231,7 @@ AXES: tuple[Axis, ...] = (
         column="SP",
         kind=bool,
         flag="--sp/--no-sp",
+        megatron_flag="--sequence-parallel",
         neutral=False,
         short="+sp",
         omit_neutral=True,
@@ -235,6 +242,7 @@ AXES: tuple[Axis, ...] = (
         label="cp",
         column="CP",
         flag="--cp",
+        megatron_flag="--context-parallel-size",
         neutral=1,
         since_0_1=False,
         short="cp{}",
@@ -247,6 +255,7 @@ AXES: tuple[Axis, ...] = (
         label="ep",
         column="EP",
         flag="--ep",
+        megatron_flag="--expert-model-parallel-size",
         neutral=1,
         since_0_1=False,
         short="ep{}",
@@ -259,6 +268,7 @@ AXES: tuple[Axis, ...] = (
         label="etp",
         column="ETP",
         flag="--etp",
+        megatron_flag="--expert-tensor-parallel-size",
         neutral=1,
         since_0_1=False,
         short="etp{}",

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator
 
 from orchestrator.costmodel.evaluate import RECOMPUTE_CODES, cp_a2a_size, ep_overlap_applies, token_dispatcher
-from orchestrator.plan.layout import Layout
+from orchestrator.plan.layout import AXIS, Layout
 from orchestrator.plan.make import Plan
 from orchestrator.plan.rules import stage_split, uses_megatron_fsdp, uses_tp_overlap
 from orchestrator.render.overrides import merge_flags
@@ -51,6 +51,14 @@ def checkpoint_dir(plan: Plan) -> str:
 # A section of the flags: (flag, value) pairs in emission order, value None for a switch;
 # megatron_flags formats the values.
 _Flags = Iterator[tuple[str, object]]
+
+
+def _axis_flag(axis: str) -> str:
+    """The Megatron-LM flag of a layout axis, from its row (plan/layout.py AXES), the one home
+    render/overrides.py FLAG_OWNERS reads too."""
+    flag = AXIS[axis].megatron_flag
+    assert flag is not None, f"layout axis {axis} has no Megatron-LM flag"
+    return flag
 
 
 def moe_dispatcher(training: TrainingSpec, profile: ClusterProfile, layout: Layout) -> str:
@@ -119,12 +127,12 @@ def moe_layer_freq(model: ModelSpec) -> int | str:
 def _parallelism_flags(plan: Plan) -> _Flags:
     """The parallel degrees, the pipeline's layer split, and what tensor/context parallelism need."""
     L, t = plan.layout, plan.spec.training
-    yield "--tensor-model-parallel-size", L.tp
-    yield "--pipeline-model-parallel-size", L.pp
+    yield _axis_flag("tp"), L.tp
+    yield _axis_flag("pp"), L.pp
     if L.cp > 1:
         # The spec's exchange (training.cp_comm_type; Megatron's default p2p is the ring), as the
         # cost model charges it (costmodel/evaluate.py _cp_comm).
-        yield "--context-parallel-size", L.cp
+        yield _axis_flag("cp"), L.cp
         yield "--cp-comm-type", t.cp_comm_type
         if t.cp_comm_type == "a2a+p2p":
             inner = int(cp_a2a_size(plan.profile.nvlink_domain, L.tp, L.cp))
@@ -133,8 +141,8 @@ def _parallelism_flags(plan: Plan) -> _Flags:
         # Megatron-Core carves the expert mesh (etp x ep x expert-dp) out of the attention's
         # tp x cp x dp ranks (core/parallel_state.py); its etp defaults to tp, dsorch's to 1, so
         # both are stated.
-        yield "--expert-model-parallel-size", L.ep
-        yield "--expert-tensor-parallel-size", L.etp
+        yield _axis_flag("ep"), L.ep
+        yield _axis_flag("etp"), L.etp
     m = plan.spec.model
     split = stage_split(m.num_layers, L.pp, m.mtp_layers)
     if split is not None and (m.mtp_layers or split.kind == "loss-chunk") and L.pp > 1:
@@ -157,7 +165,7 @@ def _parallelism_flags(plan: Plan) -> _Flags:
         if not t.overlap_p2p_comm:
             yield "--no-overlap-p2p-communication", None
     if L.sequence_parallel:
-        yield "--sequence-parallel", None
+        yield _axis_flag("sequence_parallel"), None
     tp_overlap = uses_tp_overlap(plan.runtime, t, L)
     grouped_gemm = plan.spec.model.moe is not None and t.moe_grouped_gemm
     if plan.runtime == "megatron" and (L.cp > 1 or t.fp8 is not None or tp_overlap or grouped_gemm):
@@ -192,7 +200,7 @@ def _data_parallel_flags(plan: Plan) -> _Flags:
 
 def _batch_and_recompute_flags(plan: Plan) -> _Flags:
     L = plan.layout
-    yield "--micro-batch-size", L.micro_batch_size
+    yield _axis_flag("micro_batch_size"), L.micro_batch_size
     yield "--global-batch-size", plan.spec.training.global_batch_size
     if L.recompute == "selective":
         yield "--recompute-granularity", "selective"

@@ -19,15 +19,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.plan.layout import AXIS
+from orchestrator.plan.layout import AXES, AXIS
 from orchestrator.spec.overrides import Overrides
 from orchestrator.spec.yamlio import deep_merge
 
 # Megatron-LM flag -> the layout axes (orchestrator.plan.layout.AXES) or spec keys it is rendered from
 # (render/megatron.py), for the flags an override may not set.
 FLAG_OWNERS: Mapping[str, tuple[str, ...]] = {
-    "--tensor-model-parallel-size": ("tp",),
-    "--pipeline-model-parallel-size": ("pp",),
+    # The flag of each axis that has one, from its row (plan/layout.py AXES: Axis.megatron_flag).
+    **{a.megatron_flag: (a.name,) for a in AXES if a.megatron_flag is not None},
     "--pipeline-model-parallel-layout": ("pp", "vpp"),
     "--account-for-embedding-in-pipeline-split": ("pp",),
     "--account-for-loss-in-pipeline-split": ("pp",),
@@ -35,15 +35,10 @@ FLAG_OWNERS: Mapping[str, tuple[str, ...]] = {
     "--decoder-last-pipeline-num-layers": ("pp",),
     "--num-layers-per-virtual-pipeline-stage": ("vpp",),
     "--num-virtual-stages-per-pipeline-rank": ("vpp",),
-    "--context-parallel-size": ("cp",),
     "--hierarchical-context-parallel-sizes": ("cp",),
-    "--expert-model-parallel-size": ("ep",),
-    "--expert-tensor-parallel-size": ("etp",),
-    "--sequence-parallel": ("sequence_parallel",),
     "--use-distributed-optimizer": ("zero_stage",),
     "--use-megatron-fsdp": ("zero_stage",),
     "--data-parallel-sharding-strategy": ("zero_stage",),
-    "--micro-batch-size": ("micro_batch_size",),
     "--recompute-granularity": ("recompute",),
     "--recompute-method": ("recompute", "recompute_layers"),
     "--recompute-num-layers": ("recompute_layers",),
