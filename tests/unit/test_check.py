@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-
 from ..conftest import PROFILES
 from .test_report import _doc, run
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-
-
 from ..conftest import PROFILES
 from .test_report import _doc, run
 

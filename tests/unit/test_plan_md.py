@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 
-
 from orchestrator.costmodel.stacks import MEMORY_KEYS, TIME_PARTS
 
 from .test_report import _doc, _ranked, run

@@ -10,7 +10,6 @@ import pytest
 from orchestrator.cli.plot_schedule import schedule
 
 
-
 @pytest.mark.parametrize("pp, v, k", [(p, v, k) for p, v, k in itertools.product([2, 3, 4, 8], [1, 2, 4], [1, 2, 3])])
 def test_schedule_bubble_is_the_papers(pp, v, k):
     """Without send time, the simulated 1F1B / interleaved schedule takes (m v + pp - 1) chunk
