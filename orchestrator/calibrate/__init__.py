@@ -6,8 +6,9 @@ Two uses, one fitter:
   evaluated as ``costmodel/calibration_sets.yaml`` says) into rows with a measured step time;
   ``scripts/fit_calibration.py`` fits each hardware entry's efficiencies to them and writes
   ``costmodel/calibration.yaml``; ``published_errors`` is the table the tests assert on.
-* ``calibrate`` reads a user's measured step times (the training entrypoint's ``metrics.jsonl``
-  next to its plan directory, or a records file, format below), fits the profile's efficiencies
+* ``calibrate`` reads a user's measured step times (the step records of the training
+  entrypoint's run directory, plandir/rundir.py RunDir.metrics, next to its plan directory, or a
+  records file, format below), fits the profile's efficiencies
   to them and returns a calibrated profile; ``calibrated_profile_yaml`` renders it.
 
 Records file (YAML with a top-level ``records:`` list, or JSONL with one record per line)::

@@ -1,5 +1,6 @@
 """A user's measured runs: records files (YAML/JSONL, format in ``orchestrator.calibrate``) and
-run directories (metrics.jsonl beside the plan directory they trained), as typed records and Rows."""
+run directories (their step records, plandir/rundir.py RunDir.metrics, beside the plan directory
+they trained), as typed records and Rows."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from orchestrator.plan.layout import (
     world_of,
 )
 from orchestrator.plan.rules import check_model, check_training, stage_split
+from orchestrator.plandir.rundir import METRICS_FILE, RunDir
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec, load_spec
 
@@ -48,12 +50,12 @@ def _steady(values: list[float]) -> float:
 
 
 def is_step(rec: dict) -> bool:
-    """A step record of metrics.jsonl, not an evaluation's ("kind": "eval", train/metrics.py)."""
+    """A step record of a run's metrics file, not an evaluation's ("kind": "eval", train/metrics.py)."""
     return rec.get("kind", "step") == "step"
 
 
 def last_records(metrics: Path) -> tuple[dict | None, dict | None]:
-    """The newest step record and the newest evaluation record of a metrics.jsonl (a line cut
+    """The newest step record and the newest evaluation record of a run's metrics file (a line cut
     by a crash is skipped)."""
     step = evaluation = None
     for line in reversed(metrics.read_bytes().splitlines()):
@@ -73,7 +75,7 @@ def last_records(metrics: Path) -> tuple[dict | None, dict | None]:
 
 
 def read_steps(metrics: Path) -> list[dict]:
-    """The step records of a metrics.jsonl, one per step in step order (a resumed run repeats steps:
+    """The step records of a run's metrics file, one per step in step order (a resumed run repeats steps:
     the last record of a step wins); evaluations' records ("kind": "eval") are left out."""
     steps: dict[int, dict] = {}
     for line in metrics.read_text(encoding="utf-8").splitlines():
@@ -85,7 +87,7 @@ def read_steps(metrics: Path) -> list[dict]:
 
 
 def run_record(metrics: Path, plan_dir: Path) -> CalibrationRecord:
-    """One record from a training run's metrics.jsonl and the plan directory it trained."""
+    """One record from a training run's metrics file and the plan directory it trained."""
     from orchestrator.plandir.reader import load_plan_dir
 
     pd = load_plan_dir(plan_dir)
@@ -241,7 +243,7 @@ def load_records(
     plan_dir: Path | None = None,
     plans_by_run: Mapping[Path, Path] | None = None,
 ) -> list[Row]:
-    """Rows from run directories, metrics.jsonl files (with their plan directory) or records files.
+    """Rows from run directories, their metrics files (with their plan directory) or records files.
     ``plans_by_run``: the plan directory of each submitted run directory (resolved paths, from the
     job registry), for a run directory that is not inside its plan's."""
     rows: list[Row] = []
@@ -266,8 +268,8 @@ def _load_one(
     path: Path, profile: ClusterProfile, plan_dir: Path | None, plans_by_run: Mapping[Path, Path], rows: list[Row]
 ) -> None:
     if path.is_dir():
-        path = path / "metrics.jsonl"
-    if path.name == "metrics.jsonl":
+        path = RunDir(path).metrics
+    if path.name == METRICS_FILE:
         registered = plans_by_run.get(path.parent.resolve())
         candidates = [plan_dir] if plan_dir else [path.parent, path.parent.parent, registered]
         pdir = next((d for d in candidates if d is not None and (d / "plan.yaml").exists()), None)

@@ -34,7 +34,7 @@ Examples:
     "plan_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Plan directory the runs used (default: found next to each metrics.jsonl, or the job registry's).",
+    help="Plan directory the runs used (default: found next to each run's metrics file, or the job registry's).",
 )
 @click.option(
     "--name",
@@ -53,7 +53,7 @@ Examples:
 def calibrate(metrics, cluster, plan_dir, name, out, as_json, profiles_dir):
     """Fit a profile's efficiencies to measured step times and write a calibrated profile.
 
-    METRICS are run directories or metrics.jsonl files written by the training entrypoint, or
+    METRICS are run directories (or the metrics files in them) written by the training entrypoint, or
     record files (YAML/JSONL of {layout, model, step_time_s, peak_mem_gib}; see
     orchestrator/calibrate/__init__.py).
     """

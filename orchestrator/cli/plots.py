@@ -17,6 +17,7 @@ from orchestrator.cli.plot_figure import figure, svg_text
 from orchestrator.cli.plot_schedule import draw_schedule
 from orchestrator.cli.plot_stacks import draw_memory, draw_time
 from orchestrator.plandir.reader import PlanDir, predicted_step_s
+from orchestrator.plandir.rundir import RunDir
 
 
 def draw_steps(pd: PlanDir, runs: list[Path]) -> str:
@@ -26,7 +27,7 @@ def draw_steps(pd: PlanDir, runs: list[Path]) -> str:
     predicted = predicted_step_s(pd.path, pd.doc.predicted)
     interval = pd.doc.predicted.get("step_time_interval")
     for i, run in enumerate(runs):
-        recs = read_steps(run / "metrics.jsonl")
+        recs = read_steps(RunDir(run).metrics)
         steps = [r["step"] for r in recs]
         loss_ax.plot(steps, [r["loss"] for r in recs], label=run.name, gid=f"steps-loss-{i}")
         time_ax.plot(
@@ -66,7 +67,7 @@ def draw_all(pd: PlanDir, out: Path, runs: Sequence[Path] = ()) -> list[Path]:
     for name, svg in pictures(pd).items():
         write_text_atomic(out / name, svg)
         made.append(out / name)
-    measured = [r for r in runs if (r / "metrics.jsonl").is_file()]
+    measured = [r for r in runs if RunDir(r).has_metrics()]
     if measured:
         write_text_atomic(out / "steps.svg", draw_steps(pd, measured))
         made.append(out / "steps.svg")

@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.errors import DsorchError, SpecError
+from orchestrator.plandir.rundir import METRICS_FILE
 
 CONFIG_NAME = "dsorch.yaml"
 ENV_CLUSTER = "DSORCH_CLUSTER"
@@ -232,7 +233,7 @@ profiles_dir: {profiles_dir}
 # `dsorch plan SPEC` writes {plans_dir}/<spec>-<cluster>/ ; `dsorch submit` finds plans there.
 plans_dir: {plans_dir}
 
-# `dsorch submit` writes checkpoints and metrics.jsonl to {runs_dir}/<plan>-<job key>/.
+# `dsorch submit` writes checkpoints and {metrics_file} to {runs_dir}/<plan>-<job key>/.
 runs_dir: {runs_dir}
 """
 
@@ -267,4 +268,5 @@ def render_config(cluster: str | None, profiles_dir: str | None, plans_dir: str,
         profiles_dir=scalar(profiles_dir),
         plans_dir=scalar(plans_dir),
         runs_dir=scalar(runs_dir),
+        metrics_file=METRICS_FILE,
     )

@@ -56,7 +56,7 @@ def replan(run, nodes, gpus_per_node, out, pins, profiles_dir):
     The same spec and global batch, planned for the new world; the fastest layout DeepSpeed's
     universal checkpoint can convert to (ZeRO-1/2) is chosen; the newest intact checkpoint is
     converted beside it (checkpoints/universal_stepN). Continue with `dsorch submit NEW_PLAN
-    --resume-from RUN_DIR`: step, LR schedule and optimizer state carry over, metrics.jsonl goes on.
+    --resume-from RUN_DIR`: step, LR schedule and optimizer state carry over, the step records go on.
     """
     from orchestrator.run.replan import find_run
     from orchestrator.run.replan import replan as do_replan

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from orchestrator.cli.common import UserError, check_out_path, cwd_project, display_path, ds_env, open_registry
+from orchestrator.plandir.rundir import METRICS_FILE, RunDir
 
 
 def draw_plots(plan_dir: Path, out: Path, runs: list[Path]) -> None:
@@ -41,7 +42,7 @@ Examples:
     "runs",
     multiple=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="A run directory (with metrics.jsonl) to draw against the prediction; repeatable. Default: "
+    help=f"A run directory (with {METRICS_FILE}) to draw against the prediction; repeatable. Default: "
     "the runs of this plan in the job registry.",
 )
 def plot(plan_dir, out, runs):
@@ -51,10 +52,10 @@ def plot(plan_dir, out, runs):
     if out is not None:
         check_out_path(out, "--out")
     runs = list(runs)
-    missing = [r for r in runs if not (r / "metrics.jsonl").is_file()]
+    missing = [r for r in runs if not RunDir(r).has_metrics()]
     if missing:
         raise UserError(
-            f"--run {missing[0]}: no metrics.jsonl there; give a run directory the training "
+            f"--run {missing[0]}: no {METRICS_FILE} there; give a run directory the training "
             f"entrypoint wrote (`dsorch status` shows each job's run directory)."
         )
     if not runs:

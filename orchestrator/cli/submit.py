@@ -22,6 +22,7 @@ from orchestrator.cli.common import (
     resolve_profiles_dir,
     tail_lines,
 )
+from orchestrator.plandir.rundir import CHECKPOINTS_DIR, METRICS_FILE, RunDir
 
 if TYPE_CHECKING:  # the command imports these when it runs, so that `dsorch --help` stays fast
     from orchestrator.run.registry import Registry
@@ -82,7 +83,7 @@ Examples:
     "--run-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Where checkpoints and metrics.jsonl go; default runs/<plan>-<key>.",
+    help=f"Where checkpoints and {METRICS_FILE} go; default runs/<plan>-<key>.",
 )
 @click.option(
     "--resume",
@@ -194,9 +195,9 @@ def _run_dir(run_dir: Path | None, resume: bool, resume_from: Path | None) -> Pa
         return run_dir
     if resume or run_dir is not None:
         raise UserError("--resume-from names the run to continue; pass it without --resume or --run-dir.")
-    if not (resume_from / "checkpoints").is_dir():
+    if not RunDir(resume_from).checkpoints.is_dir():
         raise UserError(
-            f"--resume-from {resume_from}: no checkpoints/ in it, so there is nothing to resume from; "
+            f"--resume-from {resume_from}: no {CHECKPOINTS_DIR}/ in it, so there is nothing to resume from; "
             f"name the run directory of the job to continue (`dsorch status` shows them)."
         )
     return resume_from
@@ -248,7 +249,7 @@ def _print_dry_run(sub: Submission) -> None:
 
 def _wait_for(key: int, total_steps: int | None = None) -> None:
     """Poll the job until it ends. On a terminal: a progress bar of steps (the entrypoint's
-    metrics.jsonl) against ``total_steps``; elsewhere a line per change of state."""
+    step records) against ``total_steps``; elsewhere a line per change of state."""
 
     from rich.progress import (
         BarColumn,

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from orchestrator.cli.common import cwd_project, display_path, ds_env
+from orchestrator.plandir.rundir import RunDir
 
 
 @click.command(
@@ -40,7 +41,7 @@ def export_hf(run, out):
 
     ds_env()
     run_dir = find_run(cwd_project(), run)
-    ckpt = newest_checkpoint(run_dir / "checkpoints")
+    ckpt = newest_checkpoint(RunDir(run_dir).checkpoints)
     out = out or run_dir / f"hf-{ckpt.path.name}"
     export_checkpoint(ckpt.path, ckpt.layout, ckpt.plan.spec, out)
     click.echo(f"wrote {display_path(out)}/ from the checkpoint of step {ckpt.step} in {display_path(run_dir)}")

@@ -34,11 +34,10 @@ import submitit
 from submitit.core.utils import JobPaths
 from submitit.helpers import TorchDistributedEnvironment
 
+from orchestrator.plandir.rundir import RunDir
 from orchestrator.train.hosts import node_address
 from orchestrator.train.stop import EXIT_STOPPED
 
-# Rank 0 notes every start of a run here (RUN_DIR/starts.jsonl); `dsorch status` reads it.
-STARTS_FILE = "starts.jsonl"
 # In a container, rank 0 asks the host for the requeue with this file in the run directory: the
 # image need not have SLURM's scontrol, and the batch script (on the host) runs it
 # (run/scheduler.py make_executor).
@@ -275,11 +274,11 @@ def _requeue_from_host(handler, run_dir: Path) -> None:
 
 
 def _record_start(env, run_dir: Path, job_id: str) -> None:
-    """Rank 0 notes each start of a run in RUN_DIR/starts.jsonl (`dsorch status`: elapsed, requeues)."""
+    """Rank 0 notes each start of a run in its run directory (RunDir.starts; `dsorch status`: elapsed, requeues)."""
     if env.global_rank != 0:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / STARTS_FILE, "a") as fh:
+    with open(RunDir(run_dir).starts, "a") as fh:
         fh.write(
             json.dumps(
                 {

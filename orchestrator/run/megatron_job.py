@@ -6,8 +6,8 @@ ranks, as job.sbatch's megatron branch does with ``srun --ntasks-per-node=1 bash
 task adds what the submission decides to launch.sh's arguments (Megatron-LM's argparse keeps the
 last value of a repeated flag): the run directory's checkpoints as --save/--load, --train-iters,
 --save-interval, --log-interval. It reads the node's output line by line, passes it on to its own
-log, and turns Megatron-LM's iteration and memory lines into RUN_DIR/metrics.jsonl
-(run/megatron_log.py), the file `dsorch status`, `trial` and `calibrate` read.
+log, and turns Megatron-LM's iteration and memory lines into the run directory's step records
+(run/megatron_log.py; plandir/rundir.py RunDir.metrics), what `dsorch status`, `trial` and `calibrate` read.
 
 Stopping follows job.sbatch's megatron branch: SIGUSR2 (SLURM's warning before the time limit) and
 SIGTERM (scancel, preemption) reach this task; it sends SIGUSR2 to the node's process group, where
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import submitit
 
+from orchestrator.plandir.rundir import RunDir
 from orchestrator.run.jobs import _failure, _rank_env, _record_start
 from orchestrator.run.megatron_log import MegatronLog
 from orchestrator.run.procs import descendants
@@ -75,7 +76,9 @@ class MegatronJob:
 
     @property
     def save_dir(self) -> Path:
-        return Path(self.run_dir) / "checkpoints"
+        """--save/--load: the run directory's checkpoints, as the entrypoint's (not the plan's
+        training.checkpoint.dir, which only a job.sbatch submitted by hand uses)."""
+        return RunDir(Path(self.run_dir)).checkpoints
 
     def megatron_args(self) -> list[str]:
         """launch.sh's extra arguments, after megatron_args.txt's (the last value of a flag wins)."""
@@ -93,19 +96,20 @@ class MegatronJob:
 
     def __call__(self) -> dict:
         env = submitit.JobEnvironment()
-        run_dir = Path(self.run_dir)
+        rundir = RunDir(Path(self.run_dir))
+        run_dir = rundir.path
         run_dir.mkdir(parents=True, exist_ok=True)
         start = tracker_iteration(self.save_dir)
         if env.global_rank == 0:
             from orchestrator.train.metrics import MetricsLog
 
             # Iterations logged after the checkpoint resumed from are trained again: drop their
-            # records, so that metrics.jsonl is one trajectory (as the entrypoint does).
-            MetricsLog.truncate(run_dir, start)
+            # records, so that the step records are one trajectory (as the entrypoint does).
+            MetricsLog.truncate(rundir, start)
         _record_start(env, run_dir, env.job_id)
         submitit_usr2 = signal.getsignal(signal.SIGUSR2)
         peaks = [run_dir / f"megatron-peak-node{n}.json" for n in range(env.num_nodes)]
-        log = MegatronLog(run_dir / "metrics.jsonl", peaks, own=peaks[env.global_rank])
+        log = MegatronLog(rundir.metrics, peaks, own=peaks[env.global_rank])
         rc, received = _run_node(self.command(), self._node_env(env), log)
         if rc != 0:
             how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"

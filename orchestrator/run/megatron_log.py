@@ -1,6 +1,6 @@
-"""Megatron-LM's own log lines as metrics.jsonl step records.
+"""Megatron-LM's own log lines as the run directory's step records (plandir/rundir.py RunDir.metrics).
 
-A `--runtime megatron` job runs Megatron-LM's pretrain_gpt.py, which writes no metrics.jsonl; what
+A `--runtime megatron` job runs Megatron-LM's pretrain_gpt.py, which writes no such records; what
 it says about a step is in two kinds of lines on its stdout (Megatron-LM d98e8a6):
 
 - megatron/training/training.py ``training_log``, from the last rank (``print_rank_last``) every
@@ -36,7 +36,7 @@ _ITERATION = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|(.*)$")
 _MEMORY = re.compile(r"\[Rank (\d+)\] (.*?) memory \(MB\)((?:\s*\|[^|]+)+)")
 # Where a report starts: report_memory's "[Rank N] ", training_log's " [timestamp] iteration N/".
 _REPORT_START = re.compile(r"(?=\[Rank \d+\] )|(?=\[[^\]]*\] iteration\s+\d+/)")
-# training_log's field names, and the metrics.jsonl keys they become.
+# training_log's field names, and the step record keys they become (train/metrics.py).
 _FIELDS = {
     "lm loss": "loss",  # pretrain_gpt.py loss_func reports the language-model loss under this key
     "learning rate": "lr",

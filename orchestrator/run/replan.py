@@ -4,7 +4,7 @@ convert is chosen, and the run's newest intact checkpoint is converted to it (De
 universal checkpoint, orchestrator/train/reshard.py). `dsorch submit NEW_PLAN --resume-from
 RUN_DIR` then continues the same run directory: the step, the LR schedule's position and the
 optimizer state come from the checkpoint; the data position is a function of the step and the
-global batch (train/data.py), so no sample is skipped or repeated; metrics.jsonl goes on.
+global batch (train/data.py), so no sample is skipped or repeated; the step records go on.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import CheckpointError, DsorchError, JobError, NoFeasibleLayout, SpecError
+from orchestrator.plandir.rundir import RunDir
 
 if TYPE_CHECKING:  # imported where they are used: re-planning loads the solver and the renderers
     from orchestrator.plan.layout import Layout, Pins
@@ -72,7 +73,7 @@ def replan(
     from orchestrator.spec.cluster import load_profile
     from orchestrator.train import checkpoint, reshard
 
-    ckpt_dir = run_dir / "checkpoints"
+    ckpt_dir = RunDir(run_dir).checkpoints
     ckpt = newest_checkpoint(ckpt_dir)
     old = ckpt.plan
     spec_path, spec, spec_sha256 = _unchanged_spec(old)

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from orchestrator.errors import JobError
 from orchestrator.plandir.reader import GENERATED, PlanDir, load_plan_dir
+from orchestrator.plandir.rundir import CHECKPOINTS_DIR, RunDir
 from orchestrator.run import remote, scheduler
-from orchestrator.run.jobs import STARTS_FILE, TrainingJob
+from orchestrator.run.jobs import TrainingJob
 from orchestrator.run.megatron_job import DEFAULT_ITERS, MegatronJob
 from orchestrator.run.registry import ACTIVE_STATES, JobRecord, Registry, now_utc
 from orchestrator.run.remote import Remote
@@ -325,7 +326,7 @@ def _refresh_remote(reg: Registry, rec: JobRecord) -> JobRecord:
     values = {k: row.get(k) for k in keep}
     if values["state"] not in ACTIVE_STATES:
         if row.get("run_dir"):
-            via.bring_back(row["run_dir"], Path(rec.run_dir), exclude="checkpoints")
+            via.bring_back(row["run_dir"], Path(rec.run_dir), exclude=CHECKPOINTS_DIR)
         if row.get("log_dir") and re.fullmatch(r"[0-9_]+", rec.job_id):
             via.bring_back(row["log_dir"], Path(rec.log_dir), only=f"{rec.job_id}_*")
     reg.update(rec.key, **values)
@@ -360,14 +361,14 @@ def _progress(run_dir: Path, finished: bool = False) -> tuple[int | None, float 
     step = loss = None
     requeues = 0
     elapsed = None
-    metrics = run_dir / "metrics.jsonl"
+    metrics = RunDir(run_dir).metrics
     if metrics.exists():
         from orchestrator.calibrate.records import last_records
 
         last, _ = last_records(metrics)
         if last is not None:
             step, loss = last.get("step"), last.get("loss")
-    starts = run_dir / STARTS_FILE
+    starts = RunDir(run_dir).starts
     if starts.exists():
         lines = [json.loads(x) for x in starts.read_text().splitlines() if x.strip()]
         if lines:
@@ -379,7 +380,7 @@ def _progress(run_dir: Path, finished: bool = False) -> tuple[int | None, float 
 
 def latest_eval(run_dir: Path) -> dict | None:
     """The newest evaluation record of a run (train/metrics.py record_eval), None before the first."""
-    metrics = run_dir / "metrics.jsonl"
+    metrics = RunDir(run_dir).metrics
     if not metrics.is_file():
         return None
     from orchestrator.calibrate.records import last_records

@@ -10,8 +10,8 @@
    entrypoint on synthetic tokens without checkpoints; one registry row per trial, so `dsorch
    status` shows them. ``TRIAL/trial.yaml`` (MANIFEST) records what was submitted.
 3. Collect (``collect``), once every element has ended: each trial's steady step time and peak
-   memory (metrics.jsonl, the warm-up fifth of the steps dropped, as calibrate reads it) or its
-   failure (oom / timeout / error; an out-of-memory is evidence against the memory model: its
+   memory (its run directory's step records, the warm-up fifth of the steps dropped, as calibrate
+   reads them) or its failure (oom / timeout / error; an out-of-memory is evidence against the memory model: its
    peak passed the device's memory); ``dsorch calibrate``'s fit over them writes
    ``PROFILES/<cluster>-measured.yaml`` (it extends the original); the spec is re-planned with
    it and the winner's plan directory written with the evidence in its plan.yaml; everything
@@ -41,6 +41,7 @@ from orchestrator.plan.layout import Layout, Pins
 from orchestrator.plan.make import make_plan
 from orchestrator.plan.solver import Scored, search
 from orchestrator.plandir.reader import load_plan_dir
+from orchestrator.plandir.rundir import RunDir
 from orchestrator.plandir.writer import spec_path_in, write_plan_dir
 from orchestrator.run.registry import Registry
 from orchestrator.run.scheduler import check_scheduler, log_paths
@@ -218,9 +219,9 @@ class TrialResult:
 
 def measure(entry: TrialEntry, plan_dir, run_dir, state: str, log_text: str = "") -> TrialResult:
     """The result of one trial: a COMPLETED element's steady step time and peak memory from its
-    run directory (metrics.jsonl, as calibrate reads it); any other end is a failure with its cause
+    run directory (its step records, as calibrate reads them); any other end is a failure with its cause
     from the state and the ranks' logs, keeping the peak it recorded before failing."""
-    metrics = Path(run_dir) / "metrics.jsonl"
+    metrics = RunDir(Path(run_dir)).metrics
     rec = None
     if metrics.is_file():
         try:
@@ -352,7 +353,9 @@ def start(
         for d, files in plans:
             write_plan_dir(d, files)
         subs = [
-            prepare_submission(d, loaded.profile.name, None, steps, None, d / "run", profiles_dir, project.root)
+            prepare_submission(
+                d, loaded.profile.name, None, steps, None, RunDir.default(d).path, profiles_dir, project.root
+            )
             for d, _ in plans
         ]
         folder = (project.root / ".dsorch" / "jobs" / f"trial-{out.resolve().name}").resolve()
@@ -421,7 +424,7 @@ def results_of(trial_dir: Path, manifest: Manifest, records) -> list[TrialResult
     out = []
     for t, rec in zip(manifest.trials, records, strict=True):  # one registry row per trial (states)
         log = _logs(manifest, t.job_id) + "\n" + (rec.error or "")
-        out.append(measure(t, trial_dir / t.dir, trial_dir / t.dir / "run", rec.state, log))
+        out.append(measure(t, trial_dir / t.dir, RunDir.default(trial_dir / t.dir).path, rec.state, log))
     return out
 
 
@@ -466,11 +469,13 @@ def collect(
         )
     original = load_profile(manifest.cluster, profiles_dir)
     ooms = [
-        oom_record(trial_dir / r.entry.dir, trial_dir / r.entry.dir / "run" / "metrics.jsonl")
+        oom_record(trial_dir / r.entry.dir, RunDir.default(trial_dir / r.entry.dir).metrics)
         for r in results
         if r.failure == "oom"
     ]
-    calibrated, report = calibrate([trial_dir / r.entry.dir / "run" for r in ok], original.profile, memory_only=ooms)
+    calibrated, report = calibrate(
+        [RunDir.default(trial_dir / r.entry.dir).path for r in ok], original.profile, memory_only=ooms
+    )
     name = name or f"{manifest.cluster}-measured"
     check_profile_name(name)
     text = calibrated_profile_yaml(calibrated, report, name=name)

@@ -514,7 +514,8 @@ def _blend_fix(items: list[str], where: str) -> str:
 
 
 class CheckpointSpec(BaseModel):
-    """Where Megatron-LM saves and resumes (--save/--load) and how often (--save-interval)."""
+    """Where Megatron-LM saves and resumes (--save/--load) and how often (--save-interval). A job
+    `dsorch submit` starts saves into its run directory's checkpoints instead (plandir/rundir.py)."""
 
     model_config = FROZEN
 
@@ -550,9 +551,10 @@ class WandbSpec(BaseModel):
 
 
 class LoggingSpec(BaseModel):
-    """Where metrics go besides metrics.jsonl and the log: TensorBoard event files
-    (``dsorch[tensorboard]``; --tensorboard-dir for Megatron-LM) and Weights & Biases. Both carry
-    what metrics.jsonl carries: loss, lr, grad norm, step time, memory, eval loss and perplexity."""
+    """Where metrics go besides the run directory's step records (plandir/rundir.py RunDir.metrics)
+    and the log: TensorBoard event files (``dsorch[tensorboard]``; --tensorboard-dir for Megatron-LM)
+    and Weights & Biases. Both carry what the step records carry: loss, lr, grad norm, step time,
+    memory, eval loss and perplexity."""
 
     model_config = FROZEN
 

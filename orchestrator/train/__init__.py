@@ -12,5 +12,5 @@ prepare.py     text to an indexed dataset with a Hugging Face tokenizer (`dsorch
 fingerprint.py what a run trains on, kept in each checkpoint's manifest and checked at resume
 token_file.py  text -> legacy token file (bytes tokenizer), `python -m orchestrator.train.token_file`
 checkpoint.py  save / resume / retention / damaged-checkpoint fallback
-metrics.py     step metrics and metrics.jsonl
+metrics.py     step metrics and their records in the run directory
 """

@@ -19,17 +19,18 @@ data and where to write.
         python -m orchestrator.train --plan plans/llama8b --steps 1000 --data /data/tokens
 
     # resume: run the same command again with the same --run-dir (default PLAN_DIR/run); it
-    # continues from the newest intact checkpoint in RUN_DIR/checkpoints.
+    # continues from the newest intact checkpoint in the run directory's checkpoints.
 
 The data is the plan's training.data (the same --data-path Megatron-LM gets); --data overrides
 it; with neither the model trains on deterministic synthetic sequences. A resume on other data
 than the checkpoint's is refused unless --switch-data says it is meant (train/fingerprint.py).
 With training.init_from in the spec the model starts from that Hugging Face directory's weights
 (train/hf_weights.py; `dsorch export-hf RUN_DIR` writes a checkpoint back as one). Rank 0 prints
-one line per step and appends it to RUN_DIR/metrics.jsonl, and one per evaluation of the validation part
-(every training.data.eval_interval steps, train/validation.py); TensorBoard and W&B get the same
-(training.logging, train/sinks.py). The learning rate follows Megatron-LM's schedule over the
-plan's steps (train/lr_schedule.py); --steps past them needs --extend-schedule.
+one line per step and appends it to the run directory's step records (RunDir.metrics), and one
+per evaluation of the validation part (every training.data.eval_interval steps,
+train/validation.py); TensorBoard and W&B get the same (training.logging, train/sinks.py). The
+learning rate follows Megatron-LM's schedule over the plan's steps (train/lr_schedule.py); --steps
+past them needs --extend-schedule.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import torch.distributed as dist
 from orchestrator.errors import CheckpointError, SpecError
 from orchestrator.plan.layout import Layout
 from orchestrator.plandir.reader import PlanDir
+from orchestrator.plandir.rundir import RUN_DIR_ENV, STOP_REQUEST_FILE, RunDir
 from orchestrator.train import checkpoint, fingerprint, launch, reshard
 from orchestrator.train.config import ds_config, load_plan, stage_layers
 from orchestrator.train.data import micro_batches, open_dataset
@@ -56,7 +58,7 @@ from orchestrator.train.metrics import MetricsLog, peak_memory_gib, peak_reserve
 from orchestrator.train.model import DenseModel, LossFn, Pipeline, layer_specs, recompute
 from orchestrator.train.moe import AuxLossScale, expert_groups
 from orchestrator.train.sinks import check_available
-from orchestrator.train.stop import EXIT_STOPPED, OOM_MARK, RUN_DIR_ENV, STOP_REQUEST_FILE, StopRequest
+from orchestrator.train.stop import EXIT_STOPPED, OOM_MARK, StopRequest
 from orchestrator.train.tensor_parallel import TPContext
 from orchestrator.train.validation import evaluate, evaluation_index
 
@@ -91,7 +93,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--run-dir",
         default=os.environ.get(RUN_DIR_ENV) or None,
-        help=f"checkpoints and metrics.jsonl (default ${RUN_DIR_ENV}, else PLAN/run)",
+        help=f"checkpoints and step records (default ${RUN_DIR_ENV}, else PLAN/run)",
     )
     p.add_argument("--save-interval", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
     p.add_argument("--keep", type=int, default=3, help="checkpoints kept (the newest K)")
@@ -241,13 +243,6 @@ def train_step(engine, batches, pp: int, device, dp_group) -> float:
     return float(total) / dist.get_world_size(dp_group)
 
 
-# Written by rank 0 into the run directory after every rank has saved the checkpoint of a stop
-# request, removed when training starts again. A job script reads it to tell "stopped cleanly,
-# requeue me" from a failure: torchrun reports any non-zero rank exit, EXIT_STOPPED included, as
-# its own exit code 1 (torch.distributed.elastic ChildFailedError), so the code does not get through.
-STOPPED_FILE = "stopped.json"
-
-
 def train(plan: PlanDir, args, denv: launch.DistEnv, device: torch.device, stop: StopRequest | None = None) -> bool:
     """Train to args.steps; returns False when a stop request ended it early (checkpoint saved)."""
     trainer = Trainer(plan, args, denv, device, stop)
@@ -286,8 +281,9 @@ class Trainer:
         self.dp_rank, self.dp_group = grid.get_data_parallel_rank(), grid.get_data_parallel_group()
         self.tp_group, self.rank = grid.get_slice_parallel_group(), denv.rank
 
-        self.run_dir = run_dir = Path(args.run_dir) if args.run_dir else plan.path / "run"
-        self.ckpt_dir = ckpt_dir = run_dir / "checkpoints"
+        self.rundir = RunDir.for_plan(plan.path, args.run_dir)
+        self.run_dir = run_dir = self.rundir.path
+        self.ckpt_dir = ckpt_dir = self.rundir.checkpoints
         if rank0:
             run_dir.mkdir(parents=True, exist_ok=True)
         source, blend, self.data_origin = fingerprint.run_data(args.data, training.data, plan.path.resolve())
@@ -331,15 +327,15 @@ class Trainer:
             self._dump_logits(self.start)
         if rank0:
             # Steps logged after the checkpoint we resume from are redone now: drop their records so
-            # that metrics.jsonl is one trajectory with no gap and no repeated step.
-            MetricsLog.truncate(run_dir, self.start)
-            (run_dir / STOPPED_FILE).unlink(missing_ok=True)
-        self.stop_file = run_dir / STOP_REQUEST_FILE
+            # that the step records are one trajectory with no gap and no repeated step.
+            MetricsLog.truncate(self.rundir, self.start)
+            self.rundir.stopped.unlink(missing_ok=True)
+        self.stop_file = self.rundir.stop_request
 
         if rank0:
             self._announce(denv, tag, schedule_text)
         sinks = _sinks(plan, run_dir) if rank0 else None
-        self.log = MetricsLog(run_dir if rank0 else None, plan, denv.world_size, sinks)
+        self.log = MetricsLog(self.rundir if rank0 else None, plan, denv.world_size, sinks)
         self._pending: _StepFacts | None = None  # the last step's facts, their all-reduce in flight
         self._censuses(args, denv.rank, grid.get_stage_id())
 
@@ -455,7 +451,7 @@ class Trainer:
         eval_due = self.valid is not None and done % plan.spec.training.data.eval_interval == 0
         if stop_seen or save_due or eval_due or done == args.steps or args.fail_after_step == done:
             # This step's own facts now: its metrics line is written before its checkpoint (a resumed
-            # run's metrics.jsonl has no gap), a stop seen now stops now, and the last line is out.
+            # run's step records have no gap), a stop seen now stops now, and the last line is out.
             stop_seen = self._settle(facts) or stop_seen
             self._pending = None
         stopping = stop_seen and done < args.steps
@@ -468,7 +464,7 @@ class Trainer:
         if stopping:
             if rank0:
                 # A Trainer given no StopRequest stops only when another rank asked: no signal of its own.
-                write_stopped(self.run_dir, done, stop.signum if stop is not None else None)
+                write_stopped(self.rundir, done, stop.signum if stop is not None else None)
                 self.stop_file.unlink(missing_ok=True)  # honoured; a later run must not stop at once
                 print(
                     f"dsorch train: stop requested; checkpoint of step {done} saved in {self.ckpt_dir}, "
@@ -607,13 +603,14 @@ class DeviceMemoryExceeded(RuntimeError):
     """The CPU stand-in for torch.OutOfMemoryError (orchestrator/train/stop.py)."""
 
 
-def write_stopped(run_dir: Path, step: int, signum: int | None) -> None:
+def write_stopped(run_dir: RunDir, step: int, signum: int | None) -> None:
     import json
 
-    tmp = run_dir / (STOPPED_FILE + ".tmp")
+    stopped = run_dir.stopped
+    tmp = stopped.with_name(stopped.name + ".tmp")
     name = signal.Signals(signum).name if signum else STOP_REQUEST_FILE
     tmp.write_text(json.dumps({"step": step, "signal": name, "time": time.time()}) + "\n", encoding="utf-8")
-    os.replace(tmp, run_dir / STOPPED_FILE)
+    os.replace(tmp, stopped)
 
 
 def check_steps(plan: PlanDir, args) -> None:

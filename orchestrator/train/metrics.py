@@ -1,6 +1,7 @@
-"""Per-step training metrics: one log line and one metrics.jsonl record per step (rank 0).
+"""Per-step training metrics: one log line and one step record per step (rank 0),
+appended to the run directory's metrics file (plandir/rundir.py RunDir.metrics).
 
-metrics.jsonl is the input of ``dsorch calibrate``: one JSON object per line with step, loss, lr,
+That file is the input of ``dsorch calibrate``: one JSON object per line with step, loss, lr,
 wall_s (seconds since the loop started), cpu_s (this rank's CPU seconds since then), grad_norm,
 step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_mem_gib, mem_kind, plus the layout it ran with.
 Evaluations (train/validation.py) add records of their own, ``{"kind": "eval", "step", "eval_loss",
@@ -19,13 +20,13 @@ import json
 import math
 import resource
 import time
-from pathlib import Path
 
 import torch
 
 from orchestrator.costmodel.flops import model_flops_per_step
 from orchestrator.costmodel.memory import GIB
 from orchestrator.plandir.reader import PlanDir
+from orchestrator.plandir.rundir import RunDir
 
 
 def step_model_flops(plan: PlanDir) -> float:
@@ -49,8 +50,8 @@ EVAL_KIND = "eval"
 
 
 class MetricsLog:
-    def __init__(self, run_dir: Path | None, plan: PlanDir, world_size: int, sinks=None):
-        self.path = None if run_dir is None else run_dir / "metrics.jsonl"
+    def __init__(self, run_dir: RunDir | None, plan: PlanDir, world_size: int, sinks=None):
+        self.path = None if run_dir is None else run_dir.metrics
         self.sinks = sinks  # train/sinks.py: TensorBoard, W&B (rank 0, when the spec asks)
         # wall_s of a record: seconds from here (just before the first step) to the end of the
         # step (``clock``), all of the loop included (batch assembly, the step, the bookkeeping).
@@ -73,10 +74,10 @@ class MetricsLog:
         }
 
     @staticmethod
-    def truncate(run_dir: Path, last_step: int) -> int:
+    def truncate(run_dir: RunDir, last_step: int) -> int:
         """Keep the records of steps <= last_step (the checkpoint resumed from); returns how many
         were dropped. Rewritten through a temporary file, so a crash leaves the old file."""
-        path = run_dir / "metrics.jsonl"
+        path = run_dir.metrics
         if not path.exists():
             return 0
         keep, dropped = [], 0

@@ -1,9 +1,10 @@
-"""TensorBoard and Weights & Biases: the metrics.jsonl records again, for the tools people look at.
+"""TensorBoard and Weights & Biases: the step records again, for the tools people look at.
 
-Selected in the spec (training.logging, spec/model.py LoggingSpec); rank 0 writes, as it writes
-metrics.jsonl. Both packages are optional extras: ``pip install 'dsorch[tensorboard]'`` and
-``pip install 'dsorch[wandb]'``; a spec that asks for one that is missing is refused at start on
-every rank alike (``check_available``), before any rank waits for another.
+Selected in the spec (training.logging, spec/model.py LoggingSpec); rank 0 writes, as it writes the
+run directory's step records (train/metrics.py). Both packages are optional extras:
+``pip install 'dsorch[tensorboard]'`` and ``pip install 'dsorch[wandb]'``; a spec that asks for one
+that is missing is refused at start on every rank alike (``check_available``), before any rank
+waits for another.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from orchestrator.errors import InvalidFile
 
-# metrics.jsonl keys -> the name each sink shows them under.
+# Step record keys (train/metrics.py) -> the name each sink shows them under.
 SCALARS = {
     "loss": "train/loss",
     "lr": "train/lr",
@@ -42,7 +43,7 @@ def check_available(logging, plan_path) -> None:
 
 
 class Sinks:
-    """The sinks a spec selects, written after every metrics.jsonl record."""
+    """The sinks a spec selects, written after every step record."""
 
     def __init__(self, logging, run_dir: Path, run_name: str, config: dict):
         self.tb = self.wandb = None

@@ -1,16 +1,14 @@
 """Stop requests: SIGUSR2 (SLURM's warning before a time limit or preemption), SIGTERM (scancel,
-scontrol requeue, preemption) and the file RUN_DIR/stop.request (what job.sbatch writes when
-SLURM warns it of the time limit). Standard library only, so that ``python -m orchestrator.train`` can
-install the handlers before the seconds-long torch/DeepSpeed imports: a signal that arrives
-during start-up is remembered instead of killing the rank."""
+scontrol requeue, preemption) and the run directory's stop request file (plandir/rundir.py
+RunDir.stop_request, what job.sbatch writes when SLURM warns it of the time limit). Standard
+library only, so that ``python -m orchestrator.train`` can install the handlers before the
+seconds-long torch/DeepSpeed imports: a signal that arrives during start-up is remembered instead
+of killing the rank."""
 
 from __future__ import annotations
 
 import signal
 
-# The default --run-dir of the entrypoint. job.sbatch sets it, so that the job script and every
-# rank agree on where checkpoints and the stop marker live, across requeues.
-RUN_DIR_ENV = "DSORCH_RUN_DIR"
 # The entrypoint's exit code after every rank has checkpointed on a stop request: rerun to resume.
 EXIT_STOPPED = 3
 # The entrypoint's exit code when the busiest rank's measured memory passed the plan's device
@@ -19,11 +17,6 @@ EXIT_STOPPED = 3
 # set instead: a FAKE out-of-memory, the CPU stand-in, named so in its message (OOM_MARK).
 EXIT_OUT_OF_MEMORY = 4
 OOM_MARK = "out of memory (CPU stand-in for a GPU's memory limit)"
-# A file in the run directory that asks the ranks to checkpoint and stop after the current step.
-# job.sbatch uses it rather than a signal: SLURM delivers a step's signal to every process of the
-# step, and a rank's helper processes (a ninja build of a DeepSpeed op at start-up, say) die of it
-# (measured on the loopback cluster: "ninja died with SIGUSR2", the rank crashed).
-STOP_REQUEST_FILE = "stop.request"
 
 
 class StopRequest:

@@ -74,18 +74,19 @@ def test_a_missing_extra_is_named_with_its_install_command(monkeypatch):
 
 
 def _metrics_log(tmp_path, logging: LoggingSpec):
+    from orchestrator.plandir.rundir import RunDir
     from orchestrator.train.metrics import MetricsLog
 
     plan = _plan({})
     plan.doc = SimpleNamespace(cluster=SimpleNamespace(peak_tflops=None))
-    log = MetricsLog(tmp_path, plan, 4, sinks.Sinks(logging, tmp_path, "tiny", {"k": 1}))
+    log = MetricsLog(RunDir(tmp_path), plan, 4, sinks.Sinks(logging, tmp_path, "tiny", {"k": 1}))
     for step in (1, 2):
         log.record(step, 5.0 - step, 1e-3 * step, 0.5, 0.1, 1.0, "cpu_peak_rss")
     log.record_eval(2, 3.25, 4, 0.3, final=False)
     log.record(3, 1.5, 3e-3, None, 0.1, 1.0, "cpu_peak_rss")
     log.record_eval(3, 3.0, 4, 0.3, final=True)
     log.close()
-    return tmp_path / "metrics.jsonl"
+    return RunDir(tmp_path).metrics
 
 
 def test_eval_records_stand_apart_from_step_records(tmp_path):
