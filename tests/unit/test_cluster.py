@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.costmodel.calibration import resolve_efficiency
 from orchestrator.errors import ProfileNotFound, SpecError
 from orchestrator.spec.cluster import load_profile
 
@@ -90,3 +91,25 @@ def test_a_setup_line_that_is_not_shell_by_itself_names_the_line(tmp_path, line)
     assert "\n" not in msg
     write(tmp_path, "mine.yaml", "extends: dgx16\nslurm:\n  setup: [module load cuda, \"echo 'it''s fine'\"]\n")
     assert load_profile("mine", tmp_path).profile.slurm.setup[1] == "echo 'it''s fine'"
+
+
+# NVL72 and B200 profiles (issue 24).
+@pytest.mark.parametrize("name, gpus_per_node, domain, hardware", [
+    ("gb200-nvl72", 4, 72, "megatron/gb200-nvl72"),
+    ("gb300-nvl72", 4, 72, "megatron/gb300-nvl72"),
+    ("dgx-b200", 8, 8, "megatron/gb200-nvl72"),
+])
+def test_blackwell_profiles_load_with_their_nvlink_domain(name, gpus_per_node, domain, hardware):
+    """An NVL72 rack is one 72-GPU NVLink domain of 4-GPU trays, of which the shipped profile takes
+    16 (64 GPUs); the domain is at most the world (two trays: 8 GPUs). A DGX B200's domain is its
+    node. DeepEP is software, off unless the site says so. The B200 shares the GB200 entry's
+    efficiencies but has no runs of its own: no interval."""
+    p = load_profile(name).profile
+    assert p.gpus_per_node == gpus_per_node and p.intra_node.domain_gpus in (None, domain)
+    assert p.nvlink_domain == min(domain, p.world_size) == {"dgx-b200": 8}.get(name, 64)
+    assert p.resized(nodes=2).nvlink_domain == min(domain, 2 * gpus_per_node)
+    assert p.resized(nodes=18).nvlink_domain == p.resized(nodes=64).nvlink_domain == domain
+    assert p.features.deepep is False and p.gpu.peak_tflops.fp8 == 2 * p.gpu.peak_tflops.bf16
+    r = resolve_efficiency(p)
+    assert r.entry == hardware
+    assert (r.domain == "fitted") == (name != "dgx-b200"), r.describe()
