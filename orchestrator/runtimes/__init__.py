@@ -1,11 +1,23 @@
 """The training runtimes dsorch plans for, one object each (``base.Runtime``): ``DEEPSPEED`` (the
 bundled entrypoint on DeepSpeed) and ``MEGATRON`` (Megatron-LM's pretrain_gpt.py). Input parsers
-turn a name into its object with ``runtime_named``; everything else asks the object."""
+turn a name into its object with ``runtime_named``; everything else asks the object.
+
+Adding a runtime (Megatron-FSDP as its own engine, torchtitan): one module beside ``deepspeed.py``
+with a ``Runtime`` subclass and its instance, listed in ``RUNTIMES`` below. It must give every field
+of ``Runtime`` (its label, engine overlaps, whether the bundled trainer runs it, its calibration
+engines, the files it renders and the one its program reads, how it launches, its stop handler,
+its Megatron-FSDP stage if any, the features it has) and implement ``zero_stages``,
+``zero_refusal`` and ``state_bytes`` (``model_problems``, ``expert_zero_ok``, ``calibration_engine``,
+``step_transient_bytes`` and ``engine_for`` where the defaults do not hold). Beyond this package:
+an entry per calibration engine in costmodel/calibration.yaml, a renderer for any file of
+``renders`` that render/__init__.py's ``RENDERERS`` lacks, the checks of that file in
+validate/plan_dir.py, and, for a program other than the bundled entrypoint or Megatron-LM, its
+node-side job in run/."""
 
 from __future__ import annotations
 
 from orchestrator.errors import SpecError
-from orchestrator.runtimes.base import Engine, Runtime
+from orchestrator.runtimes.base import DS_CONFIG, MEGATRON_ARGS, Engine, Runtime
 from orchestrator.runtimes.deepspeed import DEEPSPEED
 from orchestrator.runtimes.megatron import MEGATRON
 
@@ -25,4 +37,15 @@ def runtime_named(name: str | Runtime) -> Runtime:
         raise SpecError(f"unknown runtime {name!r}: use one of {', '.join(RUNTIME_NAMES)}") from None
 
 
-__all__ = ["DEEPSPEED", "DEFAULT", "MEGATRON", "RUNTIMES", "RUNTIME_NAMES", "Engine", "Runtime", "runtime_named"]
+__all__ = [
+    "DEEPSPEED",
+    "DEFAULT",
+    "DS_CONFIG",
+    "MEGATRON",
+    "MEGATRON_ARGS",
+    "RUNTIMES",
+    "RUNTIME_NAMES",
+    "Engine",
+    "Runtime",
+    "runtime_named",
+]

@@ -1,7 +1,7 @@
 """What a training runtime is to dsorch: one object per runtime (``orchestrator.runtimes``) carries
 every fact that differs between runtimes, so rules, the cost model, renderers, calibration and run/
-ask the object instead of testing its name. A third runtime is one module beside ``deepspeed.py``
-and ``megatron.py`` and one entry in ``RUNTIMES``."""
+ask the object instead of testing its name. Plain facts are fields; answers that depend on the
+layout are methods, overridden per runtime (``deepspeed.py``, ``megatron.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.spec.model import TrainingSpec
+from orchestrator.spec.model import ModelSpec, TrainingSpec
+
+# The generated files a runtime's program reads its settings from (render/ renders them,
+# plandir/reader.py requires them, validate/plan_dir.py checks them).
+DS_CONFIG = "ds_config.json"
+MEGATRON_ARGS = "megatron_args.txt"
+# Rendered for every runtime: the node-side script and the batch script, and megatron_args.txt
+# (under the deepspeed runtime the same layout as Megatron-LM flags, for a reader to compare).
+COMMON_FILES = ("job.sbatch", "launch.sh", MEGATRON_ARGS)
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,10 @@ class Engine:
     # work per MoE layer (``moe_layer_us``). Calibration rows set it where the published run did.
     moe_cuda_graphs: bool = False
 
+    def overlaps_dp(self, pp) -> bool:
+        """Whether the gradient reduction overlaps the backward pass at this pipeline degree."""
+        return self.dp_overlap and (self.dp_overlap_with_pp or pp == 1)
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -39,18 +51,74 @@ class Runtime:
     name: str
     label: str  # in prose: "DeepSpeed", "Megatron-LM"
     engine: Engine  # overlap settings as dsorch's generated files set them
-    # dsorch's bundled entrypoint (python -m orchestrator.train) trains its plans; otherwise the
-    # runtime's own program does (Megatron-LM's pretrain_gpt.py from $MEGATRON_LM).
+    # dsorch's bundled entrypoint (python -m orchestrator.train) trains its plans, and `dsorch trial`
+    # measures them; otherwise the runtime's own program does (Megatron-LM's pretrain_gpt.py from
+    # $MEGATRON_LM), started by launch.sh.
     bundled_trainer: bool
     # The calibration entries (costmodel/calibration.yaml engines) this runtime's layouts use.
     calibration_engines: tuple[str, ...]
+    # The files render/ writes for it besides plan.md and plan.yaml (sorted), and the one its
+    # program reads its settings from.
+    renders: tuple[str, ...]
+    reads: str
+    # How a job starts it: one SLURM task per GPU that joins the ranks from SLURM's environment
+    # (False), or one task per node running launch.sh, whose torchrun starts the node's ranks (True).
+    launch_per_node: bool
+    stop_handler: str  # who catches SIGUSR2 in the ranks (launch.sh's comment)
+    # The ZeRO stage run on Megatron-FSDP (sharded gradients) instead of the distributed
+    # optimizer, searched only when pinned; None where the runtime has none.
+    fsdp_zero_stage: int | None
+    # Features dsorch plans only where the runtime has them (plan/rules.py asks).
+    interleaved_schedule: bool  # vpp > 1
+    context_parallel: bool  # cp > 1
+    partial_recompute: bool  # recompute_layers > 0: full recomputation of only some layers
+    fp8: bool  # training.fp8, fp8_param_gather: Transformer Engine's FP8 GEMMs
+    tp_comm_overlap: bool  # training.tp_comm_overlap
+    grad_reduce_in_bf16: bool  # training.grad_reduce_in_fp32 false
+    needs_train_steps: bool  # the training length must be known when planning
+    moe_needs_sp: bool  # a MoE model with tp > 1 trains only with sequence parallelism
+    # The experts split over the tensor-parallel group like the dense MLP (etp = tp), and the
+    # expert-parallel groups are data-parallel ranks only; else they are carved from tp x cp x dp.
+    experts_like_mlp: bool
 
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def reads_megatron_args(self) -> bool:
+        """Whether megatron_args.txt is its program's command line (else a record of the model)."""
+        return self.reads == MEGATRON_ARGS
+
     def engine_for(self, training: TrainingSpec) -> Engine:
         """The engine with the spec's options applied (the megatron runtime's tp_comm_overlap)."""
         return self.engine
+
+    # -- layouts: what the solver enumerates and check_layout explains ----------------------------
+    def zero_stages(
+        self, pp: int, precision: str, grad_accum_steps: int, pinned: int | None = None, fp8_param_gather=False
+    ) -> list[int]:
+        """The ZeRO stages the runtime can run a layout with; ``pinned`` is the stage asked for, if any."""
+        raise NotImplementedError
+
+    def zero_refusal(self, zero_stage: int, pp: int, grad_accum_steps: int, fp8_param_gather: bool) -> str:
+        """Why ``zero_stage`` is not among ``zero_stages`` (called only then), with the fix."""
+        raise NotImplementedError
+
+    def uses_fsdp(self, zero_stage: int) -> bool:
+        """Whether a layout at this ZeRO stage runs on Megatron-FSDP (``fsdp_zero_stage``)."""
+        return self.fsdp_zero_stage is not None and zero_stage == self.fsdp_zero_stage
+
+    def expert_mesh(self, tp: int, cp: int, dp: int) -> int:
+        """The ranks of one pipeline stage the expert-parallel groups are carved from."""
+        return dp if self.experts_like_mlp else tp * cp * dp
+
+    def expert_zero_ok(self, ep: int, zero_stage: int) -> bool:
+        """Whether expert parallelism ``ep`` runs at this ZeRO stage."""
+        return True
+
+    def model_problems(self, model: ModelSpec) -> list[str]:
+        """What the runtime cannot build of the architecture."""
+        return []
 
     # -- memory: bytes per parameter (costmodel/memory.py applies the sharding) ----------------
     def state_bytes(self, precision: str, zero_stage, grad_reduce_in_fp32: bool = True):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.runtimes.base import Engine, Runtime
+from orchestrator.runtimes.base import COMMON_FILES, DS_CONFIG, Engine, Runtime
 
 # Bytes per parameter: (weights, gradients, optimizer states) before any sharding.
 # The ZeRO paper counts 2 + 2 + K with K = 12 (fp32 master, momentum, variance); DeepSpeed's
@@ -45,6 +45,39 @@ FP32_ZERO_OPTIMIZER = 12
 
 @dataclass(frozen=True)
 class DeepSpeedRuntime(Runtime):
+    def zero_stages(
+        self, pp: int, precision: str, grad_accum_steps: int, pinned: int | None = None, fp8_param_gather=False
+    ) -> list[int]:
+        # DeepSpeed's pipeline engine asserts stage < 2 (pipe/engine.py). With bf16, dsorch accumulates
+        # gradients in fp32 (ds_config data_types.grad_accum_dtype), which DeepSpeed refuses at ZeRO-0
+        # ("unsupported mix of model_dtype=torch.bfloat16 and grad_accum_dtype=torch.float32",
+        # engine.py _do_optimizer_sanity_check); bf16 accumulation loses gradient over many
+        # micro-batches (measured with DeepSpeed 0.19.8: 37% of the true gradient norm after 1024), so
+        # ZeRO-0 stays only where nothing accumulates.
+        stages = [0, 1] if pp > 1 else [0, 1, 2, 3]
+        if precision == "bf16" and grad_accum_steps > 1:
+            stages.remove(0)
+        return stages
+
+    def zero_refusal(self, zero_stage: int, pp: int, grad_accum_steps: int, fp8_param_gather: bool) -> str:
+        if pp > 1 and zero_stage > 1:
+            return (
+                f"zero_stage={zero_stage} cannot be combined with pp={pp} in DeepSpeed's pipeline engine "
+                f"(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1"
+            )
+        return (
+            f"zero_stage=0 with bf16 and {grad_accum_steps} micro-batches per step: DeepSpeed accumulates "
+            f"gradients in fp32 only from ZeRO-1 on, and bf16 accumulation loses gradient over many "
+            f"micro-batches; use zero_stage>=1 (or one micro-batch per step)"
+        )
+
+    def expert_zero_ok(self, ep: int, zero_stage: int) -> bool:
+        """DeepSpeed runs expert parallelism at ZeRO-1 and 2 only: 0.19's engine refuses MoE layers at
+        ZeRO-3 (engine.py _validate_zero3_moe_compatibility), and at ZeRO-0 its gradient clipping
+        averages the ranks' norms instead of summing the experts' (measured: 0.48973 against the true
+        0.49012 at ep 2 dp 2). At ep 1 the entrypoint's MoE layer is a plain module: every stage."""
+        return ep == 1 or zero_stage in (1, 2)
+
     def state_bytes(self, precision: str, zero_stage, grad_reduce_in_fp32: bool = True):
         w, g, o = STATE_BYTES[precision]
         z = np.asarray(zero_stage)
@@ -82,4 +115,24 @@ DEEPSPEED = DeepSpeedRuntime(
     ),
     bundled_trainer=True,
     calibration_engines=("deepspeed", "deepspeed-zero3", "deepspeed-pipeline"),
+    renders=tuple(sorted((*COMMON_FILES, DS_CONFIG))),
+    reads=DS_CONFIG,
+    # The entrypoint is one SLURM task per GPU (run/jobs.py TrainingJob) and stops itself.
+    launch_per_node=False,
+    stop_handler="orchestrator/train/stop.py: USR2 and TERM",
+    fsdp_zero_stage=None,
+    # DeepSpeed's pipeline engine runs plain 1F1B; the entrypoint has no ring attention, no
+    # Transformer Engine, and checkpoints every decoder layer under full recomputation
+    # (PipelineModule activation_checkpoint_interval); it accumulates in fp32 from ZeRO-1 on.
+    interleaved_schedule=False,
+    context_parallel=False,
+    partial_recompute=False,
+    fp8=False,
+    tp_comm_overlap=False,
+    grad_reduce_in_bf16=False,
+    needs_train_steps=False,
+    moe_needs_sp=False,
+    # The entrypoint's experts split over the tp group like its dense MLP, its expert groups are
+    # data-parallel ranks (orchestrator/train/moe.py).
+    experts_like_mlp=True,
 )

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from orchestrator.runtimes.base import Engine, Runtime
-from orchestrator.spec.model import TrainingSpec
+from orchestrator.runtimes.base import COMMON_FILES, MEGATRON_ARGS, Engine, Runtime
+from orchestrator.spec.model import ModelSpec, TrainingSpec
 
 # Megatron-LM: bf16 reduces and accumulates gradients in fp32 (validate_args sets
 # accumulate_allreduce_grads_in_fp32 for bf16); fp16 keeps fp16 grads, and fp32 master + Adam
@@ -39,12 +39,62 @@ BF16_GRADS = (2, 2, 12)
 # (.float() of an fp32 tensor is itself): nothing.
 MAIN_GRAD_COPY = 4
 
+# Megatron-LM's ZeRO-2: Megatron-FSDP with --data-parallel-sharding-strategy optim_grads, which
+# shards the fp32 main gradients as well as the optimizer states over the dp x cp group and keeps
+# the bf16 weights whole (megatron/core/distributed/fsdp/src/docs/mfsdp_design.md, "ZeRO-2 /
+# optim_grads"). This is how Llama 3 405B trained beside TP8 PP16 (Llama 3 paper, Sec. 3.3.2: FSDP
+# shards optimizer states and gradients, the weights are not resharded after the forward pass).
+# Searched only when pinned (--zero 2): Megatron-LM's validate_args accepts it with pipeline and
+# tensor parallelism but warns against TP with it, and its functional tests run it only at pp=1.
+MEGATRON_FSDP_ZERO = 2
+
 
 @dataclass(frozen=True)
 class MegatronRuntime(Runtime):
     def engine_for(self, training: TrainingSpec) -> Engine:
         """--tp-comm-overlap and the interleaved schedule's p2p overlap as the spec sets them."""
         return replace(self.engine, tp_overlap=training.tp_comm_overlap, p2p_overlap=training.overlap_p2p_comm)
+
+    def zero_stages(
+        self, pp: int, precision: str, grad_accum_steps: int, pinned: int | None = None, fp8_param_gather=False
+    ) -> list[int]:
+        # 0: plain DDP; 1: the distributed optimizer; 2: Megatron-FSDP optim_grads, only when asked.
+        # --fp8-param-gather needs the distributed optimizer or Megatron-FSDP (validate_args).
+        stages = [0, 1, MEGATRON_FSDP_ZERO] if pinned == MEGATRON_FSDP_ZERO else [0, 1]
+        return stages[1:] if fp8_param_gather else stages
+
+    def zero_refusal(self, zero_stage: int, pp: int, grad_accum_steps: int, fp8_param_gather: bool) -> str:
+        if zero_stage == 0 and fp8_param_gather:
+            return (
+                "zero_stage=0 with training.fp8_param_gather: Megatron-LM's --fp8-param-gather needs the distributed "
+                "optimizer (validate_args); use zero_stage 1 or set fp8_param_gather false"
+            )
+        return (
+            f"zero_stage={zero_stage}: on Megatron-LM dsorch plans zero_stage 1 (the distributed "
+            f"optimizer) and 2 (Megatron-FSDP optim_grads: gradients sharded too); Megatron-FSDP's "
+            f"optim_grads_params (ZeRO-3) is not modelled: use zero_stage 0, 1 or 2, or the deepspeed runtime"
+        )
+
+    def model_problems(self, model: ModelSpec) -> list[str]:
+        problems = []
+        # megatron/training/arguments.py offers --swiglu and --quick-geglu (a different GeGLU), and
+        # its GPT layer is sequential (attention, then MLP).
+        if model.activation == "geglu":
+            problems.append(
+                "model.activation geglu (Gemma's tanh GeGLU) has no Megatron-LM flag; use the deepspeed runtime"
+            )
+        if model.parallel_residual:
+            problems.append("model.parallel_residual: Megatron-LM's GPT layer is sequential; use the deepspeed runtime")
+        problems += _activation_limits(model)
+        problems += _moe_limits(model)
+        if model.mla is not None and model.qk_norm:
+            # gpt_layer_specs.py: with MLA, --qk-layernorm normalizes the query and key-value latents
+            # (always emitted for MLA); a per-head QK-norm on top has no switch.
+            problems.append(
+                "model.qk_norm with model.mla: Megatron-LM's --qk-layernorm is MLA's latent norms, and a "
+                "per-head QK-norm on MLA has no flag; drop qk_norm or use the deepspeed runtime"
+            )
+        return problems
 
     def state_bytes(self, precision: str, zero_stage, grad_reduce_in_fp32: bool = True):
         if precision == "bf16" and not grad_reduce_in_fp32:
@@ -54,6 +104,59 @@ class MegatronRuntime(Runtime):
     def step_transient_bytes(self, precision: str, grad_reduce_in_fp32: bool = True) -> float:
         sixteen_bit_grads = precision == "fp16" or (precision == "bf16" and not grad_reduce_in_fp32)
         return float(MAIN_GRAD_COPY) if sixteen_bit_grads else 0.0
+
+
+def _activation_limits(model: ModelSpec) -> list[str]:
+    """Megatron-Core clamps and offsets the halves of a GLU (mlp.py, moe/experts.py); its
+    TransformerConfig.__post_init__ allows the clamp on SwiGLU only in MoE models and without an
+    offset, and the offset with the fused bias-activation kernel only for quick-GeGLU."""
+    problems = []
+    if model.activation == "gelu" and (model.activation_clamp is not None or model.glu_linear_offset):
+        problems.append(
+            "model.activation_clamp/glu_linear_offset act on the two halves of a gated MLP and model.activation "
+            "gelu has no gate; drop them or use a gated activation"
+        )
+    elif model.activation == "swiglu" and model.glu_linear_offset:
+        problems.append(
+            "model.glu_linear_offset with activation swiglu: Megatron-LM's fused SwiGLU has no offset "
+            "(--glu-linear-offset goes with --quick-geglu); use activation quick_geglu or the deepspeed runtime"
+        )
+    elif model.activation == "swiglu" and model.activation_clamp is not None and model.moe is None:
+        problems.append(
+            "model.activation_clamp with swiglu: Megatron-LM clamps SwiGLU only in mixture-of-experts models "
+            "(TransformerConfig); drop activation_clamp or use the deepspeed runtime"
+        )
+    return problems
+
+
+def _moe_limits(model: ModelSpec) -> list[str]:
+    """Routers and experts Megatron-Core does not build (core/transformer/moe/moe_utils.py
+    topk_routing_with_score_function, TransformerConfig.__post_init__, shared_experts.py)."""
+    moe = model.moe
+    if moe is None:
+        return []
+    problems = []
+    if moe.router == "sigmoid" and not moe.norm_top_k and moe.top_k > 1:
+        problems.append(
+            "model.moe.norm_top_k false with router sigmoid: Megatron-LM always renormalizes sigmoid scores over "
+            "the chosen top_k; set norm_top_k true or use the deepspeed runtime"
+        )
+    if moe.router == "softmax" and moe.top_k == 1 and moe.norm_top_k:
+        problems.append(
+            "model.moe.norm_top_k true with top_k 1: a softmax over the one chosen expert is always 1 and gives "
+            "the router no gradient, which Megatron-LM refuses; set norm_top_k false (Switch's router)"
+        )
+    if moe.expert_bias and moe.router != "sigmoid":
+        problems.append(
+            "model.moe.expert_bias (auxiliary-loss-free balancing) needs router sigmoid in Megatron-LM; set "
+            "model.moe.router sigmoid or drop expert_bias"
+        )
+    if model.bias and moe.shared_experts:
+        problems.append(
+            "model.bias with model.moe.shared_experts: Megatron-Core's shared experts take no biases; set "
+            "bias false or use the deepspeed runtime"
+        )
+    return problems
 
 
 MEGATRON = MegatronRuntime(
@@ -74,4 +177,27 @@ MEGATRON = MegatronRuntime(
     ),
     bundled_trainer=False,
     calibration_engines=("megatron",),
+    renders=COMMON_FILES,
+    reads=MEGATRON_ARGS,
+    # launch.sh's torchrun starts a node's ranks (run/megatron_job.py MegatronJob).
+    launch_per_node=True,
+    stop_handler="Megatron-LM's --exit-signal-handler with --exit-signal SIGUSR2; job.sbatch turns TERM into USR2",
+    fsdp_zero_stage=MEGATRON_FSDP_ZERO,
+    interleaved_schedule=True,
+    context_parallel=True,
+    partial_recompute=True,  # --recompute-method block --recompute-num-layers N
+    fp8=True,
+    tp_comm_overlap=True,
+    grad_reduce_in_bf16=True,
+    # megatron/training/training.py (pretrain): "either train-iters or train-samples should be provided".
+    needs_train_steps=True,
+    # Megatron-Core's MoE layer refuses to train with tensor parallelism without sequence
+    # parallelism, whatever ep (core/transformer/moe/moe_layer.py MoELayer.forward raises; with ep > 1
+    # ModelParallelConfig.__post_init__ also warns "When using expert parallelism and tensor
+    # parallelism for training, sequence parallelism must be used").
+    moe_needs_sp=True,
+    # Megatron-Core carves the expert mesh from the tp x cp x dp ranks of the attention
+    # (core/parallel_state.py initialize_model_parallel: expert_tensor_model_pipeline_parallel groups
+    # over the same world).
+    experts_like_mlp=False,
 )
