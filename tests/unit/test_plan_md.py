@@ -4,6 +4,7 @@ plan's numbers; deterministic and hash-checked like the other files."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from orchestrator.costmodel.stacks import MEMORY_KEYS, TIME_PARTS
 
@@ -60,3 +61,20 @@ def test_plan_md_is_deterministic_and_checked(runner, in_tmp):
     assert r.exit_code == 1 and "plan.md" in r.output
     r = run(runner, "validate", a)
     assert r.exit_code == 2 and "plan.md" in r.output
+
+
+def test_plan_md_names_the_data_both_runtimes_train_on(runner, in_tmp):
+    from orchestrator.cli.main import main
+
+    spec = (Path("examples/tiny.yaml").read_text()
+            + "  data:\n    path: ['30', data/a, '70', data/b]\n    split: 90,10,0\n")
+    assert "\n  data:" not in Path("examples/tiny.yaml").read_text() and "\ntraining:" in spec
+    Path("tiny-data.yaml").write_text(spec)
+    for runtime in ("deepspeed", "megatron"):
+        r = runner.invoke(main, ["plan", "tiny-data.yaml", "--cluster", "local", "--runtime", runtime,
+                                 "--out", f"p-{runtime}"])
+        assert r.exit_code == 0, r.output
+        md = Path(f"p-{runtime}/plan.md").read_text()
+        assert "- data: `data/a` (weight 30), `data/b` (weight 70); split 90,10,0; tokenizer NullTokenizer" in md
+    args = Path("p-megatron/megatron_args.txt").read_text()
+    assert "--data-path" in args and "data/a" in args and "--split 90,10,0" in " ".join(args.split())

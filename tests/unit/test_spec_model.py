@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.spec.model import load_spec
+from orchestrator.spec.model import DataSpec, load_spec
 
 from ..conftest import EXAMPLES, spec_paths
 
@@ -110,3 +110,19 @@ def test_malformed_yaml_names_line(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(SpecError, match="no such file"):
         load_spec(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("path, blend", [
+    (None, []),
+    (("a",), [(None, "a")]),
+    (("a", "b"), [(None, "a"), (None, "b")]),  # even, but "a" is no weight: prefixes alone
+    (("30", "a", "70", "b"), [(30.0, "a"), (70.0, "b")]),
+])
+def test_blend_reads_data_path_as_megatron_does(path, blend):
+    assert DataSpec(path=path).blend() == blend
+
+
+@pytest.mark.parametrize("path", [("0.3", "a", "0.7", "b", "c"), ("0.3", "a", "b", "c"), ("0", "a", "1", "b")])
+def test_a_data_path_megatron_would_misread_is_refused_at_load(path):
+    with pytest.raises(ValueError, match="weight prefix pairs"):
+        DataSpec(path=path)
