@@ -22,7 +22,7 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
 fi
 if ! "$VPY" -c "import orchestrator, deepspeed, pytest, hypothesis, ruff, mypy" 2>/dev/null \
    || [[ pyproject.toml -nt .venv/.dsorch-installed ]]; then
-  "$VPY" -m pip install --quiet -e ".[test,lint]"
+  "$VPY" -m pip install --quiet -e ".[test,lint,docs]"
   touch .venv/.dsorch-installed
 fi
 echo "dsorch $("$VPY" -c 'import orchestrator; print(orchestrator.__version__)') ready in .venv (activate: source .venv/bin/activate)"
