@@ -88,7 +88,7 @@ def test_without_slurm_everything_but_submitting_works(tmp_path):
 
 
 def test_quickstart_runs_on_a_machine_without_slurm(tmp_path):
-    """The README's first command, verbatim, with SLURM's binaries hidden from PATH."""
+    """The README's first quick-start command, verbatim, with SLURM's binaries hidden from PATH."""
     env = {"HOME": os.environ.get("HOME", str(tmp_path)), "PATH": path_without_slurm(tmp_path),
            "DSORCH_QUICKSTART_DIR": str(tmp_path / "quickstart"), "LANG": "C.UTF-8"}
     for key in ("TORCH_EXTENSIONS_DIR", "TMPDIR"):

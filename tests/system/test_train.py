@@ -227,8 +227,8 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one(tmp_path, layout_r
 
 
 def test_launch_script_trains_on_real_text(tmp_path):
-    """The README example: the default local plan's launch.sh (torchrun, 4 ranks) on the
-    shipped corpus; the loss falls well below its starting value within 25 steps."""
+    """The example of docs/tutorials/first-run.md: the default local plan's launch.sh (torchrun,
+    4 ranks) on the shipped corpus; the loss falls well below its starting value within 25 steps."""
     plan_dir = plan(tmp_path / "tiny")
     env = clean_env(MASTER_PORT=str(_free_port()))
     p = subprocess.run(["bash", str(plan_dir / "launch.sh"), "--steps", "25", "--data", str(CORPUS),

@@ -1,7 +1,7 @@
 """The experiment repository as a user meets it: `dsorch init`, dsorch.yaml found from any
 subdirectory, defaults with their origin in every message, `dsorch plan SPEC` and `dsorch submit
---cluster NAME` exactly as the README writes them, and every command that needs no SLURM working
-on a machine without it."""
+--cluster NAME` exactly as the README and docs/tutorials/first-plan.md write them, and every
+command that needs no SLURM working on a machine without it."""
 
 from __future__ import annotations
 
