@@ -31,6 +31,7 @@ from orchestrator.plan.layout import (
     layout_schema,
     world_of,
 )
+from orchestrator.spec.cluster import ProfileExecutor
 from orchestrator.spec.model import SpecFile
 
 PLAN_FILE = "plan.yaml"
@@ -85,7 +86,7 @@ class PlanCluster(BaseModel):
     gpu_memory_gib: float = Field(gt=0)
     peak_tflops: float = Field(gt=0)
     backend: Literal["nccl", "gloo"]
-    executor: Literal["slurm", "local"] = "slurm"
+    executor: ProfileExecutor = "slurm"
 
 
 # plan.yaml's layout section: every axis of orchestrator.plan.layout.AXES.

@@ -12,7 +12,8 @@ on first use)::
 
     jobs(key INTEGER PRIMARY KEY AUTOINCREMENT,  -- dsorch's own id, stable across requeues
          job_id TEXT,        -- SLURM job id (on the login node for 'remote'), or the local controller's pid
-         executor TEXT,      -- 'slurm' | 'local' | 'remote' (submitted over SSH: run/remote.py)
+         executor TEXT,      -- spec/cluster.py EXECUTORS: 'slurm' | 'local' | 'remote' (over SSH),
+                             -- the backend that watches and cancels it (run/backends/)
          cluster TEXT, plan_dir TEXT, plan_sha256 TEXT, submitted_at TEXT (UTC ISO 8601),
          state TEXT,         -- SLURM's state names: PENDING RUNNING COMPLETED FAILED CANCELLED ...
          run_dir TEXT, log_dir TEXT, requeues INTEGER, last_step INTEGER, last_loss REAL,
@@ -32,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.errors import DsorchError, JobError
+from orchestrator.spec.cluster import Executor
 
 SCHEMA_VERSION = 3
 ACTIVE_STATES = frozenset(
@@ -79,7 +81,7 @@ CREATE INDEX IF NOT EXISTS jobs_job_id ON jobs (job_id);
 class JobRecord:
     key: int
     job_id: str
-    executor: str
+    executor: Executor  # as stored: run/backends backend_for refuses a value it does not know
     cluster: str
     plan_dir: str
     plan_sha256: str

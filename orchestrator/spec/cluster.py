@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
@@ -24,6 +24,14 @@ from orchestrator.spec.yamlio import FROZEN, Loaded, deep_merge, format_validati
 # --------------------------------------------------------------------------------------------
 # Cluster profile
 # --------------------------------------------------------------------------------------------
+
+# How a job runs: one backend per value in run/backends/ (BACKENDS). A profile names slurm (sbatch)
+# or local (processes on this machine, submitit's LocalExecutor); a SLURM profile's job goes
+# remote, submitted on its login node over SSH, where its `login:` section applies (run/remote.py
+# login_of), and the job registry records it so.
+ProfileExecutor = Literal["slurm", "local"]
+Executor = Literal[ProfileExecutor, "remote"]
+EXECUTORS: tuple[str, ...] = get_args(Executor)
 
 
 class PeakTflops(BaseModel):
@@ -249,7 +257,7 @@ class ClusterProfile(BaseModel):
     extends: str | None = None
     # How `dsorch submit` runs a job: through SLURM (sbatch), or as processes on this machine
     # (submitit's LocalExecutor; the shipped `local` profile).
-    executor: Literal["slurm", "local"] = "slurm"
+    executor: ProfileExecutor = "slurm"
     nodes: int = Field(gt=0, le=1_000_000)
     gpus_per_node: int = Field(gt=0, le=1024)
     gpu: GpuSpec
