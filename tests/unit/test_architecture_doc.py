@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from ..conftest import ROOT
+from .test_import_layers import LAYERS
 
 PACKAGE = ROOT / "orchestrator"
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
@@ -94,3 +95,16 @@ def test_the_module_map_rule_reads_grouped_and_folder_rows(tmp_path):
     assert _unnamed(modules, text) == [
         "cli/plan.py", "ports.py", "render/__init__.py", "render/plan_md.py", "train/data/loader.py",
     ]
+
+
+def test_the_layer_table_is_the_one_the_import_test_enforces():
+    """docs/ARCHITECTURE.md's "Layers" table, numbered from 1 at the ground, names the entries of
+    test_import_layers.LAYERS, layer by layer."""
+    text = ARCHITECTURE.read_text()
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    table = {
+        int(cells[0]): set(re.findall(r"`([^`]+)`", cells[1]))
+        for cells in ([c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines())
+        if cells[0].isdigit()
+    }
+    assert table == {level + 1: set(entries) for level, entries in enumerate(LAYERS)}
