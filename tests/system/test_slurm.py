@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from ..conftest import EXAMPLES, ROOT
+from .harness import DSORCH
 
 pytestmark = pytest.mark.slurm
 
 PROFILES = Path(__file__).parents[1] / "profiles"
-DSORCH = str(Path(sys.executable).with_name("dsorch"))
 CLUSTER_SCRIPT = ROOT / "scripts" / "slurm-test-cluster.sh"
 
 
