@@ -10,7 +10,7 @@ node and restores it, and fills the run directory's disk once (a tmpfs mounted f
 The same plan also runs once without faults, next to it. At the end the run must be COMPLETED with
 every step exactly once in metrics.jsonl, each step's loss equal to the uninterrupted run's
 (deterministic data and seeds), and every checkpoint directory complete (its manifest written and
-matching its files: orchestrator/train/checkpoint.py damage). Prints the faults survived by kind and
+matching its files: orchestrator/train/checkpoint/store.py damage). Prints the faults survived by kind and
 the wall time; exits 1 naming what did not hold.
 
 A killed rank or a full disk fails the job (by design: tests/system/test_faults.py); the driver then
@@ -337,7 +337,7 @@ class Report:
 
 def check(soak: Soak, calm_run: Path, calm_state: str) -> tuple[list[str], float]:
     """What the soak promises, as a list of what did not hold; and the largest relative loss gap."""
-    from orchestrator.train.checkpoint import damage
+    from orchestrator.train.checkpoint.store import damage
 
     problems = []
     state = soak.state()

@@ -55,7 +55,7 @@ def plain_engine(plan):
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
     from torch import nn
 
-    from orchestrator.train.entry import ds_config_for
+    from orchestrator.train.loop.entry import ds_config_for
 
     m, t, lay = plan.spec.model, plan.spec.training, plan.layout
     d, heads, kv = m.head_dim, m.num_attention_heads, m.kv_heads
@@ -119,10 +119,10 @@ def worker(plan_dir: str, rounds: int, steps: int, warmup: int, out: str, self_c
     writes each block's wall and CPU seconds to ``out``."""
     import torch.distributed as dist
 
-    from orchestrator.train import launch
-    from orchestrator.train.config import load_plan
-    from orchestrator.train.data import micro_batches, open_dataset
-    from orchestrator.train.entry import Trainer, parse_args
+    from orchestrator.train.data.datasets import micro_batches, open_dataset
+    from orchestrator.train.loop import launch
+    from orchestrator.train.loop.config import load_plan
+    from orchestrator.train.loop.entry import Trainer, parse_args
 
     plan = load_plan(plan_dir)
     lay, t = plan.layout, plan.spec.training
@@ -212,7 +212,7 @@ def main() -> None:
     from click.testing import CliRunner
 
     from orchestrator.cli.main import main as cli
-    from orchestrator.train.config import load_plan
+    from orchestrator.train.loop.config import load_plan
 
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     with tempfile.TemporaryDirectory() as name:

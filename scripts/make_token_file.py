@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Turn text into a dsorch token file (NAME.bin + NAME.json): a wrapper kept for existing commands;
-the code is the installed module orchestrator/train/token_file.py (`python -m
-orchestrator.train.token_file`), so an installed dsorch needs no checkout for it."""
+the code is the installed module orchestrator/train/data/token_file.py (`python -m
+orchestrator.train.data.token_file`), so an installed dsorch needs no checkout for it."""
 
 import sys
 
-from orchestrator.train.token_file import main
+from orchestrator.train.data.token_file import main
 
 if __name__ == "__main__":
     sys.exit(main(prog="scripts/make_token_file.py"))

@@ -50,7 +50,7 @@ def _steady(values: list[float]) -> float:
 
 
 def is_step(rec: dict) -> bool:
-    """A step record of a run's metrics file, not an evaluation's ("kind": "eval", train/metrics.py)."""
+    """A step record of a run's metrics file, not an evaluation's ("kind": "eval", train/loop/metrics.py)."""
     return rec.get("kind", "step") == "step"
 
 

@@ -64,7 +64,7 @@ def prepare(inputs, tokenizer_path, prefix, fmt, key, per_line, eod_token, worke
     when complete: an interrupted or failed run leaves no PREFIX.bin or PREFIX.idx behind. The
     output is the same for any number of --workers.
     """
-    from orchestrator.train import prepare as core
+    from orchestrator.train.data import prepare as core
 
     check_out_path(Path(prefix), "--out")
     max_vocab = None

@@ -182,7 +182,7 @@ def submit(
     if wait:
         from orchestrator.plandir.reader import load_plan_dir
 
-        # The entrypoint trains to --steps, else the plan's length, else 20 (orchestrator/train/entry.py).
+        # The entrypoint trains to --steps, else the plan's length, else 20 (orchestrator/train/loop/entry.py).
         _wait_for(record.key, steps or load_plan_dir(sub.plan_dir).spec.training.train_steps or 20)
 
 

@@ -37,7 +37,7 @@ def export_hf(run, out):
     and renamed into place; the same checkpoint gives the same bytes.
     """
     from orchestrator.run.replan import find_run, newest_checkpoint
-    from orchestrator.train.hf_weights import export_checkpoint
+    from orchestrator.train.model.hf_weights import export_checkpoint
 
     ds_env()
     run_dir = find_run(cwd_project(), run)

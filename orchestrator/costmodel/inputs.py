@@ -202,7 +202,7 @@ def _stage_params(model: ModelSpec, c: Candidates, tp: np.ndarray, pp: np.ndarra
     moe_expert_local = n_exp / ep * model.expert_params / etp
     # The word embedding and the output projection are split over tp (vocab-parallel); learned
     # position embeddings and the final norm are replicated on every tp rank (Megatron-LM's
-    # LanguageModelEmbedding and final layernorm; train/model.py). Measured: train/census.py.
+    # LanguageModelEmbedding and final layernorm; train/model/decoder.py). Measured: train/loop/census.py.
     positions = model.embedding_params - model.vocab_size * h
     emb_local = model.vocab_size * h / tp + positions
     out_local = (model.output_params - norm) / tp + norm

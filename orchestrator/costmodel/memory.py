@@ -140,14 +140,14 @@ def activation_bytes_per_layer(
 def entrypoint_extra_bytes_per_layer(s, b, d, t, sp, recompute, *, rmsnorm=True, rope=True, act_bytes=2):
     """What dsorch's bundled entrypoint keeps per layer and micro-batch beyond
     ``activation_bytes_per_layer``, counted tensor by tensor by tests/system/test_activation_census.py
-    (train/census.py saved_activations), to the byte, at tp 1 and 2, with and without SP: the bf16
+    (train/loop/census.py saved_activations), to the byte, at tp 1 and 2, with and without SP: the bf16
     cos/sin tables of RoPE, cast from the fp32 buffers in every forward (DeepSpeed casts parameters,
     not buffers) and kept by the rotations, 2 x s x head_dim; each RMSNorm's fp32 1/rms per token
     (Megatron's fused norms keep it too, as rsigma; the paper counts no s x b terms), on the
     sequence shard under SP. Nothing else: its layer keeps what Megatron-LM's fused one keeps
-    (train/model.py: _RMSNorm keeps its input and 1/rms,
+    (train/model/decoder.py: _RMSNorm keeps its input and 1/rms,
     _GatedActivation the gate/up output, v is copied out of the fused QKV output;
-    train/tensor_parallel.py _SPColumnLinear keeps the sequence shard under SP). Full
+    train/model/tensor_parallel.py _SPColumnLinear keeps the sequence shard under SP). Full
     recomputation keeps only the layer input, as the formula says.
     """
     s = np.asarray(s, dtype=np.float64)
@@ -185,7 +185,7 @@ def moe_activation_bytes_per_layer(
     """What a mixture-of-experts feed-forward keeps for backward, per layer and micro-batch, beyond
     what ``activation_bytes_per_layer`` counts with ``f = 0`` (attention, the norms' inputs and the
     MLP input, i.e. the post-attention norm's output, which the router keeps in the MLP's place).
-    A MoE layer of the bundled entrypoint (train/moe.py) keeps formula(f = 0) + entrypoint extras +
+    A MoE layer of the bundled entrypoint (train/model/moe.py) keeps formula(f = 0) + entrypoint extras +
     this, to the byte (tests/system/test_activation_census.py, at tp 1, tp 2 with and without
     sequence parallelism, and ep 2).
 

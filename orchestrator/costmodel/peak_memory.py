@@ -42,7 +42,7 @@ def _moe_layer_activations(x: _Inputs, formula, level) -> np.ndarray:
     """Activation bytes of one MoE layer and micro-batch at recompute ``level``: the dense formula
     without its MLP, the shared experts as a dense MLP of their size, and the routed part, as
     Megatron-Core keeps it (memory.moe_mlp_activation_bytes) or as dsorch's entrypoint keeps it
-    (train/moe.py; memory.moe_activation_bytes_per_layer, counted to the byte by its census)."""
+    (train/model/moe.py; memory.moe_activation_bytes_per_layer, counted to the byte by its census)."""
     model, training = x.model, x.training
     moe = model.moe
     assert moe is not None
@@ -175,7 +175,7 @@ def _comm_buffers(x: _Inputs) -> np.ndarray:
         # ZeRO-3 gathers one layer ahead (prefetch) besides the one in use, and with
         # contiguous_gradients allocates its reduce bucket whole at start, whatever the model's size
         # (stage3.py: ipg bucket.buffer = torch.empty(reduce_bucket_size, dtype=grad dtype);
-        # measured by train/census.py: 2e8 fp32 elements, 800 MB, on the tiny model).
+        # measured by train/loop/census.py: 2e8 fp32 elements, 800 MB, on the tiny model).
         gathered = np.minimum(ZERO3_MAX_LIVE_PARAMETERS, 2 * x.layer_params_local) * x.weight_b
         zero3_bucket = ZERO_BUCKET_ELEMENTS * x.weight_b
         return buffers + np.where(zero == 3, gathered + zero3_bucket, 0.0)
@@ -214,7 +214,7 @@ def _loss_and_pipe_buffers(x: _Inputs) -> tuple[np.ndarray, np.ndarray]:
     # Loss working set per logit element on the last stage. Megatron-LM's vocab-parallel
     # cross-entropy works in place (core/tensor_parallel/cross_entropy.py: the fp32 copy of the
     # logits becomes exp, then softmax, then the gradient), so the 16-bit output plus one fp32
-    # tensor: 2 + 4. PyTorch-side losses (dsorch's entrypoint, train/tensor_parallel.py
+    # tensor: 2 + 4. PyTorch-side losses (dsorch's entrypoint, train/model/tensor_parallel.py
     # _VocabParallelCrossEntropy; torch's F.cross_entropy on upcast logits as FSDP runs use it)
     # hold the 16-bit logits, the fp32 copy, the shifted logits and exp at once: 2 + 3 x 4. The
     # published torchtitan peaks (Llama 3.1 8B, 2 x 8K tokens, 128K vocabulary) are matched by it.

@@ -8,7 +8,7 @@ Standard library only: ``python -m orchestrator.train`` reaches it before the to
 Which directory is a run's:
 
 - the bundled entrypoint's ``--run-dir``, else ``$DSORCH_RUN_DIR`` (job.sbatch sets it), else
-  ``RunDir.default(plan_dir)``, PLAN/run (train/entry.py parse_args, Trainer);
+  ``RunDir.default(plan_dir)``, PLAN/run (train/loop/entry.py parse_args, Trainer);
 - `dsorch submit`'s ``--run-dir``, else runs/<plan>-<job key> (run/submission.py); a trial's
   is its plan's default (run/trial.py);
 - a Megatron-LM job from `dsorch submit` (run/megatron_job.py) saves into this type's
@@ -30,10 +30,10 @@ DEFAULT_NAME = "run"
 # exports it, so that the job script and every rank agree on where checkpoints and the stop marker
 # live, across requeues (templates/job.sbatch.j2).
 RUN_DIR_ENV = "DSORCH_RUN_DIR"
-# One JSON object per training step (and per evaluation), rank 0's (train/metrics.py MetricsLog,
+# One JSON object per training step (and per evaluation), rank 0's (train/loop/metrics.py MetricsLog,
 # run/megatron_log.py MegatronLog): what `dsorch status`, `trial`, `calibrate` and the plots read.
 METRICS_FILE = "metrics.jsonl"
-# Where the entrypoint's checkpoints go, one directory per step (train/checkpoint.py), and a
+# Where the entrypoint's checkpoints go, one directory per step (train/checkpoint/store.py), and a
 # Megatron-LM job's --save/--load (run/megatron_job.py).
 CHECKPOINTS_DIR = "checkpoints"
 # A file that asks the ranks to checkpoint and stop after the current step. job.sbatch uses it

@@ -51,7 +51,7 @@ def ds_config(plan: Plan) -> dict:
             "params": _optimizer_params(plan),
         },
         # No "scheduler": the entrypoint sets the rate from Megatron-LM's formula
-        # (train/lr_schedule.py), the one both runtimes follow. DeepSpeed's WarmupCosineLR starts
+        # (train/loop/lr_schedule.py), the one both runtimes follow. DeepSpeed's WarmupCosineLR starts
         # its warmup a step late (steps 1 and 2 at rate 0) and has no WSD or linear decay to
         # min_lr; given a client scheduler DeepSpeed would ignore a configured one anyway
         # (engine.py _configure_lr_scheduler).

@@ -418,7 +418,7 @@ def _optimizer_flags(plan: Plan) -> _Flags:
     yield "--optimizer", "adam"
     yield "--lr", opt.lr
     yield "--min-lr", opt.min_lr
-    # The schedule over the plan's steps (train/lr_schedule.py: the bundled entrypoint follows
+    # The schedule over the plan's steps (train/loop/lr_schedule.py: the bundled entrypoint follows
     # the same formula); without a training length it is constant after warmup.
     style = t.lr_decay_style
     yield "--lr-decay-style", style

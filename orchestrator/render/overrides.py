@@ -79,7 +79,7 @@ DS_CONFIG_OWNERS: Mapping[str, tuple[str, ...]] = {
     "train_micro_batch_size_per_gpu": ("micro_batch_size",),
     "gradient_accumulation_steps": ("grad_accum_steps",),
     "zero_optimization.stage": ("zero_stage",),
-    # The entrypoint's full recomputation (train/entry.py build_engine reads it).
+    # The entrypoint's full recomputation (train/loop/entry.py build_engine reads it).
     "pipeline.activation_checkpoint_interval": ("recompute",),
     # Measured wrong losses with sequence parallelism (render/ds_config.py).
     "pipeline.pipe_partitioned": ("tp", "sequence_parallel"),

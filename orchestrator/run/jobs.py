@@ -35,7 +35,7 @@ from submitit.core.utils import JobPaths
 from submitit.helpers import TorchDistributedEnvironment
 
 from orchestrator.plandir.rundir import RunDir
-from orchestrator.train.hosts import node_address
+from orchestrator.train.loop.hosts import node_address
 from orchestrator.train.stop import EXIT_STOPPED
 
 # In a container, rank 0 asks the host for the requeue with this file in the run directory: the
@@ -73,10 +73,10 @@ class TrainingJob:
     use_gpus: bool = False
     save_interval: int = 0
     save: bool = True  # False for trials: a measurement needs no checkpoint
-    # --switch-data: resume from a checkpoint trained on other data, on purpose (train/fingerprint.py).
+    # --switch-data: resume from a checkpoint trained on other data, on purpose (train/data/fingerprint.py).
     # Jobs pickled before this field unpickle with the class default.
     switch_data: bool = False
-    extend_schedule: bool = False  # --steps past the plan's: stretch the LR decay (train/lr_schedule.py)
+    extend_schedule: bool = False  # --steps past the plan's: stretch the LR decay (train/loop/lr_schedule.py)
     # In a container (the profile's `container`): the batch script on the host requeues the job when
     # rank 0 leaves REQUEUE_REQUEST (run/scheduler.py), instead of submitit running scontrol here.
     host_requeue: bool = False
@@ -225,7 +225,7 @@ def state_from_result(result: tuple[str, object]) -> str:
 def _rank_env(env, use_gpus: bool, port_offset: int = 0) -> dict[str, str]:
     """The environment of a rank's child: torch.distributed's variables from submitit's view of
     SLURM (or of the local executor), the master being the first node's NodeAddr (node names need
-    not resolve: train/hosts.py)."""
+    not resolve: train/loop/hosts.py)."""
     dist_env = TorchDistributedEnvironment().export(set_cuda_visible_devices=use_gpus, overwrite=True)
     # In a container, which need not have scontrol, the batch script found it on the host.
     master = (

@@ -39,7 +39,7 @@ from orchestrator.run.procs import descendants
 # Megatron-LM's tracker file in its --save directory (megatron/training/checkpointing.py
 # get_checkpoint_tracker_filename): the newest complete checkpoint's iteration, or "release".
 TRACKER = "latest_checkpointed_iteration.txt"
-# What the entrypoint trains without a length (orchestrator/train/entry.py main); Megatron-LM
+# What the entrypoint trains without a length (orchestrator/train/loop/entry.py main); Megatron-LM
 # needs one (--train-iters or --train-samples).
 DEFAULT_ITERS = 20
 
@@ -101,7 +101,7 @@ class MegatronJob:
         run_dir.mkdir(parents=True, exist_ok=True)
         start = tracker_iteration(self.save_dir)
         if env.global_rank == 0:
-            from orchestrator.train.metrics import MetricsLog
+            from orchestrator.train.loop.metrics import MetricsLog
 
             # Iterations logged after the checkpoint resumed from are trained again: drop their
             # records, so that the step records are one trajectory (as the entrypoint does).

@@ -17,7 +17,7 @@ it says about a step is in two kinds of lines on its stdout (Megatron-LM d98e8a6
 
     [Rank 3] (after 10 iterations) memory (MB) | allocated: 100.00 | max allocated: 200.00 | ...
 
-``MegatronLog`` turns them into the records the bundled entrypoint writes (train/metrics.py:
+``MegatronLog`` turns them into the records the bundled entrypoint writes (train/loop/metrics.py:
 step, loss, lr, grad_norm, step_time_s, peak_mem_gib, mem_kind), so that `dsorch status`, `logs`,
 `trial` and `calibrate` read a Megatron-LM run through calibrate/records.py like any other.
 """
@@ -36,7 +36,7 @@ _ITERATION = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|(.*)$")
 _MEMORY = re.compile(r"\[Rank (\d+)\] (.*?) memory \(MB\)((?:\s*\|[^|]+)+)")
 # Where a report starts: report_memory's "[Rank N] ", training_log's " [timestamp] iteration N/".
 _REPORT_START = re.compile(r"(?=\[Rank \d+\] )|(?=\[[^\]]*\] iteration\s+\d+/)")
-# training_log's field names, and the step record keys they become (train/metrics.py).
+# training_log's field names, and the step record keys they become (train/loop/metrics.py).
 _FIELDS = {
     "lm loss": "loss",  # pretrain_gpt.py loss_func reports the language-model loss under this key
     "learning rate": "lr",
@@ -44,7 +44,7 @@ _FIELDS = {
     "consumed samples": "consumed_samples",
 }
 # report_memory's figure: torch.cuda.max_memory_allocated, in MiB (it divides by 1024 * 1024),
-# the same counter the entrypoint records as "cuda_max_allocated" (train/metrics.py).
+# the same counter the entrypoint records as "cuda_max_allocated" (train/loop/metrics.py).
 MEM_KIND = "cuda_max_allocated"
 MIB = 2**20
 

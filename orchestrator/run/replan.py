@@ -1,10 +1,10 @@
 """`dsorch replan`: a run goes on with another number of nodes. The same spec is planned for the new
 world (the global batch kept: the spec's), the fastest layout whose checkpoint DeepSpeed can
 convert is chosen, and the run's newest intact checkpoint is converted to it (DeepSpeed's
-universal checkpoint, orchestrator/train/reshard.py). `dsorch submit NEW_PLAN --resume-from
+universal checkpoint, orchestrator/train/checkpoint/reshard.py). `dsorch submit NEW_PLAN --resume-from
 RUN_DIR` then continues the same run directory: the step, the LR schedule's position and the
 optimizer state come from the checkpoint; the data position is a function of the step and the
-global batch (train/data.py), so no sample is skipped or repeated; the step records go on.
+global batch (train/data/datasets.py), so no sample is skipped or repeated; the step records go on.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def replan(
     from orchestrator.plan.layout import Pins
     from orchestrator.plandir.writer import spec_path_in, write_plan_dir
     from orchestrator.spec.cluster import load_profile
-    from orchestrator.train import checkpoint, reshard
+    from orchestrator.train.checkpoint import reshard
+    from orchestrator.train.checkpoint import store as checkpoint
 
     ckpt_dir = RunDir(run_dir).checkpoints
     ckpt = newest_checkpoint(ckpt_dir)
@@ -106,7 +107,7 @@ def replan(
         reshard.naming(target.pp),
         spec.model.tied_embeddings,
         # The data fingerprint goes along, so that a resume from the conversion is checked as one
-        # from the native checkpoint is (train/fingerprint.py).
+        # from the native checkpoint is (train/data/fingerprint.py).
         {
             "step": ckpt.step,
             "layout": ckpt.layout.as_dict(),
@@ -122,7 +123,7 @@ def newest_checkpoint(ckpt_dir: Path) -> _Checkpoint:
     none to convert."""
     from orchestrator.plan.layout import Layout
     from orchestrator.plandir.reader import load_plan_dir
-    from orchestrator.train import checkpoint
+    from orchestrator.train.checkpoint import store as checkpoint
 
     native = checkpoint.newest_intact(ckpt_dir)
     if native is None:
@@ -172,7 +173,7 @@ def _convertible_target(
     """The fastest layout for ``profile`` that the checkpoint's layout converts to (the global
     batch kept: the spec's); an error says why there is none."""
     from orchestrator.plan.solver import search
-    from orchestrator.train import reshard
+    from orchestrator.train.checkpoint import reshard
 
     source = ckpt.layout
     ranked = search(

@@ -26,7 +26,7 @@ from orchestrator.run.registry import ACTIVE_STATES, JobRecord, Registry, now_ut
 from orchestrator.run.remote import Remote
 from orchestrator.spec.cluster import ClusterProfile, load_profile
 from orchestrator.spec.sbatch import job_name
-from orchestrator.train.config import check_trainable
+from orchestrator.train.loop.config import check_trainable
 from orchestrator.validate.plan_dir import validate_files
 
 
@@ -93,7 +93,7 @@ def prepare_submission(
         raise JobError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
     if not megatron:
         check_trainable(pd)  # what the entrypoint refuses (dropout, vpp > 1) fails here, before queueing
-    from orchestrator.train.lr_schedule import steps_past_plan
+    from orchestrator.train.loop.lr_schedule import steps_past_plan
 
     problem = steps_past_plan(pd.spec.training, plan_dir, steps, extend_schedule)
     if problem:  # the entrypoint refuses it too; here it fails before queueing
@@ -101,7 +101,7 @@ def prepare_submission(
     if data is not None and not (Path(data).exists() or Path(f"{data}.bin").exists()):
         raise JobError(
             f"--data {data}: no such dataset (NAME.bin with NAME.idx or NAME.json); make one with "
-            f"`dsorch data prepare` or `python -m orchestrator.train.token_file`."
+            f"`dsorch data prepare` or `python -m orchestrator.train.data.token_file`."
         )
     spec = scheduler.JobSpec.of(profile, job_name(pd.spec.name), per_node=megatron)
     plan_abs = plan_dir.resolve()
@@ -379,7 +379,7 @@ def _progress(run_dir: Path, finished: bool = False) -> tuple[int | None, float 
 
 
 def latest_eval(run_dir: Path) -> dict | None:
-    """The newest evaluation record of a run (train/metrics.py record_eval), None before the first."""
+    """The newest evaluation record of a run (train/loop/metrics.py record_eval), None before the first."""
     metrics = RunDir(run_dir).metrics
     if not metrics.is_file():
         return None

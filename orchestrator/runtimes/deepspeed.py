@@ -39,7 +39,7 @@ BF16_FP32_ACCUM = (2, 4, 12)
 # DeepSpeed's ZeRO optimizers keep an fp32 master partition of their own even when the model is
 # fp32 (stage_1_and_2.py single_partition_of_fp32_groups is a clone of the flat partition;
 # stage3.py fp32_partitioned_groups_flat): 4 + 8 bytes of optimizer state per parameter, sharded.
-# Measured by train/census.py (tests/system/test_census.py): 12 bytes per parameter over dp at ZeRO-1/2.
+# Measured by train/loop/census.py (tests/system/test_census.py): 12 bytes per parameter over dp at ZeRO-1/2.
 FP32_ZERO_OPTIMIZER = 12
 
 
@@ -89,7 +89,7 @@ class DeepSpeedRuntime(Runtime):
         return w, g, o
 
     def calibration_engine(self, zero_stage, pp=1) -> np.ndarray:
-        """DeepSpeed's PipelineEngine runs whenever pp > 1 (train/entry.py), ZeRO-3 never with a
+        """DeepSpeed's PipelineEngine runs whenever pp > 1 (train/loop/entry.py), ZeRO-3 never with a
         pipeline."""
         z = np.asarray(zero_stage)
         pipe = np.broadcast_to(np.asarray(pp), z.shape) > 1
@@ -133,6 +133,6 @@ DEEPSPEED = DeepSpeedRuntime(
     needs_train_steps=False,
     moe_needs_sp=False,
     # The entrypoint's experts split over the tp group like its dense MLP, its expert groups are
-    # data-parallel ranks (orchestrator/train/moe.py).
+    # data-parallel ranks (orchestrator/train/model/moe.py).
     experts_like_mlp=True,
 )

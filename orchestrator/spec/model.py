@@ -366,7 +366,7 @@ class OptimizerSpec(BaseModel):
     weight_decay: float = Field(default=0.1, ge=0, le=10)
     warmup_steps: int = Field(default=2000, ge=0, le=1_000_000_000)
     grad_clip: float = Field(default=1.0, ge=0)
-    # Megatron-LM's --lr-decay-style after the linear warmup (train/lr_schedule.py has the
+    # Megatron-LM's --lr-decay-style after the linear warmup (train/loop/lr_schedule.py has the
     # formulas, both runtimes use them). None: cosine when the spec gives a training length, else
     # constant (there is no length to decay over).
     decay_style: Literal["cosine", "linear", "WSD", "constant"] | None = None
@@ -436,7 +436,7 @@ class TokenizerSpec(BaseModel):
 class DataSpec(BaseModel):
     """Training data for Megatron-LM (--data-path, --split) and its tokenizer. Without a path,
     --mock-data: synthetic tokens, for a first run and for benchmarks. The bundled entrypoint
-    trains on the same (orchestrator/train/fingerprint.py run_data); `--data` overrides it per run."""
+    trains on the same (orchestrator/train/data/fingerprint.py run_data); `--data` overrides it per run."""
 
     model_config = FROZEN
 
@@ -634,7 +634,7 @@ class TrainingSpec(BaseModel):
     data: DataSpec = DataSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
     # A local Hugging Face model directory (config.json and *.safetensors) whose weights the bundled
-    # entrypoint loads before the first step (orchestrator/train/hf_weights.py). Llama, Mistral and
+    # entrypoint loads before the first step (orchestrator/train/model/hf_weights.py). Llama, Mistral and
     # Qwen2 families; the megatron runtime does not read it (its plans say so).
     init_from: str | None = Field(
         default=None, pattern=_ONE_WORD, description="Hugging Face directory the deepspeed runtime starts from"

@@ -1,16 +1,15 @@
 """dsorch's bundled training entrypoint (``python -m orchestrator.train --plan PLAN_DIR``).
 
-entry.py       the training loop (start here)
-config.py      reads the plan directory: model shape and layout
-launch.py      the launch edge: torchrun / SLURM environment, process group up and down
-tensor_parallel.py  Megatron-style column/row-parallel linears, vocab-parallel embedding and
-               cross-entropy, sequence parallelism
-model.py       Llama-style decoder as pipeline layers; DeepSpeed PipelineModule wrapper
-data.py        the samples: synthetic tokens, Megatron-LM indexed datasets (blend, split), legacy token files
-indexed.py     Megatron-LM's indexed dataset format (PREFIX.bin + PREFIX.idx): reader and writer
-prepare.py     text to an indexed dataset with a Hugging Face tokenizer (`dsorch data prepare`)
-fingerprint.py what a run trains on, kept in each checkpoint's manifest and checked at resume
-token_file.py  text -> legacy token file (bytes tokenizer), `python -m orchestrator.train.token_file`
-checkpoint.py  save / resume / retention / damaged-checkpoint fallback
-metrics.py     step metrics and their records in the run directory
+__main__.py    the stop request first (stop.py, standard library only), then the loop
+stop.py        SIGUSR2 / SIGTERM / the run directory's stop request, the exit codes
+loop/          the training loop (entry.py: start here), the plan it trains (config.py), the launch
+               edge (launch.py, hosts.py), learning rate, evaluation, step records and their sinks,
+               the memory and schedule censuses
+model/         the Llama-style decoder as pipeline layers (decoder.py), tensor- and expert-parallel
+               layers (tensor_parallel.py, moe.py), Hugging Face weights in and out, full weights
+data/          samples by index (datasets.py: synthetic, Megatron-LM indexed, legacy token files), the
+               indexed format (indexed.py), text to it (prepare.py, token_file.py), what a run trains on
+               (fingerprint.py)
+checkpoint/    save / resume / retention / damaged-checkpoint fallback (store.py), DeepSpeed's universal
+               checkpoint for `dsorch replan` (reshard.py)
 """

@@ -1,5 +1,5 @@
 """``python -m orchestrator.train --plan PLAN_DIR [--steps N] [--data PATH] [--run-dir DIR]``;
-see entry.py for the launch commands."""
+see loop/entry.py for the launch commands."""
 
 import os
 import sys
@@ -11,7 +11,7 @@ from orchestrator.train.stop import EXIT_OUT_OF_MEMORY, StopRequest
 # start-up must request a stop, not kill the rank with the default action.
 stop = StopRequest()
 
-from orchestrator.train.entry import DeviceMemoryExceeded, main  # noqa: E402  (after the handlers: see above)
+from orchestrator.train.loop.entry import DeviceMemoryExceeded, main  # noqa: E402  (after the handlers: see above)
 
 try:
     main(stop=stop)

@@ -2,7 +2,7 @@
 saves for backward.
 
 ``activation_bytes_per_layer`` (costmodel/memory.py) is Korthikanti et al. 2022's count for
-Megatron-LM's layer, generalized to GQA, SwiGLU and FlashAttention. ``train/census.py
+Megatron-LM's layer, generalized to GQA, SwiGLU and FlashAttention. ``train/loop/census.py
 saved_activations`` runs one forward of the entrypoint's ``DecoderLayer`` (through ``DenseModel``,
 the pp = 1 model, and through ``Pipeline`` for full recompute with pp > 1) and counts the storages
 autograd keeps for backward. The entrypoint is plain PyTorch, so it keeps more than Megatron-LM
@@ -11,7 +11,7 @@ with its fused kernels does; the cost model counts each difference for the deeps
 Megatron-LM / Transformer Engine keeps instead), and ``extras_by_hand`` writes the same terms out.
 The test holds, to the byte: measured == formula + the model's extras, for recompute none /
 selective / full at tp = 1 and at tp = 2 with and without sequence parallelism (two CPU ranks
-over gloo). A mixture-of-experts layer (train/moe.py) keeps formula(f = 0) + the extras +
+over gloo). A mixture-of-experts layer (train/model/moe.py) keeps formula(f = 0) + the extras +
 ``moe_activation_bytes_per_layer`` (router scores, routing indices, the permuted token copies,
 the experts' GEMM outputs, the combine, the shared experts), checked the same way for several
 routers at tp = 1, at tp = 2 with and without SP, and at ep = 2 (each rank with the token copies
@@ -39,9 +39,9 @@ from orchestrator.costmodel.memory import (
 )
 from orchestrator.plan.layout import Layout
 from orchestrator.spec.model import ModelSpec, MoESpec
-from orchestrator.train.census import saved_activations
-from orchestrator.train.model import DecoderLayer, DenseModel, Pipeline, recompute
-from orchestrator.train.tensor_parallel import TPContext
+from orchestrator.train.loop.census import saved_activations
+from orchestrator.train.model.decoder import DecoderLayer, DenseModel, Pipeline, recompute
+from orchestrator.train.model.tensor_parallel import TPContext
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -249,7 +249,7 @@ def test_recompute_orders_as_the_paper_says():
 def test_rms_norm_gradients_are_autograds():
     """The memory-lean RMSNorm (it keeps only its input) differentiates as autograd through the
     fp32 statistics does."""
-    from orchestrator.train.model import NORM_EPS, _RMSNorm
+    from orchestrator.train.model.decoder import NORM_EPS, _RMSNorm
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(5, 3, 16, generator=g, dtype=torch.float64, requires_grad=True)
@@ -272,7 +272,7 @@ def test_gated_activation_gradients_are_autograds(kind):
     autograd through act(g) * u does."""
     import torch.nn.functional as Fn
 
-    from orchestrator.train.model import gated_activation
+    from orchestrator.train.model.decoder import gated_activation
 
     g = torch.Generator().manual_seed(7)
     gu = torch.randn(5, 3, 2 * 6, generator=g, dtype=torch.float64, requires_grad=True)
@@ -293,15 +293,15 @@ def test_gated_activation_gradients_are_autograds(kind):
 def _rank_main(out_dir: Path) -> None:
     """One rank of the two-rank run (``python -m torch.distributed.run ... -m tests.system.test_activation_census``):
     every case on this rank, written to out_dir/rankN.json."""
-    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
+    from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
-    from orchestrator.train import launch
+    from orchestrator.train.loop import launch
 
     denv = launch.read_env()
     launch.init(denv, "gloo")
     ok = False
     try:
-        # As train/entry.py: the tp group is the grid's slice group.
+        # As train/loop/entry.py: the tp group is the grid's slice group.
         topo = PipeModelDataParallelTopology(num_pp=1, num_mp=denv.world_size, num_dp=1)
         group = PipelineParallelGrid(topology=topo).get_slice_parallel_group()
         doc = {}
@@ -317,7 +317,7 @@ def _rank_main(out_dir: Path) -> None:
                 doc[f"moe-{name}/sp={sp}"] = {"nbytes": saved.nbytes, "table": saved.table(), "sent": sent,
                                               "routed": routed}
         # ep = 2 over the two ranks as data-parallel ranks (tp = 1): DeepSpeed's expert groups.
-        from orchestrator.train.moe import expert_groups
+        from orchestrator.train.model.moe import expert_groups
 
         dp_topo = PipeModelDataParallelTopology(num_pp=1, num_mp=1, num_dp=denv.world_size)
         ep = expert_groups(denv.world_size, PipelineParallelGrid(topology=dp_topo))

@@ -1,6 +1,6 @@
 """The memory model's weights, gradients and optimizer state against what real DeepSpeed engines
 hold: the entrypoint on CPU ranks with --memory-census counts every tensor each rank keeps
-(train/census.py), in the second optimizer step before it updates, and the cost model predicts the
+(train/loop/census.py), in the second optimizer step before it updates, and the cost model predicts the
 same layout (ZeRO 0-3, tensor parallelism, bf16 and fp32). Equal, byte for byte where the engine
 keeps the state between steps; the documented exceptions are named at each assertion. For
 mixture-of-experts layouts (ep 2 with dp 2 and 4, and with tp 2) the routed experts' weights and
@@ -21,9 +21,9 @@ from click.testing import CliRunner
 
 from orchestrator.cli.main import main
 from orchestrator.costmodel.memory import GIB
-from orchestrator.plandir.reader import load_plan_dir
 from orchestrator.plan.layout import Pins
 from orchestrator.plan.solver import search
+from orchestrator.plandir.reader import load_plan_dir
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import SpecFile
 

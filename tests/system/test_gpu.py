@@ -44,7 +44,7 @@ def test_tiny_model_trains_on_one_gpu_in_bf16(runner, tmp_path):
 def test_fused_rms_norm_on_cuda_matches_the_cpu_math(dtype):
     """On CUDA the entrypoint's RMSNorm runs torch's fused kernels (model._FUSED_RMS_NORM); the same
     values and gradients as the element-wise math CPU ranks run, within the dtype's rounding."""
-    from orchestrator.train.model import _FUSED_RMS_NORM, NORM_EPS, _RMSNorm
+    from orchestrator.train.model.decoder import _FUSED_RMS_NORM, NORM_EPS, _RMSNorm
 
     assert _FUSED_RMS_NORM, "this torch has no fused RMSNorm: the GPU path falls back to the math"
     dt = getattr(torch, dtype)

@@ -1,15 +1,15 @@
-"""Mixture-of-experts training in the bundled entrypoint (train/moe.py): routing against its
+"""Mixture-of-experts training in the bundled entrypoint (train/model/moe.py): routing against its
 definitions, and real DeepSpeed ranks on CPU over gloo training a tiny MoE model with expert
 parallelism to the single-process run's losses, gradient norms and final weights.
 
 The model: examples/tiny.yaml's with 4 experts (top 2, SwiGLU of 32) and one shared expert in
 layers 1-3 (layer 0 dense), QK-norm and an explicit head width (kv_channels 32 on hidden 64). All
 runs take micro-batches of 4 sequences, so that every layout routes the same micro-batches: the
-auxiliary loss is per micro-batch (train/moe.py), and a micro-batch of another size is another
+auxiliary loss is per micro-batch (train/model/moe.py), and a micro-batch of another size is another
 loss. Equal up to the order of floating-point sums, as the dense layouts of test_train.py; 1e-5
 relative, the same tolerance and reasons. What is compared after 6 steps: each step's loss and
 gradient norm, and every weight, joined from the ranks' shards (``--dump-weights``,
-train/gather.py) and named as in one process; a name several ranks hold (replicas, tp peers)
+train/model/gather.py) and named as in one process; a name several ranks hold (replicas, tp peers)
 must be equal on each.
 
 Layouts: ep 2 x dp 2 at ZeRO-2 (2 ranks), ep 2 x tp 2 (sequence parallel, ZeRO-1) and ep 2 x pp 2
@@ -128,8 +128,8 @@ def test_the_experts_trained(single):
     """Every routed expert of every MoE layer received tokens and moved from its initial weights."""
     plan_dir, _, final = single
     from orchestrator.plan.layout import Layout
-    from orchestrator.train.model import layer_specs
-    from orchestrator.train.tensor_parallel import TPContext
+    from orchestrator.train.model.decoder import layer_specs
+    from orchestrator.train.model.tensor_parallel import TPContext
 
     spec = SpecFile.model_validate(moe_spec_doc())
     lay = Layout(tp=1, pp=1, dp=1, vpp=1, zero_stage=1, micro_batch_size=4, grad_accum_steps=4, recompute="none",
@@ -169,7 +169,7 @@ def _moe(**kw) -> MoESpec:
 
 
 def test_softmax_top_k_renormalised_is_the_softmax_of_the_top_k_logits():
-    from orchestrator.train.moe import route
+    from orchestrator.train.model.moe import route
 
     logits = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
     r = route(logits, _moe(), 2, None)
@@ -186,7 +186,7 @@ def test_softmax_top_k_renormalised_is_the_softmax_of_the_top_k_logits():
 def test_grouped_top_k_chooses_within_the_best_groups():
     """8 experts in 4 groups, the best 2 groups (by the sum of their best top_k / group_top_k = 1
     score) supply the top 2: expert 7 scores second overall but its group is only third."""
-    from orchestrator.train.moe import route
+    from orchestrator.train.model.moe import route
 
     logits = torch.tensor([[5.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0, 4.5]]).repeat(2, 1)
     logits[:, 1] = 4.9  # group 0 = {0, 1}: best 5.0; group 1 = {2, 3}: 4.0; group 3 = {6, 7}: 4.5
@@ -202,7 +202,7 @@ def test_grouped_top_k_chooses_within_the_best_groups():
 
 
 def test_the_capacity_keeps_each_experts_most_probable_routes():
-    from orchestrator.train.moe import route
+    from orchestrator.train.model.moe import route
 
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(32, 4, generator=g)
@@ -221,7 +221,7 @@ def test_the_load_balancing_loss_is_switchs_and_its_gradient_enters_scaled():
     """aux = coeff E sum_i f_i P_i (Fedus et al. 2021, eq. 4-6, top-k as Megatron-LM): coeff for
     perfectly balanced routing; per sequence, the mean over sequences. Its gradient reaches the
     router logits multiplied by the scale the trainer sets (1 / gradient-accumulation steps)."""
-    from orchestrator.train.moe import AuxLossScale, load_balancing_loss, route
+    from orchestrator.train.model.moe import AuxLossScale, load_balancing_loss, route
 
     moe = _moe(aux_loss_coeff=0.1)
     even = torch.zeros(8, 4)
@@ -251,9 +251,9 @@ def test_the_moe_layer_is_its_definition_token_by_token():
     forward and the router's gradient."""
     import torch.nn.functional as F
 
-    from orchestrator.train.model import FeedForward
-    from orchestrator.train.moe import EPContext, MoEFeedForward, route
-    from orchestrator.train.tensor_parallel import TPContext
+    from orchestrator.train.model.decoder import FeedForward
+    from orchestrator.train.model.moe import EPContext, MoEFeedForward, route
+    from orchestrator.train.model.tensor_parallel import TPContext
 
     model = ModelSpec(num_layers=2, hidden_size=16, ffn_hidden_size=32, num_attention_heads=2, vocab_size=64,
                       moe=_moe(shared_experts=1, shared_expert_gate=True, ffn_hidden_size=8, aux_loss_coeff=0.0))
@@ -284,7 +284,7 @@ def test_what_the_entrypoint_does_not_train_is_refused_in_one_paragraph(tmp_path
     """Before any rank starts (`dsorch submit` and every rank load the plan through check_trainable):
     the spec keys the entrypoint has no layer for, each named, in one error."""
     from orchestrator.errors import InvalidFile
-    from orchestrator.train.config import load_plan
+    from orchestrator.train.loop.config import load_plan
 
     doc = moe_spec_doc(expert_bias=True, router="sigmoid")  # Megatron-LM takes the bias with sigmoid scores only
     doc["model"].update(mtp_layers=1, attention_sinks=True)
@@ -299,7 +299,7 @@ def test_what_the_entrypoint_does_not_train_is_refused_in_one_paragraph(tmp_path
 
 def test_expert_layouts_the_entrypoint_cannot_train_are_named():
     from orchestrator.plan.layout import Layout
-    from orchestrator.train.config import expert_layout_problems
+    from orchestrator.train.loop.config import expert_layout_problems
 
     model = SpecFile.model_validate(moe_spec_doc()).model
 
@@ -328,7 +328,7 @@ def test_a_moe_trial_is_an_ordinary_plan_directory_the_entrypoint_takes(tmp_path
     from orchestrator.run.trial import entry_of, measure, select_trials, trial_plans
     from orchestrator.spec.cluster import load_profile
     from orchestrator.spec.model import load_spec
-    from orchestrator.train.config import load_plan
+    from orchestrator.train.loop.config import load_plan
 
     spec_path = tmp_path / "tiny-moe.yaml"
     spec_path.write_text(yaml.safe_dump(moe_spec_doc()))

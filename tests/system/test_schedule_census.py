@@ -4,7 +4,7 @@
 dsorch's entrypoint trains a planned pp 2 x dp 2 layout (tied embeddings, ZeRO-1, fp32) on 4 CPU
 ranks over gloo with ``--schedule-census``: every rank records each instruction the engine runs
 and each communication call, timed on the machine's shared monotonic clock
-(train/schedule_census.py). Then:
+(train/loop/schedule_census.py). Then:
 
 (a) every rank executed exactly the instruction stream dsorch generates for its stage;
 (b) the model's accounting is what ran: the measured cost of each instruction (compute as measured;

@@ -249,7 +249,7 @@ ONE_NODE_DP = ["--tp", "1", "--pp", "1", "--zero", "1", "--mbs", "4", "--recompu
 
 
 # A FAKE launch.sh: ranks that never get past the step they resumed from. The bundled entrypoint
-# always trains at least one step before it honours a stop request (train/entry.py), so it cannot
+# always trains at least one step before it honours a stop request (train/loop/entry.py), so it cannot
 # show this; the job script's requeue decision is what is under test, on the real SLURM.
 STUCK_LAUNCH = """#!/bin/bash
 # FAKE ranks (tests/system/test_slurm.py): wait for job.sbatch's stop request, then report a

@@ -14,7 +14,7 @@ this (activations of different sequence shards mixed by a partitioned pipe send,
 not reduced over the tp group) moved losses by 1e-4 to 1e-3 already at step 1 or 2.
 
 Cost on 2 cores: about 3 minutes. Nothing is JIT-compiled: CPU runs use torch's AdamW and skip
-DeepSpeed's inference-only shared-memory op (orchestrator/train/launch.py says why).
+DeepSpeed's inference-only shared-memory op (orchestrator/train/loop/launch.py says why).
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one(tmp_path, layout_r
         p = train(plan_dir, 2, run, "--save-interval", "2", expect_ok=False)
         assert p.returncode != 0
         assert "saving checkpoint step00000004" in p.stdout + p.stderr and "the disk is full" in p.stdout + p.stderr
-        from orchestrator.train.checkpoint import damage
+        from orchestrator.train.checkpoint.store import damage
 
         ckpts = run / "checkpoints"
         assert damage(ckpts / "step00000002") is None
@@ -253,7 +253,7 @@ def test_token_file_round_trip(tmp_path):
     """scripts/make_token_file.py output is what data.TokenFile reads; samples are windows."""
     import numpy as np
 
-    from orchestrator.train.data import TokenFile, micro_batches
+    from orchestrator.train.data.datasets import TokenFile, micro_batches
 
     text = tmp_path / "t.txt"
     text.write_text("hello world, " * 200, encoding="utf-8")
@@ -274,7 +274,7 @@ def test_trains_on_an_indexed_dataset(tmp_path):
     documents of 4,096 tokens); 2 ranks train on its train part and evaluate on its valid part."""
     import numpy as np
 
-    from orchestrator.train.indexed import IndexedWriter
+    from orchestrator.train.data.indexed import IndexedWriter
 
     tokens = np.fromfile(CORPUS.with_suffix(".bin"), dtype="<u2")
     ends = np.arange(4096, len(tokens), 4096)
@@ -291,8 +291,8 @@ def test_trains_on_an_indexed_dataset(tmp_path):
 
 
 def test_slurm_environment_is_read():
-    from orchestrator.train.hosts import first_host
-    from orchestrator.train.launch import read_env
+    from orchestrator.train.loop.hosts import first_host
+    from orchestrator.train.loop.launch import read_env
 
     e = read_env({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
                   "SLURM_JOB_NODELIST": "gpu[003-004]", "SLURM_JOB_ID": "4242"})
@@ -340,7 +340,7 @@ def test_replan_reshards_the_checkpoint_for_another_world(tmp_path, reference):
 def test_a_checkpoint_of_another_layout_is_refused_without_conversion(tmp_path):
     """The newest checkpoint was written by another layout and nothing converted it: resuming is an
     error that names `dsorch replan`, not a silent fall-back to an older checkpoint."""
-    from orchestrator.train import checkpoint
+    from orchestrator.train.checkpoint import store as checkpoint
 
     ckpt = tmp_path / "checkpoints"
     for step, tp in ((2, 1), (4, 2)):
@@ -356,7 +356,7 @@ def test_a_checkpoint_of_another_layout_is_refused_without_conversion(tmp_path):
 
 def test_what_universal_checkpoints_cannot_convert_is_named():
     from orchestrator.plan.layout import Layout
-    from orchestrator.train.reshard import convertible
+    from orchestrator.train.checkpoint.reshard import convertible
 
     def lay(zero):
         return Layout(tp=1, pp=1, dp=2, vpp=1, zero_stage=zero, micro_batch_size=1, grad_accum_steps=8,
@@ -374,10 +374,10 @@ def test_imported_architectures_train_and_match_across_layouts(tmp_path):
     from click.testing import CliRunner
 
     from orchestrator.cli.main import main
-    from orchestrator.spec.model import SpecFile
-    from orchestrator.train.model import layer_specs
-    from orchestrator.train.tensor_parallel import TPContext
     from orchestrator.plan.layout import Layout
+    from orchestrator.spec.model import SpecFile
+    from orchestrator.train.model.decoder import layer_specs
+    from orchestrator.train.model.tensor_parallel import TPContext
 
     doc = yaml.safe_load(TINY.read_text())
     doc["name"] = "tiny-variants"

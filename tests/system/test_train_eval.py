@@ -1,5 +1,5 @@
 """Evaluation and TensorBoard in the bundled entrypoint, 2 CPU ranks: validation loss every
-data.eval_interval steps and after the last planned step (train/validation.py), the same in a
+data.eval_interval steps and after the last planned step (train/loop/validation.py), the same in a
 data-parallel and a pipeline layout (DeepSpeed's PipelineEngine.eval_batch), written to
 metrics.jsonl and a TensorBoard event file, and training unchanged by it. About a minute on 2 cores.
 """

@@ -1,4 +1,4 @@
-"""What a run trains on (orchestrator/train/fingerprint.py): the data's fingerprint in every
+"""What a run trains on (orchestrator/train/data/fingerprint.py): the data's fingerprint in every
 checkpoint manifest, what differs between two, the refusal of a resume on other data unless
 switched, and the data a run takes (the plan's training.data or `--data`). No processes here; the
 entrypoint's refusal runs for real in tests/system/test_run_data.py."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator.spec.model import DataSpec
-from orchestrator.train import fingerprint as fpm
-from orchestrator.train.token_file import tokenize_bytes, write_token_file
+from orchestrator.train.data import fingerprint as fpm
+from orchestrator.train.data.token_file import tokenize_bytes, write_token_file
 
 
 def _token_file(prefix: Path, text: str) -> Path:

@@ -1,4 +1,4 @@
-"""Hugging Face weights in and out (train/hf_weights.py), in one process at tp 1: the name mapping
+"""Hugging Face weights in and out (train/model/hf_weights.py), in one process at tp 1: the name mapping
 both ways, and what a bad weights directory gets (one paragraph naming the key or tensor and both
 values). The multi-rank logits against transformers are tests/system/test_hf_weights.py."""
 
@@ -17,7 +17,7 @@ from orchestrator.errors import CheckpointError, InvalidFile  # noqa: E402
 from orchestrator.plan.layout import Layout  # noqa: E402
 from orchestrator.spec.hf_import import import_config, spec_document  # noqa: E402
 from orchestrator.spec.model import SpecFile  # noqa: E402
-from orchestrator.train import hf_weights  # noqa: E402
+from orchestrator.train.model import hf_weights  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = dict(hidden_size=64, intermediate_size=176, num_attention_heads=4, num_key_value_heads=2,
@@ -43,8 +43,8 @@ def spec_for(directory: Path, **model_changes) -> SpecFile:
 
 
 def dense_module(spec: SpecFile):
-    from orchestrator.train.model import DenseModel, LossFn, layer_specs
-    from orchestrator.train.tensor_parallel import TPContext
+    from orchestrator.train.model.decoder import DenseModel, LossFn, layer_specs
+    from orchestrator.train.model.tensor_parallel import TPContext
 
     lay = Layout(tp=1, pp=1, dp=1, vpp=1, zero_stage=0, micro_batch_size=1, grad_accum_steps=1,
                  recompute="none", sequence_parallel=False)

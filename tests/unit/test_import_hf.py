@@ -214,6 +214,6 @@ def test_weight_families_are_import_families():
     them (imp.family): each name must be one of spec/hf_import.py's families, or no model loads."""
     pytest.importorskip("torch")
     from orchestrator.spec.hf_import import HF_FAMILIES
-    from orchestrator.train.hf_weights import WEIGHT_FAMILIES
+    from orchestrator.train.model.hf_weights import WEIGHT_FAMILIES
 
     assert set(WEIGHT_FAMILIES) <= {f.name for f in HF_FAMILIES.values()}

@@ -1,4 +1,4 @@
-"""Megatron-LM's indexed dataset (orchestrator/train/indexed.py): the byte layout, Megatron-LM's own
+"""Megatron-LM's indexed dataset (orchestrator/train/data/indexed.py): the byte layout, Megatron-LM's own
 reader on dsorch's files, each damaged-file error."""
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import pytest
 
 from orchestrator.errors import InvalidFile
 from orchestrator.spec.model import DataSpec
-from orchestrator.train.data import open_dataset
-from orchestrator.train.indexed import IndexedDataset, IndexedWriter, token_dtype
-
+from orchestrator.train.data.datasets import open_dataset
+from orchestrator.train.data.indexed import IndexedDataset, IndexedWriter, token_dtype
 
 DOCS = [[5, 6, 7, 0], [1, 0], [], [9, 9, 9, 9, 9, 0]]
 

@@ -1,10 +1,10 @@
-"""The entrypoint's launch edge (orchestrator/train/launch.py) against the environment CUDA images set."""
+"""The entrypoint's launch edge (orchestrator/train/loop/launch.py) against the environment CUDA images set."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.train.launch import deepspeed_arch_list
+from orchestrator.train.loop.launch import deepspeed_arch_list
 
 
 @pytest.mark.parametrize("given, expected", [

@@ -1,4 +1,4 @@
-"""The learning-rate schedule (train/lr_schedule.py) against Megatron-LM's OptimizerParamScheduler.
+"""The learning-rate schedule (train/loop/lr_schedule.py) against Megatron-LM's OptimizerParamScheduler.
 
 ``megatron_lr`` below is Megatron-LM's get_lr written out from its source
 (megatron/core/optimizer_param_scheduler.py @ d98e8a6), counted in samples as Megatron counts
@@ -20,7 +20,7 @@ import torch
 
 from orchestrator.errors import SpecError
 from orchestrator.spec.model import OptimizerSpec, TrainingSpec
-from orchestrator.train.lr_schedule import MegatronLR, Schedule
+from orchestrator.train.loop.lr_schedule import MegatronLR, Schedule
 
 GBS = 48  # samples per step: Megatron's counts are in samples; the ratios must not care
 # A Megatron-LM checkout, as tests/system/test_megatron_lm.py takes it.
@@ -194,7 +194,7 @@ def test_default_style_is_cosine_with_a_length_constant_without():
 
 
 def test_steps_past_the_plan_are_refused_in_one_paragraph():
-    from orchestrator.train.entry import check_steps, run_schedule
+    from orchestrator.train.loop.entry import check_steps, run_schedule
 
     training = _training(CASES[0])
     plan = types.SimpleNamespace(spec=types.SimpleNamespace(training=training), path=Path("plans/tiny"))

@@ -143,7 +143,7 @@ def test_the_same_inputs_give_byte_identical_files(runner, in_tmp):
 def test_the_entrypoint_gives_deepspeed_the_overridden_config(runner, in_tmp):
     import torch
 
-    from orchestrator.train.entry import ds_config_for
+    from orchestrator.train.loop.entry import ds_config_for
 
     spec = spec_with(in_tmp, {"ds_config": {"optimizer": {"params": {"torch_adam": False}}, "steps_per_print": 3}})
     assert run(runner, "plan", spec, "--cluster", "local", "--out", in_tmp / "p").exit_code == 0

@@ -1,4 +1,4 @@
-"""`dsorch data prepare` (orchestrator/cli/data.py, orchestrator/train/prepare.py): jsonl, text and parquet
+"""`dsorch data prepare` (orchestrator/cli/data.py, orchestrator/train/data/prepare.py): jsonl, text and parquet
 to an indexed dataset with a tiny BPE tokenizer trained here (no network), worker-count independence,
 atomic output and the errors for bad input."""
 
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from orchestrator.cli.main import main
-from orchestrator.train.data import open_dataset
-from orchestrator.train.indexed import IndexedDataset
+from orchestrator.train.data.datasets import open_dataset
+from orchestrator.train.data.indexed import IndexedDataset
 
 from ..conftest import EXAMPLES, ROOT
 
@@ -172,7 +172,7 @@ def test_through_the_installed_entry_point(tmp_path, tok_path):
 def test_interrupted_run_leaves_the_old_files_and_no_temporaries(tmp_path, tok_path, workers):
     """Ctrl-C in the middle (raised from the progress callback of the second batch): the dataset written
     before is untouched and no .tmp file is left."""
-    from orchestrator.train import prepare as core
+    from orchestrator.train.data import prepare as core
 
     source = core.Source(paths=(jsonl(tmp_path / "c.jsonl", texts(600)),))
     first = core.prepare(source, tok_path, str(tmp_path / "d"))

@@ -1,4 +1,4 @@
-"""The data the entrypoint samples from (orchestrator/train/data.py): Megatron-LM's --data-path and
+"""The data the entrypoint samples from (orchestrator/train/data/datasets.py): Megatron-LM's --data-path and
 --split semantics, blending proportions and determinism, the windows a sample is cut from."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.errors import InvalidFile
 from orchestrator.spec.model import DataSpec
-from orchestrator.train.data import Blend, BlendedData, blend_from_list, open_dataset, split_bounds
+from orchestrator.train.data.datasets import Blend, BlendedData, blend_from_list, open_dataset, split_bounds
 
 from .test_indexed import write
 

@@ -1,5 +1,5 @@
 """Logs people look at: the schedule and logging flags Megatron-LM gets, the TensorBoard and W&B
-sinks (train/sinks.py), evaluation records in metrics.jsonl and where `dsorch status` reads them."""
+sinks (train/loop/sinks.py), evaluation records in metrics.jsonl and where `dsorch status` reads them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from orchestrator.plan.layout import Layout
 from orchestrator.render.megatron import megatron_flags, render_megatron_args
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import LoggingSpec, SpecFile, WandbSpec
-from orchestrator.train import sinks
+from orchestrator.train.loop import sinks
 from orchestrator.validate.megatron import check_megatron_args, parse_args_lines
 
 from ..conftest import EXAMPLES
@@ -75,7 +75,7 @@ def test_a_missing_extra_is_named_with_its_install_command(monkeypatch):
 
 def _metrics_log(tmp_path, logging: LoggingSpec):
     from orchestrator.plandir.rundir import RunDir
-    from orchestrator.train.metrics import MetricsLog
+    from orchestrator.train.loop.metrics import MetricsLog
 
     plan = _plan({})
     plan.doc = SimpleNamespace(cluster=SimpleNamespace(peak_tflops=None))

@@ -2,7 +2,7 @@
 
 A run resumed or requeued on other data than its checkpoint's continues another experiment without
 a word (issue 26: text to a loss of 3.418 at step 100, then synthetic tokens at 6.247 at step 101).
-So the manifest of each checkpoint (train/checkpoint.py) carries the fingerprint of the data it
+So the manifest of each checkpoint (train/checkpoint/store.py) carries the fingerprint of the data it
 was trained on, and the entrypoint refuses to resume on data whose fingerprint differs unless told
 to switch on purpose (``--switch-data``, recorded in the next manifest).
 
@@ -30,9 +30,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from orchestrator.train.checkpoint import sha256_of
-from orchestrator.train.indexed import dataset_paths
-from orchestrator.train.prepare import tokenizer_json
+from orchestrator.train.checkpoint.store import sha256_of
+from orchestrator.train.data.indexed import dataset_paths
+from orchestrator.train.data.prepare import tokenizer_json
 
 # How much of each end of a .bin is hashed.
 END_BYTES = 1 << 20

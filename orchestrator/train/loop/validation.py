@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from orchestrator.train.data import micro_batches
+from orchestrator.train.data.datasets import micro_batches
 
 
 def evaluation_index(done: int, interval: int, final: bool) -> int:

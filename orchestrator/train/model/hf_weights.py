@@ -11,7 +11,7 @@ and written as a Hugging Face directory that ``AutoModelForCausalLM.from_pretrai
 dsorch's layers against transformers' (models/llama/modeling_llama.py, models/qwen2/modeling_qwen2.py
 @ 5.24): the same RMSNorm (fp32 statistics, then weight), rotate-half RoPE (``rotate_half``), GQA,
 SwiGLU (``down(silu(gate) * up)``); dsorch fuses q, k, v into one column-parallel GEMM and gate, up
-into another, each tp rank holding the r-th slice of every block (train/tensor_parallel.py), so one
+into another, each tp rank holding the r-th slice of every block (train/model/tensor_parallel.py), so one
 dsorch parameter is several HF tensors, sliced per block.
 """
 
@@ -90,7 +90,7 @@ def check_config(directory: Path, spec: SpecFile) -> None:
     if imp.family not in WEIGHT_FAMILIES:
         raise InvalidFile(
             f"{cfg}: a {imp.family} model; training.init_from loads the {', '.join(WEIGHT_FAMILIES)} families, whose "
-            "layers are dsorch's (train/model.py)"
+            "layers are dsorch's (train/model/decoder.py)"
         )
     if imp.notes:
         raise InvalidFile(
@@ -161,7 +161,7 @@ def _full_shape(shard: torch.Size, split, block: int, tp: int) -> tuple[int, ...
 def load_init_from(module: torch.nn.Module, spec: SpecFile, tp_rank: int, tp_size: int) -> None:
     """Copy ``spec.training.init_from``'s weights into ``module``'s parameters (this rank's stage and
     tp slices), reading each tensor's slice lazily."""
-    from orchestrator.train.reshard import dense_name
+    from orchestrator.train.checkpoint.reshard import dense_name
 
     directory = Path(str(spec.training.init_from))
     check_config(directory, spec)
@@ -198,7 +198,7 @@ def load_init_from(module: torch.nn.Module, spec: SpecFile, tp_rank: int, tp_siz
 def tp_split_of(model: ModelSpec, name: str, shard: torch.Tensor, tp: int) -> tuple[int, list[int]] | None:
     """How parameter ``name`` is split over tp ranks, from the facts the universal checkpoint carries
     (reshard.universal_info, their one home): None when replicated, else (dim, full block sizes)."""
-    from orchestrator.train.reshard import universal_info
+    from orchestrator.train.checkpoint.reshard import universal_info
 
     info = universal_info(model)
     if any(re.match(p, name) for p in info["tp_replicated_parameter_patterns"]):
@@ -234,7 +234,7 @@ def _tp_states(tag_dir: Path, model: ModelSpec, layout) -> list[dict[str, torch.
 
 def full_state(tag_dir: Path, model: ModelSpec, layout) -> dict[str, torch.Tensor]:
     """The checkpoint's model, every tensor whole, by dsorch's pp = 1 names."""
-    from orchestrator.train.gather import join_blocks
+    from orchestrator.train.model.gather import join_blocks
 
     if layout.zero_stage == 3:
         if layout.tp > 1:

@@ -36,7 +36,7 @@ import shutil
 from pathlib import Path
 
 from orchestrator.errors import CheckpointError
-from orchestrator.train.checkpoint import MANIFEST, file_digests
+from orchestrator.train.checkpoint.store import MANIFEST, file_digests
 
 # dsorch's manifest in a converted directory (the native checkpoints' is checkpoint.MANIFEST).
 NAMING_PIPELINE, NAMING_DENSE = "pipeline", "dense"
@@ -47,7 +47,7 @@ def naming(pp: int) -> str:
 
 
 def universal_info(model) -> dict:
-    """``universal_checkpoint_info`` for dsorch's model (orchestrator/train/model.py): regexes
+    """``universal_checkpoint_info`` for dsorch's model (orchestrator/train/model/decoder.py): regexes
     ``re.match``ed against parameter names, in either naming. Only patterns of parameters that
     exist: the converter's strict mode refuses one that matches nothing."""
     d = model.head_dim
@@ -61,7 +61,7 @@ def universal_info(model) -> dict:
         replicated.append(r".*\.pos$")
     if model.qk_norm:
         replicated.append(r".*\.(q|k)_norm$")
-    if model.moe is not None:  # train/moe.py: the router (and its bias) and the shared experts' gate
+    if model.moe is not None:  # train/model/moe.py: the router (and its bias) and the shared experts' gate
         replicated.append(r".*\.moe\.router(_bias)?$")
         if model.moe.shared_expert_gate:
             replicated.append(r".*\.moe\.shared_gate$")

@@ -4,17 +4,17 @@ Installed with the package, so it runs without a checkout (scripts/make_token_fi
 wrapper kept for the README's and the tests' commands)::
 
     # the shipped example: Python standard-library docstrings -> examples/data/pydoc.{txt,bin,json}
-    python -m orchestrator.train.token_file --stdlib-corpus examples/data/pydoc.txt
-    python -m orchestrator.train.token_file examples/data/pydoc.txt --out examples/data/pydoc
+    python -m orchestrator.train.data.token_file --stdlib-corpus examples/data/pydoc.txt
+    python -m orchestrator.train.data.token_file examples/data/pydoc.txt --out examples/data/pydoc
 
     # your own text (any number of UTF-8 files; each becomes one document):
-    python -m orchestrator.train.token_file book1.txt book2.txt --out data/books
+    python -m orchestrator.train.data.token_file book1.txt book2.txt --out data/books
 
 Tokenizer: bytes (UTF-8 bytes are the token ids, vocabulary 256), which matches
 examples/tiny.yaml: a format for the byte-level example and tests. Real text with a real
 tokenizer goes through `dsorch data prepare` (Megatron-LM's indexed dataset, NAME.bin + NAME.idx),
 which the entrypoint reads as well. Documents are separated by byte 0 (NUL), which ordinary text
-never holds. Format (documented in orchestrator/train/data.py): NAME.bin is the flat
+never holds. Format (documented in orchestrator/train/data/datasets.py): NAME.bin is the flat
 little-endian uint16 array of token ids, no header; NAME.json is {"format": "dsorch-tokens-v1",
 "dtype": "uint16", "vocab_size": 256, "num_tokens": N, "tokenizer": "bytes", "sources": [...],
 "sha256": ...}.
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.train.data import TOKEN_FORMAT as FORMAT
+from orchestrator.train.data.datasets import TOKEN_FORMAT as FORMAT
 
 SEPARATOR = 0  # NUL byte between documents
 
@@ -108,7 +108,7 @@ def write_token_file(out: Path, tokens: np.ndarray, sources: list[str]) -> dict:
     return meta
 
 
-def main(argv=None, prog: str = "python -m orchestrator.train.token_file") -> int:
+def main(argv=None, prog: str = "python -m orchestrator.train.data.token_file") -> int:
     p = argparse.ArgumentParser(prog=prog, description=(__doc__ or "").split("\n")[0])
     p.add_argument("texts", nargs="*", type=Path, help="UTF-8 text files, one document each")
     p.add_argument("--out", type=Path, help="output NAME (writes NAME.bin and NAME.json)")

@@ -1,7 +1,7 @@
 """Where a SLURM job's master lives: the first node of the allocation, by its NodeAddr.
 
 Standard library only: ``orchestrator.run.jobs`` (the submitit job, on the login node's Python)
-and ``orchestrator.train.launch`` (the ranks) both use it. Node names need not resolve in DNS
+and ``orchestrator.train.loop.launch`` (the ranks) both use it. Node names need not resolve in DNS
 (the loopback test cluster's do not); ``scontrol show node`` gives the address SLURM itself uses.
 launch.sh does the same in shell (templates/launch.sh.j2).
 """

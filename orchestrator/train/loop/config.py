@@ -13,14 +13,16 @@ from pathlib import Path
 from orchestrator.errors import InvalidFile
 from orchestrator.plan.rules import stage_split
 from orchestrator.plandir.reader import PlanDir, load_plan_dir
+from orchestrator.runtimes import runtime_named
 
 
 def check_trainable(pd: PlanDir) -> None:
     """What the bundled entrypoint cannot train, as one error with the fix."""
     t = pd.spec.training
-    if pd.runtime != "deepspeed":
+    runtime = runtime_named(pd.runtime)
+    if not runtime.bundled_trainer:
         raise InvalidFile(
-            f"{pd.path} is a plan for the {pd.runtime} runtime; the bundled entrypoint trains "
+            f"{pd.path} is a plan for the {runtime.name} runtime; the bundled entrypoint trains "
             "deepspeed plans (re-plan with --runtime deepspeed)"
         )
     for name, value in (
@@ -49,7 +51,7 @@ def check_trainable(pd: PlanDir) -> None:
 
 
 def untrained_features(model) -> list[str]:
-    """The model spec's keys the bundled entrypoint's model (train/model.py, train/moe.py) has no
+    """The model spec's keys the bundled entrypoint's model (train/model/decoder.py, train/model/moe.py) has no
     layer for, each with what it is. The planner plans them all; Megatron-LM trains them."""
     out = []
     if model.mla is not None:
@@ -76,7 +78,7 @@ def untrained_features(model) -> list[str]:
 
 
 def expert_layout_problems(model, layout) -> list[str]:
-    """What of the expert axes the bundled entrypoint cannot train (train/moe.py says why): its
+    """What of the expert axes the bundled entrypoint cannot train (train/model/moe.py says why): its
     experts are split over the tp group (etp = tp) and carved from the data-parallel ranks (ep
     divides dp), and DeepSpeed handles their gradients at ZeRO-1 and ZeRO-2 only."""
     if model.moe is None:

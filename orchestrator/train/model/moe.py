@@ -71,7 +71,7 @@ plain module and its experts ordinary data-parallel parameters (so ZeRO-3 and De
 checkpoint apply to it as to a dense model).
 
 What DeepSpeed 0.19.8 cannot do with these parameters, and the entrypoint therefore refuses at
-ep > 1 (train/config.py): ZeRO-3 (engine.py _validate_zero3_moe_compatibility refuses native MoE
+ep > 1 (train/loop/config.py): ZeRO-3 (engine.py _validate_zero3_moe_compatibility refuses native MoE
 layers), ZeRO-0 in fp32 (its gradient clipping, runtime/utils.py clip_grad_norm_, averages each
 rank's norm over the dp group instead of summing the experts': a clipped step differs from the
 single-process one), and the universal checkpoint (ds_to_universal merges ZeRO partitions over the
@@ -92,7 +92,7 @@ from deepspeed.moe.layer import MoE as DeepSpeedMoE
 from torch import nn
 
 from orchestrator.spec.model import ModelSpec
-from orchestrator.train.tensor_parallel import TPContext, full_normal, gather_replicated, scatter_to_sp
+from orchestrator.train.model.tensor_parallel import TPContext, full_normal, gather_replicated, scatter_to_sp
 
 # --------------------------------------------------------------------------- expert groups
 
@@ -274,7 +274,7 @@ def load_balancing_loss(scores: torch.Tensor, experts: torch.Tensor, moe, seqs: 
 
 # --------------------------------------------------------------------------- the layer
 
-# (ffn_hidden_size, tp context, name) -> a (gated) tensor-parallel MLP: train/model.py FeedForward.
+# (ffn_hidden_size, tp context, name) -> a (gated) tensor-parallel MLP: train/model/decoder.py FeedForward.
 MakeFFN = Callable[[int, TPContext, str], nn.Module]
 
 

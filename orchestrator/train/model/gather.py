@@ -1,7 +1,7 @@
 """The model's full weights as one process would hold them, from any layout (``--dump-weights``).
 
 Each rank joins its tensor-parallel shards over the tp group (``tp_split``, set by the parallel
-layers of train/tensor_parallel.py: the dimension and the fused blocks), names its routed experts
+layers of train/model/tensor_parallel.py: the dimension and the fused blocks), names its routed experts
 by their global index (rank r of an expert group of ep holds experts r E/ep ..), and names every
 parameter as the pp = 1 model does (``layers.<i>.``; reshard.py's naming). What one rank writes is
 the part of the model its stage holds, whole; the union over the ranks is the model, and a name
@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from orchestrator.train.moe import MoEFeedForward
-from orchestrator.train.reshard import dense_name
+from orchestrator.train.checkpoint.reshard import dense_name
+from orchestrator.train.model.moe import MoEFeedForward
 
 _EXPERT = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..*)$")
 

@@ -219,7 +219,7 @@ def mark_tensor_parallel(p: nn.Parameter, dim: int, parts: list[int]) -> nn.Para
     # parameter without this attribute on tp rank 0 only, as a replica; a sharded one on every
     # tp rank. Without it the clipped norm of a tp>1 run is wrong.
     p.tensor_model_parallel = True  # type: ignore[attr-defined]  # DeepSpeed's attribute, set per parameter
-    p.tp_split = (dim, parts)  # type: ignore[attr-defined]  # dsorch's: how to join the shards (train/gather.py)
+    p.tp_split = (dim, parts)  # type: ignore[attr-defined]  # dsorch's: how to join the shards (train/model/gather.py)
     return p
 
 

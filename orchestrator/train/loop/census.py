@@ -16,7 +16,7 @@ counted twice. What is counted where:
   bf16_optimizer.py, stage3.py); the cost model counts the fp32 gradient buffer of bf16 with the
   gradients and the reduce buckets as communication buffers.
 * **expert_params**, **expert_optimizer**: the part of params and optimizer that belongs to the
-  routed experts of MoE layers (train/moe.py; also counted above). Expert weights are named
+  routed experts of MoE layers (train/model/moe.py; also counted above). Expert weights are named
   ``...deepspeed_experts.<i>...``; their optimizer state is that of the optimizer's MoE parameter
   groups (DeepSpeed splits them off at ep > 1, moe/utils.py, and shards them over the expert
   data-parallel group); at ep = 1 the experts share the dense groups and expert_optimizer is 0.

@@ -1,7 +1,7 @@
 """A Llama-style decoder (RMSNorm, RoPE, SwiGLU or GeLU MLP, GQA, optional QK-norm) built from
 tensor-parallel layers, as a flat list of pipeline layers: embedding, N decoder blocks, final norm,
 output head. The blocks of ``model.is_moe_layer(i)`` have a mixture-of-experts feed-forward
-(train/moe.py) in place of the MLP.
+(train/model/moe.py) in place of the MLP.
 
 The same list serves both engines: DeepSpeed's PipelineModule builds the layers of its own
 stage from the LayerSpecs (pp > 1), and ``DenseModel`` runs them all in sequence (pp = 1, where
@@ -23,8 +23,8 @@ from torch.utils.checkpoint import checkpoint
 
 from orchestrator.plan.layout import Layout
 from orchestrator.spec.model import ModelSpec
-from orchestrator.train.moe import AuxLossScale, EPContext, moe_layer
-from orchestrator.train.tensor_parallel import (
+from orchestrator.train.model.moe import AuxLossScale, EPContext, moe_layer
+from orchestrator.train.model.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     TPContext,
@@ -352,7 +352,7 @@ def layer_specs(
     aux_scale: AuxLossScale | None = None,
 ) -> list:
     """The model as pipeline layers: [embedding, decoder x L, final norm, output head]. ``ep``: this
-    rank's expert group (train/moe.py expert_groups); ``aux_scale``: the scale of the MoE layers'
+    rank's expert group (train/model/moe.py expert_groups); ``aux_scale``: the scale of the MoE layers'
     auxiliary-loss gradient, which the trainer sets each step."""
     ep, aux_scale = ep or EPContext(), aux_scale or AuxLossScale()
     if model.tied_embeddings:

@@ -6,7 +6,7 @@ Two launchers are understood:
   MASTER_ADDR, MASTER_PORT.
 * SLURM with one task per GPU (``srun --ntasks-per-node=G python -m orchestrator.train ...``):
   SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS; the master is the NodeAddr of the first host of
-  SLURM_JOB_NODELIST (orchestrator/train/hosts.py), the port MASTER_PORT or one derived from
+  SLURM_JOB_NODELIST (orchestrator/train/loop/hosts.py), the port MASTER_PORT or one derived from
   SLURM_JOB_ID (so that two jobs sharing a node do not collide).
 
 torchrun's variables win when both are present (torchrun started inside an allocation).
@@ -23,7 +23,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from orchestrator.train.hosts import master_address
+from orchestrator.train.loop.hosts import master_address
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """dsorch's bundled training entrypoint: TP x PP x DP (ZeRO), and EP for mixture-of-experts
-models (train/moe.py), with DeepSpeed, driven by a plan.
+models (train/model/moe.py), with DeepSpeed, driven by a plan.
 
 One process per rank. Everything about the model and the layout comes from the plan directory
 (megatron_args.txt, ds_config.json, plan.yaml); the command line only says how long, on what
@@ -23,13 +23,13 @@ data and where to write.
 
 The data is the plan's training.data (the same --data-path Megatron-LM gets); --data overrides
 it; with neither the model trains on deterministic synthetic sequences. A resume on other data
-than the checkpoint's is refused unless --switch-data says it is meant (train/fingerprint.py).
+than the checkpoint's is refused unless --switch-data says it is meant (train/data/fingerprint.py).
 With training.init_from in the spec the model starts from that Hugging Face directory's weights
-(train/hf_weights.py; `dsorch export-hf RUN_DIR` writes a checkpoint back as one). Rank 0 prints
+(train/model/hf_weights.py; `dsorch export-hf RUN_DIR` writes a checkpoint back as one). Rank 0 prints
 one line per step and appends it to the run directory's step records (RunDir.metrics), and one
 per evaluation of the validation part (every training.data.eval_interval steps,
-train/validation.py); TensorBoard and W&B get the same (training.logging, train/sinks.py). The
-learning rate follows Megatron-LM's schedule over the plan's steps (train/lr_schedule.py); --steps
+train/loop/validation.py); TensorBoard and W&B get the same (training.logging, train/loop/sinks.py). The
+learning rate follows Megatron-LM's schedule over the plan's steps (train/loop/lr_schedule.py); --steps
 past them needs --extend-schedule.
 """
 
@@ -50,17 +50,20 @@ from orchestrator.errors import CheckpointError, SpecError
 from orchestrator.plan.layout import Layout
 from orchestrator.plandir.reader import PlanDir
 from orchestrator.plandir.rundir import RUN_DIR_ENV, STOP_REQUEST_FILE, RunDir
-from orchestrator.train import checkpoint, fingerprint, launch, reshard
-from orchestrator.train.config import ds_config, load_plan, stage_layers
-from orchestrator.train.data import micro_batches, open_dataset
-from orchestrator.train.lr_schedule import MegatronLR, Schedule, steps_past_plan
-from orchestrator.train.metrics import MetricsLog, peak_memory_gib, peak_reserved_gib
-from orchestrator.train.model import DenseModel, LossFn, Pipeline, layer_specs, recompute
-from orchestrator.train.moe import AuxLossScale, expert_groups
-from orchestrator.train.sinks import check_available
+from orchestrator.train.checkpoint import reshard
+from orchestrator.train.checkpoint import store as checkpoint
+from orchestrator.train.data import fingerprint
+from orchestrator.train.data.datasets import micro_batches, open_dataset
+from orchestrator.train.loop import launch
+from orchestrator.train.loop.config import ds_config, load_plan, stage_layers
+from orchestrator.train.loop.lr_schedule import MegatronLR, Schedule, steps_past_plan
+from orchestrator.train.loop.metrics import MetricsLog, peak_memory_gib, peak_reserved_gib
+from orchestrator.train.loop.sinks import check_available
+from orchestrator.train.loop.validation import evaluate, evaluation_index
+from orchestrator.train.model.decoder import DenseModel, LossFn, Pipeline, layer_specs, recompute
+from orchestrator.train.model.moe import AuxLossScale, expert_groups
+from orchestrator.train.model.tensor_parallel import TPContext
 from orchestrator.train.stop import EXIT_STOPPED, OOM_MARK, StopRequest
-from orchestrator.train.tensor_parallel import TPContext
-from orchestrator.train.validation import evaluate, evaluation_index
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -103,14 +106,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         metavar="DIR",
         help="after the first step, write each rank's bytes of weights, gradients and optimizer "
-        "state, counted tensor by tensor, to DIR/census-rankN.json (train/census.py)",
+        "state, counted tensor by tensor, to DIR/census-rankN.json (train/loop/census.py)",
     )
     p.add_argument(
         "--schedule-census",
         default=None,
         metavar="DIR",
         help="with pp > 1, write each rank's executed pipeline instructions and communication calls, "
-        "timed, to DIR/schedule-rankN.json after every step (train/schedule_census.py)",
+        "timed, to DIR/schedule-rankN.json after every step (train/loop/schedule_census.py)",
     )
     # Fault injection for the resume test: SIGKILL rank 0 right after this step is logged.
     p.add_argument("--fail-after-step", type=int, default=None, help=argparse.SUPPRESS)
@@ -124,11 +127,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=argparse.SUPPRESS,
     )
     # For the equivalence tests: at the end, each rank writes its part of the model whole, by the
-    # single-process names, to DIR/weights-rankN.pt (train/gather.py).
+    # single-process names, to DIR/weights-rankN.pt (train/model/gather.py).
     p.add_argument("--dump-weights", default=None, metavar="DIR", help=argparse.SUPPRESS)
     # For the weights-in/out tests: after loading (training.init_from or the checkpoint resumed) and at
     # the end, one forward of a fixed batch; the last stage writes its full-vocabulary logits to
-    # DIR/logits-stepN.pt (train/gather.py dump_logits).
+    # DIR/logits-stepN.pt (train/model/gather.py dump_logits).
     p.add_argument("--dump-logits", default=None, metavar="DIR", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.keep < 1:
@@ -150,7 +153,7 @@ def build_engine(
     ``load_universal``: the checkpoint to resume from is a universal one (reshard.py);
     ``aux_scale``: the MoE layers' auxiliary-loss gradient scale (``aux_loss_scale``);
     ``resuming``: a checkpoint will be loaded, so training.init_from is not read;
-    ``schedule``: the learning rate per step (train/lr_schedule.py; default the plan's)."""
+    ``schedule``: the learning rate per step (train/loop/lr_schedule.py; default the plan's)."""
     import deepspeed
 
     lay, training = plan.layout, plan.spec.training
@@ -179,7 +182,7 @@ def build_engine(
         model = DenseModel(specs, loss_fn, full_recompute=lay.recompute == "full")
         mpu = grid
     if training.init_from and not resuming:  # before initialize: ZeRO-3 partitions the weights there
-        from orchestrator.train.hf_weights import load_init_from
+        from orchestrator.train.model.hf_weights import load_init_from
 
         load_init_from(model, plan.spec, tp.rank, tp.size)
     model.to(device)
@@ -222,7 +225,7 @@ def _experts_text(lay: Layout) -> str:
 def aux_loss_scale(engine) -> float:
     """What DeepSpeed multiplies the loss by before backward: 1 / gradient-accumulation steps
     (engine.py backward, scale_wrt_gas), times the fp16 loss scale (its ZeRO and fp16 optimizers'
-    ``loss_scale``). The MoE auxiliary loss's gradient is scaled by the same (train/moe.py)."""
+    ``loss_scale``). The MoE auxiliary loss's gradient is scaled by the same (train/model/moe.py)."""
     scale = float(engine.optimizer.loss_scale) if engine.fp16_enabled() else 1.0
     return scale / engine.gradient_accumulation_steps()
 
@@ -289,7 +292,7 @@ class Trainer:
         source, blend, self.data_origin = fingerprint.run_data(args.data, training.data, plan.path.resolve())
         vocab, evals = plan.spec.model.vocab_size, training.data.eval_iters > 0
         self.dataset = open_dataset(source, vocab, seq, seed)
-        # The validation part, read every data.eval_interval steps (train/validation.py).
+        # The validation part, read every data.eval_interval steps (train/loop/validation.py).
         self.valid = open_dataset(source, vocab, seq, seed, split="valid") if evals else None
         self.schedule, schedule_text = run_schedule(training, args)
         try:
@@ -321,7 +324,7 @@ class Trainer:
                 )
         self._dump_logits = None
         if args.dump_logits:
-            from orchestrator.train.gather import dump_logits
+            from orchestrator.train.model.gather import dump_logits
 
             self._dump_logits = functools.partial(dump_logits, engine, plan, grid, device, Path(args.dump_logits))
             self._dump_logits(self.start)
@@ -366,7 +369,7 @@ class Trainer:
         )
 
     def _check_data(self, blend, tag_dir: Path | None) -> None:
-        """Rank 0 fingerprints the data (train/fingerprint.py) and compares it with the checkpoint's;
+        """Rank 0 fingerprints the data (train/data/fingerprint.py) and compares it with the checkpoint's;
         every rank raises the refusal together (a rank left alone would wait in a collective)."""
         plan, training = self.plan, self.plan.spec.training
         self.data_fp: dict | None = None
@@ -396,11 +399,11 @@ class Trainer:
         """The tests' hooks: the memory census (bytes per tensor after the first step) and the
         schedule census (the pipeline instructions each rank executes, timed)."""
         if args.memory_census:
-            from orchestrator.train.census import census_before_second_step
+            from orchestrator.train.loop.census import census_before_second_step
 
             census_before_second_step(self.engine, Path(args.memory_census), rank, stage)
         if args.schedule_census and self.plan.layout.pp > 1:
-            from orchestrator.train.schedule_census import record_schedule
+            from orchestrator.train.loop.schedule_census import record_schedule
 
             record_schedule(self.engine, Path(args.schedule_census), rank)
 
@@ -523,7 +526,7 @@ class Trainer:
         return wanted > 0
 
     def _evaluate(self, done: int, final: bool) -> None:
-        """Validation loss after step ``done`` (train/validation.py), outside the step's timing."""
+        """Validation loss after step ``done`` (train/loop/validation.py), outside the step's timing."""
         data = self.plan.spec.training.data
         t0 = time.perf_counter()
         index = evaluation_index(done, data.eval_interval, final)
@@ -547,7 +550,7 @@ class Trainer:
         if self.rank0:
             self.stop_file.unlink(missing_ok=True)  # a request that came with the last step is moot
         if self.args.dump_weights:
-            from orchestrator.train.gather import dump_weights
+            from orchestrator.train.model.gather import dump_weights
 
             dump_weights(self.engine.module, self.tp_group, Path(self.args.dump_weights), self.rank)
         if self._dump_logits is not None and self.args.steps > self.start:
@@ -572,11 +575,11 @@ def _eval_text(data) -> str:
 
 
 def _sinks(plan: PlanDir, run_dir: Path):
-    """TensorBoard / W&B as training.logging selects (train/sinks.py); None when it selects none."""
+    """TensorBoard / W&B as training.logging selects (train/loop/sinks.py); None when it selects none."""
     logging = plan.spec.training.logging
     if not logging.tensorboard and logging.wandb is None:
         return None
-    from orchestrator.train.sinks import Sinks
+    from orchestrator.train.loop.sinks import Sinks
 
     config = {"spec": plan.spec.model_dump(mode="json"), "layout": plan.layout.as_dict()}
     return Sinks(logging, run_dir, plan.spec.name, config)

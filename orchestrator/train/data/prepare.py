@@ -4,7 +4,7 @@ tools/preprocess_data.py, with a Hugging Face tokenizer read from a local tokeni
 Each document is tokenized (the tokenizer's own special tokens included, as Hugging Face's
 ``tokenizer(text)`` and Megatron-LM's HuggingFaceTokenizer give them) and followed by the
 end-of-document token (preprocess_data.py --append-eod), then written as one sequence of one
-document (orchestrator/train/indexed.py). Worker processes tokenize batches of documents; the
+document (orchestrator/train/data/indexed.py). Worker processes tokenize batches of documents; the
 batches are written in input order, so the files are the same whatever the number of workers.
 Output is atomic: nothing is renamed into place before the last document is written.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator.errors import InvalidFile
-from orchestrator.train.indexed import IndexedWriter, dataset_paths, token_dtype
+from orchestrator.train.data.indexed import IndexedWriter, dataset_paths, token_dtype
 
 FORMATS = ("auto", "jsonl", "text", "parquet")
 # End-of-document tokens of the common tokenizers, tried in this order when --eod-token is not given:

@@ -82,7 +82,7 @@ def save(
 ) -> None:
     """``layout`` and ``plan`` go into the manifest (which layout wrote it, from which plan
     directory: `dsorch replan` reads them), and so do ``data``, the fingerprint of the data trained
-    on (train/fingerprint.py: a resume compares it), and ``data_switched``, what data the run left
+    on (train/data/fingerprint.py: a resume compares it), and ``data_switched``, what data the run left
     on purpose at which step (--switch-data); ``universal_info`` goes into DeepSpeed's client state,
     for converting the checkpoint to another layout (reshard.py)."""
     tag = tag_for(step)

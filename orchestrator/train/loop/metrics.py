@@ -4,7 +4,7 @@ appended to the run directory's metrics file (plandir/rundir.py RunDir.metrics).
 That file is the input of ``dsorch calibrate``: one JSON object per line with step, loss, lr,
 wall_s (seconds since the loop started), cpu_s (this rank's CPU seconds since then), grad_norm,
 step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_mem_gib, mem_kind, plus the layout it ran with.
-Evaluations (train/validation.py) add records of their own, ``{"kind": "eval", "step", "eval_loss",
+Evaluations (train/loop/validation.py) add records of their own, ``{"kind": "eval", "step", "eval_loss",
 "eval_ppl", "eval_iters", "eval_time_s", "final"}``; a step record has no "kind" (calibrate/records.py is_step).
 A resumed run appends: steps that ran after the last checkpoint of the interrupted run are dropped
 from the file when the run resumes (``truncate``), so the file is one trajectory with no gap and no
@@ -52,7 +52,7 @@ EVAL_KIND = "eval"
 class MetricsLog:
     def __init__(self, run_dir: RunDir | None, plan: PlanDir, world_size: int, sinks=None):
         self.path = None if run_dir is None else run_dir.metrics
-        self.sinks = sinks  # train/sinks.py: TensorBoard, W&B (rank 0, when the spec asks)
+        self.sinks = sinks  # train/loop/sinks.py: TensorBoard, W&B (rank 0, when the spec asks)
         # wall_s of a record: seconds from here (just before the first step) to the end of the
         # step (``clock``), all of the loop included (batch assembly, the step, the bookkeeping).
         self.t0 = time.perf_counter()

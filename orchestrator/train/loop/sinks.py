@@ -1,7 +1,7 @@
 """TensorBoard and Weights & Biases: the step records again, for the tools people look at.
 
 Selected in the spec (training.logging, spec/model.py LoggingSpec); rank 0 writes, as it writes the
-run directory's step records (train/metrics.py). Both packages are optional extras:
+run directory's step records (train/loop/metrics.py). Both packages are optional extras:
 ``pip install 'dsorch[tensorboard]'`` and ``pip install 'dsorch[wandb]'``; a spec that asks for one
 that is missing is refused at start on every rank alike (``check_available``), before any rank
 waits for another.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from orchestrator.errors import InvalidFile
 
-# Step record keys (train/metrics.py) -> the name each sink shows them under.
+# Step record keys (train/loop/metrics.py) -> the name each sink shows them under.
 SCALARS = {
     "loss": "train/loss",
     "lr": "train/lr",

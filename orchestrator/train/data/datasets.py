@@ -1,6 +1,6 @@
 """Training data, addressed by sample index: deterministic synthetic tokens, Megatron-LM indexed
 datasets (PREFIX.bin + PREFIX.idx, blended and split as the spec's training.data gives them to
-Megatron-LM; orchestrator/train/indexed.py reads them), or dsorch's legacy token file.
+Megatron-LM; orchestrator/train/data/indexed.py reads them), or dsorch's legacy token file.
 
 Sample ``i`` is a pure function of ``i`` (and the seed), and the global batch of step ``t`` is
 samples ``t * gbs .. t * gbs + gbs - 1`` whatever the layout. A data-parallel rank takes its
@@ -32,7 +32,7 @@ import torch
 
 from orchestrator.errors import InvalidFile
 from orchestrator.spec.model import parse_blend
-from orchestrator.train.indexed import IndexedDataset, dataset_paths, is_indexed
+from orchestrator.train.data.indexed import IndexedDataset, dataset_paths, is_indexed
 
 TOKEN_FORMAT = "dsorch-tokens-v1"
 # Megatron-LM's three parts of a dataset (--split train,valid,test).
