@@ -120,3 +120,27 @@ def test_the_readme_is_a_front_door():
     assert "bash scripts/docs.sh build" in readme and "bash scripts/docs.sh serve" in readme
     for link in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (ROOT / link).exists(), f"README links to {link}, which does not exist"
+
+
+_CITED = re.compile(r"`((?:orchestrator|tests|scripts|examples|cluster_profiles|templates|docs)/[\w./-]*\w)(?:::(\w+))?`")
+# A module named from inside orchestrator/ (`costmodel/pipe_schedule.py`, `plan/rules.py`).
+_PACKAGES = "|".join(sorted(p.name for p in (ROOT / "orchestrator").iterdir() if (p / "__init__.py").exists()))
+_MODULE = re.compile(rf"`((?:{_PACKAGES})/[\w/]*\w\.(?:py|yaml|json))`")
+
+
+def test_every_file_the_pages_cite_exists():
+    """A page that names `orchestrator/...`, `tests/...::test_x` or `scripts/...` points at a file (and
+    test) a clone has: a module moved or a test renamed takes its pages along."""
+    # docs/ARCHITECTURE.md has its own test (test_architecture_doc.py); the reference is generated.
+    pages = [ROOT / "README.md"]
+    pages += [p for p in (ROOT / "docs").rglob("*.md") if "reference" not in p.parts and p.name != "ARCHITECTURE.md"]
+    missing = []
+    for page in pages:
+        for path, test in _CITED.findall(page.read_text()):
+            target = ROOT / path
+            if not target.exists() or (test and f"def {test}(" not in target.read_text()):
+                missing.append(f"{page.relative_to(ROOT)}: {path}{'::' + test if test else ''}")
+        for path in _MODULE.findall(page.read_text()):
+            if not (ROOT / "orchestrator" / path).exists():
+                missing.append(f"{page.relative_to(ROOT)}: {path} (in orchestrator/)")
+    assert not missing, "pages cite what the checkout does not have:\n" + "\n".join(missing)
