@@ -23,6 +23,7 @@ from orchestrator.cli.common import UserError, make_console, open_registry, poll
 def status(as_json, show_all, repair):
     """Jobs submitted from this experiment directory: id, plan, state, elapsed, requeues, last step/loss,
     latest validation loss and perplexity."""
+    from orchestrator.run.backends import backend_for
     from orchestrator.run.submission import eval_text, latest_eval, refresh
 
     reg = open_registry()
@@ -47,12 +48,12 @@ def status(as_json, show_all, repair):
 
     con = make_console()
     con.print(job_table(records, [eval_text(ev) for ev in evals]))
-    import shutil
-
-    if any(r.executor == "slurm" and r.active for r in records) and shutil.which("sacct") is None:
+    # Whose states this machine cannot see (SLURM's without sacct here): the last seen stays.
+    blind = {(b.executor, why) for b in (backend_for(r) for r in records if r.active) if (why := b.blind())}
+    for executor, why in sorted(blind):
         con.print(
-            "note: sacct is not on PATH here, so SLURM jobs show the state last seen; run `dsorch status` on "
-            "the cluster's login node for the current one.",
+            f"note: {why}, so {executor} jobs show the state last seen; run `dsorch status` on "
+            f"the cluster's login node for the current one.",
             markup=False,
         )
     for r in records:
@@ -67,17 +68,15 @@ def status(as_json, show_all, repair):
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
 def logs(job, rank, follow):
     """Print a job's log (stdout, then stderr) for one rank."""
-    import shutil
-
-    from orchestrator.run import scheduler
-    from orchestrator.run.submission import eval_text, latest_eval, refresh, remote_of
+    from orchestrator.run.backends import backend_for
+    from orchestrator.run.submission import eval_text, latest_eval, refresh
 
     reg = open_registry()
     rec = reg.get(job)
-    if rec.executor == "remote":  # the login node's dsorch prints them, as it sees them
-        remote_of(rec).dsorch("logs", rec.job_id, "--rank", str(rank), *(["--follow"] * follow), stream=True)
+    backend = backend_for(rec)
+    if backend.stream_logs(rec.job_id, rank, follow):  # kept elsewhere (a login node): printed from there
         return
-    out, err = scheduler.log_paths(Path(rec.log_dir), rec.job_id, rank)
+    out, err = backend.log_paths(Path(rec.log_dir), rec.job_id, rank)
     if not follow:
         if not out.exists() and not err.exists():
             raise UserError(
@@ -108,9 +107,10 @@ def logs(job, rank, follow):
     for rec in poll(print_new_lines_then_refresh, every_s=1):
         if not rec.active:
             break
-        if rec.executor == "slurm" and shutil.which("sacct") is None:
+        why = backend.blind()
+        if why:
             click.echo(
-                f"dsorch logs: sacct is not on PATH here, so the end of job {rec.job_id} cannot be seen; "
+                f"dsorch logs: {why}, so the end of job {rec.job_id} cannot be seen; "
                 f"stopped following (the job goes on).",
                 err=True,
             )
@@ -121,16 +121,13 @@ def logs(job, rank, follow):
 @click.argument("job")
 def cancel(job):
     """Cancel a pending or running job."""
-    from orchestrator.run import scheduler
-    from orchestrator.run.submission import remote_of
+    from orchestrator.run.backends import backend_for
 
     reg = open_registry()
     rec = reg.get(job)
     if not rec.active:
         raise UserError(f"job {rec.job_id} is already {rec.state}; nothing to cancel.")
-    if rec.executor == "remote":
-        remote_of(rec).dsorch("cancel", rec.job_id)
-    elif rec.job_id != "pending":  # a row whose submission never reached the scheduler
-        scheduler.cancel(rec.executor, rec.job_id)
+    if rec.job_id != "pending":  # a row whose submission never reached the scheduler
+        backend_for(rec).cancel(rec.job_id)
     reg.update(rec.key, state="CANCELLED")
     click.echo(f"cancelled job {rec.job_id}")

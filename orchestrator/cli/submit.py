@@ -1,5 +1,5 @@
-"""`dsorch submit`: a plan directory run as a job (SLURM through submitit, or local), and with
---wait followed to its end."""
+"""`dsorch submit`: a plan directory run as a job through its profile's scheduler backend (SLURM,
+local, or SLURM on the login node over SSH: run/backends/), and with --wait followed to its end."""
 
 from __future__ import annotations
 
@@ -123,16 +123,9 @@ def submit(
     """Submit PLAN_DIR as a job running dsorch's training entrypoint, or for a --runtime megatron plan
     Megatron-LM's pretrain_gpt.py through the plan's launch.sh (SLURM through submitit, or local)."""
     from orchestrator.cli.project import find_plan
-    from orchestrator.run import scheduler
+    from orchestrator.run.backends import backend_for
     from orchestrator.run.registry import Registry
-    from orchestrator.run.submission import (
-        prepare_submission,
-        record_remote_submission,
-        record_submission,
-        remote_args,
-        remote_dry_run,
-        remote_for,
-    )
+    from orchestrator.run.submission import prepare_submission, record_submission, relay_of, remote_args
 
     ds_env()
     project = cwd_project()
@@ -156,24 +149,20 @@ def submit(
         switch_data=switch_data,
         extend_schedule=extend_schedule,
     )
-    via = remote_for(sub, pdir)
-    if via is not None:  # the profile's login section: the SLURM side runs on the login node
+    backend = backend_for(sub.spec)
+    if backend.relays:  # the profile's login section: the login node's dsorch submits, with these options
         local_only = {"--data": data, "--run-dir": run_dir, "--resume": resume, "--resume-from": resume_from}
         args = remote_args(sub.cluster, local_only, steps, extend_schedule, save_interval)
-        if dry_run:
-            click.echo(remote_dry_run(sub, via, project.root, pdir, args), nl=False)
-            return
-        record = record_remote_submission(reg, sub, via, project.root, pdir, args, force)
-    else:
-        if resume:
-            sub = _resumed(reg, sub)
-        elif resume_from is not None:
-            sub = _same_data(reg, sub, str(resume_from.resolve()))
-        if dry_run:
-            _print_dry_run(sub)
-            return
-        scheduler.check_scheduler(sub.spec.kind, dry_run="prints the sbatch script")
-        record = record_submission(reg, sub, force)
+        backend = backend.relay(relay_of(sub, project.root, pdir, args, force))
+    elif resume:
+        sub = _resumed(reg, sub)
+    elif resume_from is not None:
+        sub = _same_data(reg, sub, str(resume_from.resolve()))
+    if dry_run:  # the batch script, or a comment line where there is none
+        click.echo(backend.script(sub.spec, sub.folder, sub.job), nl=False, err=not backend.has_script)
+        return
+    backend.check(dry_run="prints the sbatch script")
+    record = record_submission(reg, sub, force, backend)
     click.echo(
         f"submitted job {record.job_id} ({record.executor}, cluster {record.cluster}): plan {record.plan_dir}, "
         f"run dir {record.run_dir}"
@@ -230,21 +219,6 @@ def _same_data(reg: Registry, sub: Submission, run_dir: str) -> Submission:
         return sub
     click.echo(f"data: {jobs[-1].data} (job {jobs[-1].job_id}'s --data)", err=True)
     return replace(sub, job=replace(sub.job, data=jobs[-1].data))
-
-
-def _print_dry_run(sub: Submission) -> None:
-    """--dry-run: the sbatch script submitit would submit, or what a local run would start."""
-    from orchestrator.run import scheduler
-
-    if sub.spec.kind == "local":
-        what = f"{sub.spec.tasks_per_node} processes"
-        if sub.spec.tasks_per_node != sub.spec.gpus_per_node:  # a Megatron-LM plan: launch.sh starts torchrun
-            what = f"`{' '.join(sub.job.command())}` (torchrun: {sub.spec.gpus_per_node} ranks)"
-        click.echo(
-            f"# --cluster local: {what} on this machine through submitit's LocalExecutor (no sbatch script).", err=True
-        )
-    else:
-        click.echo(scheduler.sbatch_script(sub.spec, sub.folder, sub.job), nl=False)
 
 
 def _wait_for(key: int, total_steps: int | None = None) -> None:

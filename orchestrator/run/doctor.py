@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.errors import JobError
-from orchestrator.run import scheduler
+from orchestrator.run.backends import Backend, JobSpec, backend_for
 from orchestrator.run.jobs import DOCTOR_RESULT, DoctorJob
 from orchestrator.run.trial import PROFILE_HEADER, check_profile_name, write_profile
 from orchestrator.spec.cluster import ClusterProfile, check_local_nodes
@@ -38,6 +38,7 @@ WAITING = ("SUBMITTED", "PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLE
 class DoctorSubmission:
     job_id: str
     profile: ClusterProfile  # resized to the nodes checked
+    backend: Backend  # the profile's scheduler: the job's state, its cancellation
     folder: Path  # submitit's folder: logs, and the ranks' doctor.json
     timeout_min: int
     submitted_at: float  # time.time() at submission: the deadline counts from it
@@ -57,17 +58,23 @@ def submit_checks(
     ranks), ``iters`` timed repetitions per size (default 20 on GPUs, 5 on CPU ranks)."""
     check_local_nodes(profile, nodes)
     profile = profile.resized(nodes, None)
-    scheduler.check_scheduler(profile.executor)
+    spec = JobSpec.of(profile, job_name(f"doctor-{profile.name}"), time_min=timeout_min)
+    backend = backend_for(spec)
+    backend.check()
     gpu = profile.backend == "nccl"
     max_bytes = (max_size_mib or (256 if gpu else 16)) * 1024 * 1024
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     folder = (root / ".dsorch" / "doctor" / f"{profile.name}-{stamp}").resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    spec = scheduler.JobSpec.of(profile, job_name(f"doctor-{profile.name}"), time_min=timeout_min)
     job = DoctorJob(str(folder), max_bytes, iters or (20 if gpu else 5), gpu)
-    job_id = scheduler.submit(spec, folder, job)
+    job_id = backend.submit(spec, folder, job)
     return DoctorSubmission(
-        job_id=job_id, profile=profile, folder=folder, timeout_min=timeout_min, submitted_at=time.time()
+        job_id=job_id,
+        profile=profile,
+        backend=backend,
+        folder=folder,
+        timeout_min=timeout_min,
+        submitted_at=time.time(),
     )
 
 
@@ -84,9 +91,9 @@ class CheckState:
 def check_state(sub: DoctorSubmission, last: CheckState | None) -> CheckState:
     """The doctor job's state now (the CLI polls this); a job still queued or running a minute
     past its time limit is cancelled, and that is an error."""
-    state, error = scheduler.job_state(sub.profile.executor, sub.folder, sub.job_id, last.state if last else "PENDING")
+    state, error = sub.backend.state(sub.folder, sub.job_id, last.state if last else "PENDING")
     if state in WAITING and time.time() > sub.submitted_at + 60 * sub.timeout_min + 60:
-        scheduler.cancel(sub.profile.executor, sub.job_id)
+        sub.backend.cancel(sub.job_id)
         raise JobError(
             f"the doctor job {sub.job_id} did not finish within --timeout {sub.timeout_min} min; "
             f"it was cancelled. Is the partition busy? Try again with a larger --timeout."

@@ -1,6 +1,6 @@
 """What runs on the nodes: the task every rank of a dsorch job runs.
 
-submitit pickles one of these callables on the login node (run/scheduler.py) and calls it in
+submitit pickles one of these callables on the login node (run/backends/) and calls it in
 every task of the job; each starts a child process with torch.distributed's variables, which it
 takes from SLURM (or from the local executor) through submitit's ``JobEnvironment``:
 
@@ -40,7 +40,7 @@ from orchestrator.train.stop import EXIT_STOPPED
 
 # In a container, rank 0 asks the host for the requeue with this file in the run directory: the
 # image need not have SLURM's scontrol, and the batch script (on the host) runs it
-# (run/scheduler.py make_executor).
+# (run/backends/slurm.py _container_parameters).
 REQUEUE_REQUEST = "requeue.request"
 # ... and the first node's NodeAddr in this variable (templates/master_addr.sh.j2, on the host).
 HOST_MASTER_ADDR = "DSORCH_MASTER_ADDR"
@@ -78,7 +78,7 @@ class TrainingJob:
     switch_data: bool = False
     extend_schedule: bool = False  # --steps past the plan's: stretch the LR decay (train/loop/lr_schedule.py)
     # In a container (the profile's `container`): the batch script on the host requeues the job when
-    # rank 0 leaves REQUEUE_REQUEST (run/scheduler.py), instead of submitit running scontrol here.
+    # rank 0 leaves REQUEUE_REQUEST (run/backends/slurm.py), instead of submitit running scontrol here.
     host_requeue: bool = False
 
     def command(self) -> list[str]:
@@ -172,7 +172,7 @@ class LocalArray:
     job of a batch at once, and trials must not share this machine's cores (each measures the
     whole "cluster"). One local job runs the elements in turn; element ``i`` of job ``PID`` is
     ``PID_i``, as SLURM names array tasks, with submitit's per-task log and result files, so that
-    `dsorch status/logs/cancel` treat it as they treat a SLURM array task (scheduler.job_state). An
+    `dsorch status/logs/cancel` treat it as they treat a SLURM array task (run/backends/local.py state). An
     element that runs past ``timeout_s`` is killed and ends TIMEOUT, as SLURM's time limit would."""
 
     jobs: list[TrainingJob]

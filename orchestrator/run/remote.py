@@ -18,7 +18,7 @@ What runs where:
   is in a git repository), the plan directory and the profiles directory go to ``login.remote_dir``
   (tar over ssh); the login node's ``dsorch submit`` submits there and keeps the job in its own
   registry; the local registry keeps it as executor ``remote`` with the login section it went
-  through (run/submission.py record_remote_submission).
+  through (run/backends/remote.py, the backend this module is the transport of).
 - status: the login node's ``dsorch status --json``; once the job has ended, its run directory
   (checkpoints left there) and its log files come back into the local run and log directories
   (rsync where both ends have it, else tar over ssh).
@@ -103,10 +103,7 @@ class Remote:
                 argv, input=stdin, stdout=None if stream else subprocess.PIPE, stderr=subprocess.PIPE, check=False
             )
         except FileNotFoundError:
-            raise JobError(
-                f"profile {self.cluster} has a login section, which needs OpenSSH's `ssh`; it is not on PATH. "
-                f"Install the OpenSSH client (openssh-client on Debian and Ubuntu)."
-            ) from None
+            raise self.no_ssh() from None
         if r.returncode == _SSH_FAILED:
             raise self._failure(r.stderr.decode(errors="replace"))
         return r
@@ -120,6 +117,12 @@ class Remote:
             said = r.stderr.decode(errors="replace").strip() or (r.stdout or b"").decode(errors="replace").strip()
             raise JobError(f"on {self.login.host} (profile {self.cluster}), `dsorch {' '.join(args)}` failed:\n{said}")
         return r
+
+    def no_ssh(self) -> JobError:
+        return JobError(
+            f"profile {self.cluster} has a login section, which needs OpenSSH's `ssh`; it is not on PATH. "
+            f"Install the OpenSSH client (openssh-client on Debian and Ubuntu)."
+        )
 
     def close(self) -> None:
         """Stop the shared connection now rather than after ControlPersist."""

@@ -1,6 +1,7 @@
 """From a plan directory to a registered job, and from a registered job to its current state.
 
-The CLI calls these; ``orchestrator.run.scheduler`` talks to submitit; ``orchestrator.run.registry`` stores.
+The CLI calls these; the job's backend (``orchestrator.run.backends``) talks to its scheduler;
+``orchestrator.run.registry`` stores.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -18,12 +18,12 @@ from pathlib import Path
 
 from orchestrator.errors import JobError
 from orchestrator.plandir.reader import GENERATED, PlanDir, load_plan_dir
-from orchestrator.plandir.rundir import CHECKPOINTS_DIR, RunDir
-from orchestrator.run import remote, scheduler
+from orchestrator.plandir.rundir import RunDir
+from orchestrator.run import scheduler
+from orchestrator.run.backends import Backend, Relay, backend_for
 from orchestrator.run.jobs import TrainingJob
 from orchestrator.run.megatron_job import DEFAULT_ITERS, MegatronJob
 from orchestrator.run.registry import ACTIVE_STATES, JobRecord, Registry, now_utc
-from orchestrator.run.remote import Remote
 from orchestrator.spec.cluster import ClusterProfile, load_profile
 from orchestrator.spec.sbatch import job_name
 from orchestrator.train.loop.config import check_trainable
@@ -146,7 +146,7 @@ def _check_megatron(plan_dir: Path, profile: ClusterProfile, data: str | None, s
             f"MEGATRON_LM=/path/to/Megatron-LM before `dsorch submit`."
         )
     # On this machine the path can be checked; on a cluster it is the compute nodes' (or a container's).
-    if profile.executor == "local" and not (Path(where) / "pretrain_gpt.py").is_file():
+    if backend_for(profile.executor).runs_here and not (Path(where) / "pretrain_gpt.py").is_file():
         raise JobError(
             f"MEGATRON_LM={where}: no pretrain_gpt.py there; point it at a Megatron-LM checkout "
             f"(git clone https://github.com/NVIDIA/Megatron-LM)."
@@ -212,17 +212,21 @@ def _new_row(sub: Submission, executor: str, **values) -> dict:
     }
 
 
-def record_submission(reg: Registry, sub: Submission, force: bool) -> JobRecord:
+def record_submission(reg: Registry, sub: Submission, force: bool, backend: Backend | None = None) -> JobRecord:
+    """``sub`` submitted through ``backend`` (default: its executor's) with its registry row, in one
+    transaction; a job that went through a login node keeps its login section in the row."""
+    backend = backend or backend_for(sub.spec)
     _refresh_active(reg, [sub.plan_display])
+    via = sub.spec.remote
     with reg.reserve(sub.plan_display, force) as (insert, update):
         # The run directory is named after dsorch's own key, known only once the row exists; the
         # row and the submission are one transaction, so a refused submission leaves no row.
-        key = insert(**_new_row(sub, sub.spec.kind))
+        key = insert(**_new_row(sub, backend.executor, login=None if via is None else via.login.model_dump_json()))
         run_dir = Path(str(sub.run_dir).replace("{key}", str(key))).resolve()
         job = dataclasses.replace(sub.job, run_dir=str(run_dir))
         with _no_leftovers(sub.folder):
-            job_id = scheduler.submit(sub.spec, sub.folder, job)
-        update(key, job_id=job_id, state="PENDING" if sub.spec.kind == "slurm" else "RUNNING", run_dir=str(run_dir))
+            job_id = backend.submit(sub.spec, sub.folder, job)
+        update(key, job_id=job_id, state="PENDING" if backend.queues else "RUNNING", run_dir=str(run_dir))
     return reg.get(str(key))
 
 
@@ -237,26 +241,21 @@ def record_array(
     if megatron:  # LocalArray runs the entrypoint's ranks; a Megatron-LM node job is not one
         raise JobError(f"{', '.join(megatron)}: job arrays (trials) run the bundled entrypoint's plans only.")
     spec = dataclasses.replace(first.spec, time_min=time_min)
+    backend = backend_for(spec)
     _refresh_active(reg, [sub.plan_display for sub in subs])
     with reg.reserve([sub.plan_display for sub in subs], force=False) as (insert, update):
         keys, jobs = [], []
         for sub in subs:
             assert isinstance(sub.job, TrainingJob)  # checked above
             run_dir = str(sub.run_dir.resolve())
-            key = insert(**_new_row(sub, spec.kind, run_dir=run_dir, log_dir=str(folder)))
+            key = insert(**_new_row(sub, backend.executor, run_dir=run_dir, log_dir=str(folder)))
             keys.append(key)
             jobs.append(dataclasses.replace(sub.job, run_dir=run_dir, save=False))
         with _no_leftovers(folder):
-            ids = scheduler.submit_array(spec, folder, jobs, timeout_s)
+            ids = backend.submit_array(spec, folder, jobs, timeout_s)
         for key, job_id in zip(keys, ids, strict=True):  # submit_array: one id per job
             update(key, job_id=job_id, state="PENDING")
     return [reg.get(str(k)) for k in keys]
-
-
-def remote_for(sub: Submission, profiles_dir: str | None) -> Remote | None:
-    """The login node a submission goes through: its profile's login section, off the login node."""
-    login = remote.login_of(load_profile(sub.cluster, profiles_dir).profile.login)
-    return None if login is None else Remote(sub.cluster, login)
 
 
 def remote_args(
@@ -280,57 +279,13 @@ def _remote_plan(sub: Submission) -> str:
     return sub.plan_display if not Path(sub.plan_display).is_absolute() else f"plans/{sub.plan_dir.name}"
 
 
-def _remote_submit_args(sub: Submission, profiles_dir: str | None, args: list[str]) -> list[str]:
-    profiles = ["--profiles-dir", remote.REMOTE_PROFILES] if profiles_dir else []
-    return [_remote_plan(sub), *profiles, *args]
-
-
-def remote_dry_run(
-    sub: Submission, via: Remote, experiment_dir: Path, profiles_dir: str | None, args: list[str]
-) -> str:
-    """`submit --dry-run` through the login node: the sbatch script its dsorch would submit."""
-    via.ship(experiment_dir, sub.plan_dir, _remote_plan(sub), profiles_dir)
-    return via.dsorch("submit", *_remote_submit_args(sub, profiles_dir, args), "--dry-run").stdout.decode(
-        errors="replace"
-    )
-
-
-def record_remote_submission(
-    reg: Registry, sub: Submission, via: Remote, experiment_dir: Path, profiles_dir: str | None, args: list[str],
-    force: bool,
-) -> JobRecord:  # fmt: skip
-    """``sub`` shipped to the login node and submitted there (``dsorch submit`` with ``args``), one
-    local registry row for it in one transaction with the submission, as record_submission."""
-    via.ship(experiment_dir, sub.plan_dir, _remote_plan(sub), profiles_dir)
-    with reg.reserve(sub.plan_display, force) as (insert, update):
-        key = insert(**_new_row(sub, "remote", login=via.login.model_dump_json()))
-        job_id = via.submit([*_remote_submit_args(sub, profiles_dir, args), *(["--force"] if force else [])])
-        run_dir = Path(str(sub.run_dir).replace("{key}", str(key))).resolve()
-        update(key, job_id=job_id, state="PENDING", run_dir=str(run_dir))
-    return reg.get(str(key))
-
-
-def remote_of(rec: JobRecord) -> Remote:
-    """The login node a remote job went through, as the registry recorded it at submit time."""
-    from orchestrator.spec.cluster import LoginSpec
-
-    return Remote(rec.cluster, LoginSpec.model_validate_json(rec.login or "{}"))
-
-
-def _refresh_remote(reg: Registry, rec: JobRecord) -> JobRecord:
-    """A remote job's row as the login node's registry has it; once it ended, its run directory
-    (without checkpoints) and its logs come back into the local ones."""
-    via = remote_of(rec)
-    row = via.job(rec.job_id)
-    keep = ("state", "last_step", "last_loss", "requeues", "elapsed_s", "error")
-    values = {k: row.get(k) for k in keep}
-    if values["state"] not in ACTIVE_STATES:
-        if row.get("run_dir"):
-            via.bring_back(row["run_dir"], Path(rec.run_dir), exclude=CHECKPOINTS_DIR)
-        if row.get("log_dir") and re.fullmatch(r"[0-9_]+", rec.job_id):
-            via.bring_back(row["log_dir"], Path(rec.log_dir), only=f"{rec.job_id}_*")
-    reg.update(rec.key, **values)
-    return reg.get(str(rec.key))
+def relay_of(sub: Submission, experiment_dir: Path, profiles_dir: str | None, args: list[str], force: bool) -> Relay:
+    """What the login node's dsorch needs to take ``sub`` on (a backend that relays): the plan
+    directory where it is in the experiment directory, the profiles directory, ``args`` (remote_args)."""
+    return Relay(
+        experiment_dir=experiment_dir, remote_plan=_remote_plan(sub), profiles_dir=profiles_dir, args=tuple(args),
+        force=force,
+    )  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -399,14 +354,17 @@ def refresh(reg: Registry, rec: JobRecord) -> JobRecord:
     """Ask the scheduler for an active job's state, read its progress, store and return it."""
     if not rec.active or rec.job_id == "pending":
         return rec
-    if rec.executor == "remote":
-        return _refresh_remote(reg, rec)
-    state, error = scheduler.job_state(rec.executor, Path(rec.log_dir), rec.job_id, rec.state)
-    step, loss, requeues, elapsed = _progress(Path(rec.run_dir), finished=state not in ACTIVE_STATES)
-    values = dict(state=state, last_step=step, last_loss=loss, requeues=requeues)
-    if error:
-        values["error"] = error
+    try:
+        backend = backend_for(rec)
+    except JobError as e:  # a damaged executor column: said on the row, not a failing `dsorch status`
+        reg.update(rec.key, state="UNKNOWN", error=str(e))
+        return reg.get(str(rec.key))
+    # The scheduler's view first: a remote job's run directory comes back once it ended, and what
+    # the scheduler knows (a remote job: the login node's whole row) wins over the run directory.
+    seen = backend.seen(rec)
+    step, loss, requeues, elapsed = _progress(Path(rec.run_dir), finished=seen["state"] not in ACTIVE_STATES)
+    values: dict[str, object] = dict(last_step=step, last_loss=loss, requeues=requeues)
     if elapsed is not None:
         values["elapsed_s"] = elapsed
-    reg.update(rec.key, **values)
+    reg.update(rec.key, **{**values, **seen})
     return reg.get(str(rec.key))

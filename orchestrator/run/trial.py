@@ -5,7 +5,7 @@
    data parallelism, context parallelism), so that a measurement can overturn the model's ranking
    of the families and not only reorder near-equals; priced in GPU-hours from the predictions.
 2. Start (``start``): each pick becomes an ordinary plan directory (``TRIAL/NN-family/``, its
-   run in ``run/``), and all of them one job array (orchestrator.run.scheduler.submit_array: SLURM's
+   run in ``run/``), and all of them one job array (the backend's submit_array, run/backends/: SLURM's
    ``--array=0-N%1``, or a LocalArray for ``--cluster local``), each a short run of the bundled
    entrypoint on synthetic tokens without checkpoints; one registry row per trial, so `dsorch
    status` shows them. ``TRIAL/trial.yaml`` (MANIFEST) records what was submitted.
@@ -43,10 +43,10 @@ from orchestrator.plan.solver import Scored, search
 from orchestrator.plandir.reader import load_plan_dir
 from orchestrator.plandir.rundir import RunDir
 from orchestrator.plandir.writer import spec_path_in, write_plan_dir
+from orchestrator.run.backends import backend_for
 from orchestrator.run.registry import Registry
-from orchestrator.run.scheduler import check_scheduler, log_paths
 from orchestrator.run.submission import prepare_submission, record_array, refresh
-from orchestrator.spec.cluster import check_local_nodes, load_profile
+from orchestrator.spec.cluster import Executor, check_local_nodes, load_profile
 from orchestrator.spec.model import load_spec
 from orchestrator.spec.sbatch import parse_slurm_time
 from orchestrator.train.stop import OOM_MARK
@@ -145,7 +145,7 @@ class Manifest(BaseModel):
     world_size: int = Field(gt=0)
     steps: int = Field(gt=0)
     top: int = Field(gt=0)
-    executor: str
+    executor: Executor  # whose backend ran the array (run/backends/)
     log_dir: str  # submitit's folder of the array
     time_limit_s: float
     trials: list[TrialEntry]
@@ -345,7 +345,7 @@ def start(
         raise OutputError(
             f"{out} exists and is not empty; pass --out NEW_DIR (dsorch trial writes a directory of its own)."
         )
-    check_scheduler(loaded.profile.executor, dry_run="shows the trials and their cost")
+    backend_for(loaded.profile.executor).check(dry_run="shows the trials and their cost")
     plans = trial_plans(
         spec, spec_path, spec_sha256, loaded, "deepspeed", proposal.picks, out, nodes=nodes, gpus_per_node=gpus_per_node
     )
@@ -400,8 +400,9 @@ def states(reg, manifest: Manifest) -> list:
 
 def _logs(manifest: Manifest, job_id: str) -> str:
     parts = []
+    backend = backend_for(manifest.executor)
     for rank in range(manifest.world_size):
-        for path in log_paths(Path(manifest.log_dir), job_id, rank):
+        for path in backend.log_paths(Path(manifest.log_dir), job_id, rank):
             try:
                 parts.append(path.read_text(errors="replace"))
             except OSError:

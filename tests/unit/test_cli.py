@@ -511,9 +511,9 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
     import sys
 
     from orchestrator.run.registry import Registry
-    from orchestrator.run.scheduler import log_paths
+    from orchestrator.run.backends import backend_for
 
-    out, _ = log_paths(tmp_path / "jobs", "4242", 0)
+    out, _ = backend_for("local").log_paths(tmp_path / "jobs", "4242", 0)
     out.parent.mkdir(parents=True)
     out.write_text("a line of a long training log\n" * 10_000)  # far past a pipe's buffer
     with Registry(tmp_path).reserve("plan", force=False) as (insert, _update):

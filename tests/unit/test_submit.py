@@ -235,14 +235,17 @@ def test_a_local_job_listens_on_a_free_port_outside_the_ephemeral_range(tmp_path
     """submitit's own master port (20000-60000, from the job id) may be one the kernel just gave an
     outgoing connection (EADDRINUSE at run time): the local job gets one outside
     ip_local_port_range, free when it is submitted, and every LocalArray element's (P + i) too."""
-    from orchestrator.run import scheduler
     from orchestrator.ports import ephemeral_range
+    from orchestrator.run.backends import JobSpec, backend_for
+    from orchestrator.run.backends.local import LocalBackend
     from orchestrator.spec.cluster import load_profile
 
-    spec = scheduler.JobSpec.of(load_profile("local").profile, "tiny")
+    spec = JobSpec.of(load_profile("local").profile, "tiny")
+    backend = backend_for(spec)
+    assert isinstance(backend, LocalBackend)
     lo, hi = ephemeral_range()
     for ports in (1, 5):
-        setup = scheduler.make_executor(spec, tmp_path, jobs=[None] * ports).parameters["setup"]
+        setup = backend.executor_for(spec, tmp_path, jobs=[None] * ports).parameters["setup"]
         exports = [line for line in setup if line.startswith("export MASTER_PORT=")]
         assert len(exports) == 1, setup
         port = int(exports[0].split("=")[1])
@@ -302,8 +305,8 @@ def test_a_slurm_job_exports_one_master_port_outside_the_ephemeral_range():
     """Every task takes the port the batch script exported (submitit's own pick from the job id is
     inside the ephemeral range): outside it, the same for the same allocation, another for the next,
     and a MASTER_PORT the profile or the user set is kept."""
-    from orchestrator.run import scheduler
     from orchestrator.ports import ephemeral_range, slurm_master_port_lines
+    from orchestrator.run.backends import JobSpec, backend_for
     from orchestrator.spec.cluster import load_profile
 
     def port(**env) -> int:
@@ -320,8 +323,8 @@ def test_a_slurm_job_exports_one_master_port_outside_the_ephemeral_range():
     assert port(SLURM_JOB_ID="123", SLURM_RESTART_COUNT="1") != port(SLURM_JOB_ID="123")
     assert port(SLURM_JOB_ID="123", MASTER_PORT="29511") == 29511
     assert not lo <= port() <= hi  # no job id: outside SLURM, where nothing else sets one
-    spec = scheduler.JobSpec.of(load_profile("dgx16").profile, "tiny")
-    assert scheduler.sbatch_script(spec, Path("/tmp/folder")).count("export MASTER_PORT=") == 1
+    spec = JobSpec.of(load_profile("dgx16").profile, "tiny")
+    assert backend_for(spec).script(spec, Path("/tmp/folder"), None).count("export MASTER_PORT=") == 1
 
 
 def test_cancelling_a_local_job_signals_every_process_under_its_shell(tmp_path):
@@ -331,7 +334,7 @@ def test_cancelling_a_local_job_signals_every_process_under_its_shell(tmp_path):
     import sys
     import time
 
-    from orchestrator.run import scheduler
+    from orchestrator.run.backends import backend_for
 
     marker, ready = tmp_path / "terminated", tmp_path / "ready"
     grandchild = (f"import pathlib, signal, sys, time\n"
@@ -344,7 +347,7 @@ def test_cancelling_a_local_job_signals_every_process_under_its_shell(tmp_path):
         deadline = time.monotonic() + 60
         while not ready.exists() and time.monotonic() < deadline:  # its handler is installed
             time.sleep(0.05)
-        scheduler.cancel("local", str(shell.pid))
+        backend_for("local").cancel(str(shell.pid))
         shell.wait(timeout=30)
         deadline = time.monotonic() + 30
         while not marker.exists() and time.monotonic() < deadline:  # its handler runs after the shell died
