@@ -335,8 +335,15 @@ def _default_text(field) -> str:
     return code(json.dumps(value, ensure_ascii=False))
 
 
+# The unit a key's name carries, as dsorch names quantities (memory_gib, latency_us, signal_delay_s).
+_UNITS = {"_gib": "GiB", "_us": "microseconds", "_s": "seconds", "_hours": "hours"}
+
+
 def _description(field, comments: dict[str, str], name: str) -> str:
     parts = [p for p in (field.description, comments.get(name)) if p]
+    unit = next((u for suffix, u in _UNITS.items() if name.endswith(suffix)), None)
+    if unit:
+        parts.append(f"In {unit}")
     text = ". ".join(p.rstrip(".") for p in parts)
     return md(text + "." if text else "", cell=True)
 
