@@ -5,7 +5,7 @@ with the files (write, --check, print); this is what happens in between. It live
 ``orchestrator.plan.make`` because the renderers read ``Plan``: plan -> render -> pipeline, no cycle.
 
 ``replan`` takes its inputs from a plan directory instead (`dsorch plan --check PLAN_DIR`):
-``recorded_inputs`` turns what plan.yaml recorded back into ``plan_files``' arguments.
+``recorded_inputs`` reads what plan.yaml recorded, and ``replan`` makes it a ``PlanRequest`` again.
 """
 
 from __future__ import annotations
@@ -17,50 +17,25 @@ from pathlib import Path
 
 from orchestrator.errors import DsorchError, InvalidFile, SpecError
 from orchestrator.plan.layout import Pins
-from orchestrator.plan.make import KEEP, Plan, make_plan
-from orchestrator.plandir.reader import PLAN_FILE, load_plan_dir, read_text
+from orchestrator.plan.make import Plan, make_plan
+from orchestrator.plan.request import KEEP, PlanRequest
+from orchestrator.plandir.reader import PLAN_FILE, load_plan_dir
 from orchestrator.render import render_all
 from orchestrator.render.ds_config import render_ds_config
 from orchestrator.render.megatron import render_megatron_args
 from orchestrator.render.overrides import invalid_message, refusal_message, refusals
-from orchestrator.render.report import recorded_nodes
-from orchestrator.spec.cluster import LoadedProfile, load_profile
-from orchestrator.spec.model import SpecFile, load_spec
+from orchestrator.spec.cluster import load_profile
+from orchestrator.spec.model import load_spec
 from orchestrator.spec.overrides import Overrides
 from orchestrator.validate.plan_dir import unchecked_flags, validate_files
 
 
-def plan_files(
-    spec: SpecFile,
-    spec_path: str,
-    spec_sha256: str,
-    profile: LoadedProfile,
-    runtime: str,
-    pins: Pins,
-    *,
-    nodes: int | None,
-    gpus_per_node: int | None,
-    memory_margin_gib: float | None,
-    keep: int,
-    shown_path: str,
-) -> tuple[Plan, dict[str, str]]:
+def plan_files(request: PlanRequest) -> tuple[Plan, dict[str, str]]:
     """The chosen plan and its files, each validated by DeepSpeed's and Megatron-LM's own rules.
-    ``spec_path`` is the spec as the files name it (relative to the plan directory),
-    ``shown_path`` as the user gave it (for errors)."""
-    the_plan = make_plan(
-        spec,
-        spec_path,
-        spec_sha256,
-        profile,
-        runtime,
-        pins,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        memory_margin_gib=memory_margin_gib,
-        keep=keep,
-        shown_path=shown_path,
-    )
-    return the_plan, checked_files(the_plan, shown_path)
+    ``request.spec_path`` is the spec as the files name it (relative to the plan directory),
+    ``request.shown`` as the user gave it (for errors)."""
+    the_plan = make_plan(request)
+    return the_plan, checked_files(the_plan, request.shown)
 
 
 def _errors(the_plan: Plan, files: dict[str, str]) -> list[str]:
@@ -101,18 +76,29 @@ def checked_files(the_plan: Plan, shown_path: str | None = None) -> dict[str, st
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Recorded:
-    """What a plan directory was planned from, as ``plan_files`` takes it: plan.yaml's ``inputs``
-    (and, for --nodes, its regenerate line)."""
+    """What a plan directory was planned from, as plan.yaml's ``inputs`` record it: ``replan`` loads
+    the spec and the profile and makes a ``PlanRequest`` of it."""
 
     spec: Path  # the model spec file, found from the plan directory
     spec_path: str  # as plan.yaml records it: relative to the plan directory
     cluster: str  # the profile's name, looked up again as `--cluster NAME` would be
     runtime: str
-    nodes: int | None  # --nodes, when it was given
+    nodes: int  # the node count planned for
+    # --nodes was given (a re-plan keeps the count) or not (it follows the profile); None: a plan.yaml
+    # written before dsorch recorded which (``given_nodes``).
+    nodes_given: bool | None
     gpus_per_node: int | None  # --gpus-per-node, when it was given
     pins: Pins
     memory_margin_gib: float | None  # None: the default margin, derived again
     keep: int  # layouts kept: plan.yaml lists the chosen one and keep - 1 alternatives
+
+    def given_nodes(self, profile_nodes: int) -> int | None:
+        """--nodes for a re-plan on a profile of ``profile_nodes`` nodes, None for the profile's count.
+        A plan.yaml that does not record whether --nodes was given: a count other than the profile's
+        came from --nodes (the profile's own count may have changed since, but a plan is far more often
+        resized by --nodes), and the profile's own count gives the same plan either way."""
+        given = self.nodes != profile_nodes if self.nodes_given is None else self.nodes_given
+        return self.nodes if given else None
 
 
 def recorded_inputs(plan_dir: Path) -> Recorded:
@@ -148,7 +134,8 @@ def recorded_inputs(plan_dir: Path) -> Recorded:
         spec_path=spec_path,
         cluster=cluster,
         runtime=doc.runtime,
-        nodes=recorded_nodes(read_text(plan_dir / PLAN_FILE), cluster),
+        nodes=inputs.nodes,
+        nodes_given=inputs.nodes_given,
         gpus_per_node=inputs.gpus_per_node,
         pins=pins,
         memory_margin_gib=None if inputs.memory_margin_derived else inputs.memory_margin_gib,
@@ -177,15 +164,17 @@ def replan(plan_dir: Path, profiles_dir: str | Path | None) -> tuple[Plan, dict[
     except DsorchError as e:
         raise type(e)(f"{plan_dir} was planned on cluster profile '{r.cluster}': {e}") from None
     return plan_files(
-        spec,
-        r.spec_path,
-        loaded.sha256,
-        profile,
-        r.runtime,
-        r.pins,
-        nodes=r.nodes,
-        gpus_per_node=r.gpus_per_node,
-        memory_margin_gib=r.memory_margin_gib,
-        keep=r.keep,
-        shown_path=shown,
+        PlanRequest(
+            spec=spec,
+            spec_path=r.spec_path,
+            spec_sha256=loaded.sha256,
+            profile=profile,
+            runtime=r.runtime,
+            pins=r.pins,
+            nodes=r.given_nodes(profile.profile.nodes),
+            gpus_per_node=r.gpus_per_node,
+            memory_margin_gib=r.memory_margin_gib,
+            keep=r.keep,
+            shown_path=shown,
+        )
     )

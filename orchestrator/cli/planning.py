@@ -26,6 +26,7 @@ from orchestrator.cli.common import (
     resolve_profiles_dir,
 )
 from orchestrator.plan.layout import PINNABLE, RUNTIMES
+from orchestrator.plan.request import KEEP
 
 if TYPE_CHECKING:  # the commands import these when they run, so that `dsorch --help` stays fast
     from orchestrator.cli.project import Project, Setting
@@ -96,7 +97,7 @@ if TYPE_CHECKING:  # the commands import these when they run, so that `dsorch --
     help="Headroom to keep free on every GPU, in GiB. Default: the memory model's own largest error "
     "on published peaks, as a share of the GPU's memory (the plan says how much).",
 )
-@click.option("--top", type=click.IntRange(1, 10_000), default=8, show_default=True, help="Rows in the table.")
+@click.option("--top", type=click.IntRange(1, 10_000), default=KEEP, show_default=True, help="Rows in the table.")
 @profiles_dir_option
 def plan(
     spec,
@@ -224,6 +225,7 @@ def _plan_one(
     """The plan of one SPEC (with the flags) or PLAN_DIR (as recorded), its files, and its directory:
     ``out``, else the default plan directory when ``default_dir``, else none."""
     from orchestrator.compose import plan_files, replan
+    from orchestrator.plan.request import PlanRequest
     from orchestrator.plandir.writer import spec_path_in
     from orchestrator.spec.model import load_spec
 
@@ -234,22 +236,20 @@ def _plan_one(
     to = out
     if to is None and default_dir:
         to = project.default_plan_dir(spec_file.name, lp.profile.name, runtime, nodes, gpus_per_node)
-    return (
-        *plan_files(
-            spec_file,
-            spec_path_in(path, to),
-            loaded.sha256,
-            lp,
-            runtime,
-            pins,
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            memory_margin_gib=memory_margin,
-            keep=max(top, 8),
-            shown_path=str(path),
-        ),
-        to,
+    request = PlanRequest(
+        spec=spec_file,
+        spec_path=spec_path_in(path, to),
+        spec_sha256=loaded.sha256,
+        profile=lp,
+        runtime=runtime,
+        pins=pins,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        memory_margin_gib=memory_margin,
+        keep=max(top, KEEP),
+        shown_path=str(path),
     )
+    return (*plan_files(request), to)
 
 
 def _write(out: Path, files: dict[str, str], plot: bool) -> None:

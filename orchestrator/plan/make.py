@@ -13,14 +13,12 @@ from orchestrator.costmodel.calibration import default_memory_margin
 from orchestrator.costmodel.checkpoint import CheckpointInterval, checkpoint_bytes, choose_interval
 from orchestrator.errors import LayoutError, NoFeasibleLayout
 from orchestrator.plan.layout import Layout, Pins
+from orchestrator.plan.request import KEEP, PlanRequest
 from orchestrator.plan.rules import MEGATRON_FSDP_ZERO, check_model, check_training
 from orchestrator.plan.solver import Scored, SearchResult, explain_pins, minimum_nodes, search
-from orchestrator.spec.cluster import ClusterProfile, LoadedProfile, check_local_nodes
+from orchestrator.spec.cluster import ClusterProfile, check_local_nodes
 from orchestrator.spec.model import SpecFile
 from orchestrator.spec.sbatch import parse_slurm_time
-
-# Layouts a plan lists: the chosen one and 7 alternatives, unless `dsorch plan --top N` asks for more.
-KEEP = 8
 
 
 @dataclass(frozen=True)
@@ -103,43 +101,32 @@ def _pins_text(pins: Pins) -> str:
     return f" with {', '.join(items)} pinned" if items else ""
 
 
-def make_plan(
-    spec: SpecFile,
-    spec_path: str,
-    spec_sha256: str,
-    loaded: LoadedProfile,
-    runtime: str,
-    pins: Pins,
-    *,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    memory_margin_gib: float | None = None,
-    keep: int = KEEP,
-    shown_path: str | None = None,
-    measured_fit: dict | None = None,
-) -> Plan:
-    """``spec_path`` goes into the generated files; ``shown_path`` (the path as the user gave it)
-    into error messages. ``memory_margin_gib`` None: the default margin
-    (``calibration.default_memory_margin``)."""
-    origin = None
+def make_plan(request: PlanRequest) -> Plan:
+    """The plan of ``request``: the profile resized, the inputs checked, every legal layout searched
+    and the fastest that fits chosen. ``request.spec_path`` goes into the generated files,
+    ``request.shown`` into error messages."""
+    r = request
+    loaded = r.profile
+    memory_margin_gib, origin = r.memory_margin_gib, None
     if memory_margin_gib is None:
         memory_margin_gib, origin = default_memory_margin(loaded.profile.gpu.memory_gib)
-    if gpus_per_node is not None and gpus_per_node > loaded.profile.gpus_per_node:
+    if r.gpus_per_node is not None and r.gpus_per_node > loaded.profile.gpus_per_node:
         raise LayoutError(
-            f"--gpus-per-node {gpus_per_node}: profile '{loaded.profile.name}' has {loaded.profile.gpus_per_node} "
-            f"GPUs per node; --gpus-per-node plans for part of a node (a larger count needs a profile "
-            f"that says so, e.g. one that extends it with gpus_per_node: {gpus_per_node})."
+            f"--gpus-per-node {r.gpus_per_node}: profile '{loaded.profile.name}' has "
+            f"{loaded.profile.gpus_per_node} GPUs per node; --gpus-per-node plans for part of a node (a larger "
+            f"count needs a profile that says so, e.g. one that extends it with gpus_per_node: {r.gpus_per_node})."
         )
-    check_local_nodes(loaded.profile, nodes)
+    check_local_nodes(loaded.profile, r.nodes)
     if memory_margin_gib >= loaded.profile.gpu.memory_gib:
         raise LayoutError(
             f"--memory-margin {memory_margin_gib:g} GiB leaves nothing of the {loaded.profile.gpu.memory_gib:g} "
             f"GiB per GPU; use a margin below the GPU memory."
         )
-    profile = loaded.profile.resized(nodes, gpus_per_node)
+    spec, runtime, pins = r.spec, r.runtime, r.pins
+    profile = loaded.profile.resized(r.nodes, r.gpus_per_node)
     problems = check_model(spec.model, runtime) + check_training(spec.training, profile, runtime)
     if problems:
-        raise LayoutError(f"{shown_path or spec_path}: " + "; ".join(problems) + ".")
+        raise LayoutError(f"{r.shown}: " + "; ".join(problems) + ".")
     result = search(
         spec.model,
         spec.training,
@@ -147,8 +134,8 @@ def make_plan(
         runtime,
         pins,
         memory_margin_gib=memory_margin_gib,
-        keep=keep,
-        measured_fit=measured_fit,
+        keep=r.keep,
+        measured_fit=r.measured_fit,
     )
     if result.evaluated == 0:
         reasons = explain_pins(spec.model, spec.training, profile, runtime, pins)
@@ -166,8 +153,8 @@ def make_plan(
         raise NoFeasibleLayout(_nothing_fits(spec, profile, runtime, pins, result, memory_margin_gib))
     return Plan(
         spec,
-        spec_path,
-        spec_sha256,
+        r.spec_path,
+        r.spec_sha256,
         profile,
         loaded.source.origin,
         loaded.sha256,
@@ -176,9 +163,9 @@ def make_plan(
         memory_margin_gib,
         result,
         result.best,
-        nodes,
-        gpus_per_node,
-        keep,
+        r.nodes,
+        r.gpus_per_node,
+        r.keep,
         memory_margin_origin=origin,
     )
 

@@ -56,6 +56,9 @@ class PlanInputs(BaseModel):
     model_spec: _Digest
     cluster_profile: _Digest
     nodes: int = Field(gt=0)
+    # --nodes was given: a re-plan keeps the count rather than follow the profile (compose.replan).
+    # Plans written before it was recorded lack the key (compose.Recorded.given_nodes).
+    nodes_given: bool | None = None
     gpus_per_node: int | None = Field(default=None, gt=0)
     pinned: dict[str, Any] = {}
     memory_margin_gib: float = Field(ge=0)

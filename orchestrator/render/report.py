@@ -6,12 +6,12 @@ Numbers are rounded to a fixed number of decimals so that the file is stable and
 from __future__ import annotations
 
 import json
-import re
 
 import yaml
 
 from orchestrator.costmodel.flops import model_flops_per_step
-from orchestrator.plan.make import KEEP, Plan
+from orchestrator.plan.make import Plan
+from orchestrator.plan.request import KEEP
 from orchestrator.plan.solver import Scored
 from orchestrator.render.explain import explain_doc, stacks
 
@@ -60,6 +60,7 @@ def plan_doc(plan: Plan, file_hashes: dict[str, str] | None = None) -> dict:
             "model_spec": {"path": plan.spec_path, "sha256": plan.spec_sha256},
             "cluster_profile": {"name": p.name, "origin": plan.profile_origin, "sha256": plan.profile_sha256},
             "nodes": p.nodes,
+            "nodes_given": plan.nodes_override is not None,
             **({"gpus_per_node": plan.gpus_per_node_override} if plan.gpus_per_node_override else {}),
             "pinned": pins,
             "memory_margin_gib": plan.memory_margin_gib,
@@ -130,19 +131,6 @@ def regenerate_command(plan: Plan) -> str:
         f"dsorch plan {plan.spec_path} --cluster {plan.profile.name}{plan.resize_flags} --runtime {plan.runtime} "
         f"--out <this dir>{_pin_flags(plan)}{top}"
     )
-
-
-def recorded_nodes(plan_yaml: str, cluster: str) -> int | None:
-    """The --nodes of the command that wrote ``plan_yaml``, read back from its regenerate line (the
-    inverse of ``regenerate_command``); None when it had none. plan.yaml's ``inputs.nodes`` is the
-    node count planned for, which the profile may have given: only this line says whether --nodes
-    did, so that a re-plan follows a profile whose node count changed (``compose.replan``)."""
-    for line in plan_yaml.splitlines()[:2]:
-        if line.startswith(_REGENERATE):
-            # Plan.resize_flags come right after the profile's name (a name has no spaces).
-            m = re.search(rf" --cluster {re.escape(cluster)} --nodes (\d+) ", line)
-            return int(m.group(1)) if m else None
-    return None
 
 
 def render_plan_yaml(plan: Plan, file_hashes: dict[str, str]) -> str:

@@ -69,6 +69,7 @@ def replan(
 ) -> Replanned:
     from orchestrator.compose import plan_files
     from orchestrator.plan.layout import Pins
+    from orchestrator.plan.request import PlanRequest
     from orchestrator.plandir.writer import spec_path_in, write_plan_dir
     from orchestrator.spec.cluster import load_profile
     from orchestrator.train.checkpoint import reshard
@@ -87,17 +88,18 @@ def replan(
     profile = lp.profile.resized(nodes, gpn)
     target = _convertible_target(spec, spec_path, profile, pins, ckpt, run_dir)
     the_plan, files = plan_files(
-        spec,
-        spec_path_in(spec_path, out),
-        spec_sha256,
-        lp,
-        "deepspeed",
-        Pins.of(target),
-        nodes=nodes,
-        gpus_per_node=gpn,
-        memory_margin_gib=None if old.doc.inputs.memory_margin_derived else old.doc.inputs.memory_margin_gib,
-        keep=8,
-        shown_path=str(spec_path),
+        PlanRequest(
+            spec=spec,
+            spec_path=spec_path_in(spec_path, out),
+            spec_sha256=spec_sha256,
+            profile=lp,
+            runtime="deepspeed",
+            pins=Pins.of(target),
+            nodes=nodes,
+            gpus_per_node=gpn,
+            memory_margin_gib=None if old.doc.inputs.memory_margin_derived else old.doc.inputs.memory_margin_gib,
+            shown_path=str(spec_path),
+        )
     )
     write_plan_dir(out, files)
     universal = ckpt_dir / f"{checkpoint.UNIVERSAL_PREFIX}{ckpt.path.name}"

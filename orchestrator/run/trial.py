@@ -39,6 +39,7 @@ from orchestrator.costmodel.flops import model_flops_per_step
 from orchestrator.errors import InvalidFile, JobError, NoFeasibleLayout, OutputError, SpecError
 from orchestrator.plan.layout import Layout, Pins
 from orchestrator.plan.make import make_plan
+from orchestrator.plan.request import PlanRequest
 from orchestrator.plan.solver import Scored, search
 from orchestrator.plandir.reader import load_plan_dir
 from orchestrator.plandir.rundir import RunDir
@@ -275,17 +276,19 @@ def trial_plans(
     for i, pick in enumerate(picks):
         d = Path(folder) / trial_dir_name(i, pick)
         _, files = plan_files(
-            spec,
-            spec_path_in(Path(spec_file), d),
-            spec_sha256,
-            loaded,
-            runtime,
-            Pins.of(pick.scored.layout),
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            memory_margin_gib=0.0,
-            keep=1,
-            shown_path=str(spec_file),
+            PlanRequest(
+                spec=spec,
+                spec_path=spec_path_in(Path(spec_file), d),
+                spec_sha256=spec_sha256,
+                profile=loaded,
+                runtime=runtime,
+                pins=Pins.of(pick.scored.layout),
+                nodes=nodes,
+                gpus_per_node=gpus_per_node,
+                memory_margin_gib=0.0,
+                keep=1,
+                shown_path=str(spec_file),
+            )
         )
         out.append((d, files))
     return out
@@ -495,18 +498,18 @@ def collect(
         load_plan_dir(trial_dir / r.entry.dir).layout: r.failure is None for r in results if r.failure in (None, "oom")
     }
     chosen = make_plan(
-        spec,
-        spec_path_in(spec_path, out),
-        loaded_spec.sha256,
-        loaded,
-        "deepspeed",
-        Pins(),
-        nodes=manifest.nodes,
-        gpus_per_node=manifest.gpus_per_node,
-        memory_margin_gib=0.0,
-        keep=8,
-        shown_path=str(spec_path),
-        measured_fit=measured_fit,
+        PlanRequest(
+            spec=spec,
+            spec_path=spec_path_in(spec_path, out),
+            spec_sha256=loaded_spec.sha256,
+            profile=loaded,
+            runtime="deepspeed",
+            nodes=manifest.nodes,
+            gpus_per_node=manifest.gpus_per_node,
+            memory_margin_gib=0.0,
+            shown_path=str(spec_path),
+            measured_fit=measured_fit,
+        )
     )
     winner = next((r for r in ok if r.entry.layout == chosen.layout.short()), None)
     evidence = {

@@ -12,6 +12,7 @@ import pytest
 from orchestrator.costmodel.checkpoint import FAR_FACTOR, checkpoint_bytes, choose_interval, young_daly_s
 from orchestrator.plan.layout import Pins
 from orchestrator.plan.make import allocation_seconds, make_plan, plan_checkpoint
+from orchestrator.plan.request import PlanRequest
 from orchestrator.render.megatron import megatron_flags
 from orchestrator.render.notes import notes_doc, notes_text
 from orchestrator.render.scripts import render_sbatch
@@ -96,7 +97,8 @@ def test_checkpoint_size_is_weights_plus_master_plus_adam_moments():
 def _plan_405b(nodes: int = 32, runtime: str = "megatron"):
     spec, _ = load_spec(EXAMPLES / "llama3-405b.yaml")
     loaded = load_profile("hgx-h200-ndr", PROFILES)
-    return make_plan(spec, "llama3-405b.yaml", "0" * 64, loaded, runtime, Pins(), nodes=nodes)
+    return make_plan(PlanRequest(spec=spec, spec_path="llama3-405b.yaml", spec_sha256="0" * 64, profile=loaded,
+                                 runtime=runtime, nodes=nodes))
 
 
 def test_the_405b_plan_checkpoints_well_inside_its_allocation_and_scripts_use_it():

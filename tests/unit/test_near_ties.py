@@ -15,6 +15,7 @@ from orchestrator.costmodel.flops import layer_forward_flops_per_token, model_fl
 from orchestrator.costmodel.memory import model_state_bytes, state_bytes, step_transient_bytes
 from orchestrator.plan.layout import AXIS, PINNABLE, TIEBREAK, Layout
 from orchestrator.plan.make import make_plan
+from orchestrator.plan.request import PlanRequest
 from orchestrator.plan.rules import check_training
 from orchestrator.plan.solver import _simplest_first, candidates_of, search
 from orchestrator.render.notes import notes_doc, notes_text
@@ -32,7 +33,8 @@ def _inputs(name: str, nodes: int = 1):
 
 def _plan(name: str, runtime: str, nodes: int = 1, **kw):
     spec, loaded, _ = _inputs(name, nodes)
-    return make_plan(spec, f"{name}.yaml", "0" * 64, loaded, runtime, _pins(), nodes=nodes, **kw)
+    return make_plan(PlanRequest(spec=spec, spec_path=f"{name}.yaml", spec_sha256="0" * 64, profile=loaded,
+                                 runtime=runtime, pins=_pins(), nodes=nodes, **kw))
 
 
 def _pins():
