@@ -71,7 +71,7 @@ def test_every_command_has_a_page_with_every_option(generated):
 @pytest.mark.parametrize(("model", "folder"), [(SpecFile, "spec"), (ClusterProfile, "profile")])
 def test_every_top_level_key_has_a_page_with_its_type_and_default(generated, model, folder):
     index = generated[f"docs/reference/{folder}/index.md"]
-    for name, field in model.model_fields.items():
+    for name in model.model_fields:
         page = generated.get(f"docs/reference/{folder}/{name}.md")
         assert page is not None, f"{folder} key {name} has no page"
         assert f"# `{name}`" in page and "| type | default |" in page
@@ -122,7 +122,9 @@ def test_the_readme_is_a_front_door():
         assert (ROOT / link).exists(), f"README links to {link}, which does not exist"
 
 
-_CITED = re.compile(r"`((?:orchestrator|tests|scripts|examples|cluster_profiles|templates|docs)/[\w./-]*\w)(?:::(\w+))?`")
+_CITED = re.compile(
+    r"`((?:orchestrator|tests|scripts|examples|cluster_profiles|templates|docs)/[\w./-]*\w)(?:::(\w+))?`"
+)
 # A module named from inside orchestrator/ (`costmodel/pipe_schedule.py`, `plan/rules.py`).
 _PACKAGES = "|".join(sorted(p.name for p in (ROOT / "orchestrator").iterdir() if (p / "__init__.py").exists()))
 _MODULE = re.compile(rf"`((?:{_PACKAGES})/[\w/]*\w\.(?:py|yaml|json))`")
