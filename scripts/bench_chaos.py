@@ -38,6 +38,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.plandir.rundir import RunDir
+
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = ROOT / "scripts" / "slurm-test-cluster.sh"
 DSORCH = str(Path(sys.executable).with_name("dsorch"))
@@ -68,7 +70,7 @@ def cluster_env() -> dict[str, str]:
 
 def read_steps(run_dir: Path) -> list[dict]:
     """The step records of metrics.jsonl (no "kind"), stopping at a line being written."""
-    path = run_dir / "metrics.jsonl"
+    path = RunDir(run_dir).metrics
     out: list[dict] = []
     try:
         text = path.read_text()
@@ -359,7 +361,7 @@ def check(soak: Soak, calm_run: Path, calm_state: str) -> tuple[list[str], float
         problems.append(f"final loss {got[-1]['loss']!r}, the run without faults {calm[-1]['loss']!r}")
     if worst > 1e-6:
         problems.append(f"a step's loss differs from the run without faults by {worst:.2e} (relative)")
-    ckpt = soak.run_dir / "checkpoints"
+    ckpt = RunDir(soak.run_dir).checkpoints
     for tag_dir in sorted(p for p in ckpt.iterdir() if p.is_dir()) if ckpt.is_dir() else []:
         why = damage(tag_dir)
         if why is not None:
@@ -408,7 +410,7 @@ def run_soak(
                     soak.sh("scancel", job, check=False)  # nothing, unless a check above gave up
             problems, worst = check(soak, calm_run, soak.state(calm_job))
             starts = (
-                len((run_dir / "starts.jsonl").read_text().splitlines()) if (run_dir / "starts.jsonl").exists() else 0
+                len(RunDir(run_dir).starts.read_text().splitlines()) if RunDir(run_dir).starts.exists() else 0
             )
     return Report(
         steps=steps,

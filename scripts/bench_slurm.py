@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from orchestrator.plandir.rundir import RunDir
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "slurm-test-cluster.sh"
 DSORCH = str(Path(sys.executable).with_name("dsorch"))
@@ -34,7 +36,7 @@ def sacct_state(job: str, env) -> str:
 
 
 def last_step(run_dir: Path) -> int:
-    f = run_dir / "metrics.jsonl"
+    f = RunDir(run_dir).metrics
     if not f.exists():
         return 0
     lines = [x for x in f.read_text().splitlines() if x.strip()]
@@ -82,7 +84,7 @@ def main() -> None:
         sh("scontrol", "requeue", job, env=env)
         wait(lambda: sacct_state(job, env) != "RUNNING", poll=0.2)
         t_running2 = wait(lambda: sacct_state(job, env) == "RUNNING")
-        t_start2 = wait(lambda: len((run_dir / "starts.jsonl").read_text().splitlines()) >= 2, poll=0.1)
+        t_start2 = wait(lambda: len(RunDir(run_dir).starts.read_text().splitlines()) >= 2, poll=0.1)
         at_restart = last_step(run_dir)
         t_step2 = wait(lambda: last_step(run_dir) > at_restart, poll=0.1)
         print(f"requeue: {before} steps done; RUNNING again {t_running2 - t_req:.1f} s after scontrol requeue, job "

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.plandir.rundir import RunDir
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # ~0.9B parameters, Llama-shaped (RMSNorm, GQA, SwiGLU, RoPE, untied): 16 x 2048, ffn 5632,
@@ -113,10 +115,10 @@ def measure(plan_dir: Path, run_dir: Path, warmup: int) -> dict:
     from orchestrator.calibrate.records import read_steps, run_record
     from orchestrator.plandir.reader import load_plan_dir
 
-    recs = read_steps(run_dir / "metrics.jsonl")
+    recs = read_steps(RunDir(run_dir).metrics)
     steady = recs[warmup:] or recs
     pd = load_plan_dir(plan_dir)
-    record = run_record(run_dir / "metrics.jsonl", plan_dir)
+    record = run_record(RunDir(run_dir).metrics, plan_dir)
     return {
         "layout": pd.layout.short(),
         "measured_step_s": statistics.median(r["step_time_s"] for r in steady),
@@ -184,7 +186,7 @@ def main() -> None:
             plan_dir = plan(work, profiles, a.dry_run, mbs, rc, zero, a.shape)
             run_dir = work / f"run-{plan_dir.name}"
             rc_code, tail = train(plan_dir, run_dir, steps, a.dry_run, timeout=left)
-            if rc_code != 0 or not (run_dir / "metrics.jsonl").is_file():
+            if rc_code != 0 or not RunDir(run_dir).has_metrics():
                 failure = "out of memory" if "OutOfMemoryError" in tail or "out of memory" in tail else \
                     f"failed ({rc_code}): {' '.join(tail.split())[-300:]}"
                 rows.append({"layout": label, "failure": failure})
