@@ -6,12 +6,13 @@ writing around it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator import __version__
 from orchestrator.costmodel.calibration import default_memory_margin
 from orchestrator.costmodel.checkpoint import CheckpointInterval, checkpoint_bytes, choose_interval
 from orchestrator.errors import LayoutError, NoFeasibleLayout
+from orchestrator.plan.decisions import Decisions, decide
 from orchestrator.plan.layout import Layout, Pins
 from orchestrator.plan.request import KEEP, PlanRequest
 from orchestrator.plan.rules import MEGATRON_FSDP_ZERO, check_model, check_training
@@ -43,6 +44,8 @@ class Plan:
     # Where the memory margin comes from: None when --memory-margin gave it, else the default's
     # origin in words (calibration.default_memory_margin).
     memory_margin_origin: str | None = None
+    # The chosen layout's efficiencies, model FLOPs and engine settings (plan.decisions.decide).
+    decisions: Decisions = field(kw_only=True)
 
     @property
     def resize_flags(self) -> str:
@@ -167,6 +170,7 @@ def make_plan(request: PlanRequest) -> Plan:
         r.gpus_per_node,
         r.keep,
         memory_margin_origin=origin,
+        decisions=decide(spec, profile, runtime, result.best.layout),
     )
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.costmodel.calibration import engine_of, resolve_efficiency
 from orchestrator.costmodel.stacks import MEMORY_KEYS, MEMORY_LABELS, TIME_KEYS, TIME_LABELS, TIME_PARTS
 from orchestrator.plan.make import Plan
 from orchestrator.plan.solver import Scored
@@ -60,15 +59,8 @@ def ranked_layouts(plan: Plan) -> list[Ranked]:
     return out
 
 
-def _chosen_efficiency(plan: Plan):
-    """The efficiencies the chosen layout was predicted with (its engine's calibration entry)."""
-    return resolve_efficiency(
-        plan.profile, str(engine_of(plan.runtime, plan.chosen.layout.zero_stage, plan.chosen.layout.pp).item())
-    )
-
-
 def _model_error(plan: Plan) -> tuple[float | None, float | None, str | None]:
-    eff = _chosen_efficiency(plan)
+    eff = plan.decisions.efficiency
     return eff.mean_rel_error, eff.max_rel_error, eff.entry
 
 
@@ -102,7 +94,7 @@ def explain_doc(plan: Plan) -> dict:
         {"layout": s.layout.short(), "needs_gib": _r(s.memory_gib["total"]), "over_gib": _r(s.over_gib)}
         for s in res.closest
     ]
-    eff = _chosen_efficiency(plan)
+    eff = plan.decisions.efficiency  # the efficiencies the chosen layout was predicted with
     mean_err, max_err, entry = _model_error(plan)
     return {
         "efficiency": {k: _r(v, 4) for k, v in eff.values().items()},

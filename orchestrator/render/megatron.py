@@ -11,13 +11,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from orchestrator.costmodel.evaluate import RECOMPUTE_CODES, cp_a2a_size, ep_overlap_applies, token_dispatcher
-from orchestrator.plan.layout import AXIS, Layout
+from orchestrator.plan.layout import AXIS
 from orchestrator.plan.make import Plan
 from orchestrator.plan.rules import stage_split, uses_megatron_fsdp, uses_tp_overlap
 from orchestrator.render.overrides import merge_flags
-from orchestrator.spec.cluster import ClusterProfile
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.model import ModelSpec
 
 
 def _fmt(v) -> str:
@@ -59,19 +57,6 @@ def _axis_flag(axis: str) -> str:
     flag = AXIS[axis].megatron_flag
     assert flag is not None, f"layout axis {axis} has no Megatron-LM flag"
     return flag
-
-
-def moe_dispatcher(training: TrainingSpec, profile: ClusterProfile, layout: Layout) -> str:
-    """Megatron-Core's token dispatcher for a MoE layout (costmodel.evaluate.token_dispatcher)."""
-    return str(token_dispatcher(training, profile, layout.ep, layout.etp))
-
-
-def uses_ep_overlap(plan: Plan) -> bool:
-    """Whether --overlap-moe-expert-parallel-comm applies (costmodel.evaluate.ep_overlap_applies)."""
-    m, t, L = plan.spec.model, plan.spec.training, plan.layout
-    return plan.runtime == "megatron" and bool(
-        ep_overlap_applies(m, t, plan.profile, L.ep, L.etp, RECOMPUTE_CODES[L.recompute], L.pp, L.vpp)
-    )
 
 
 def pipeline_layout(num_layers: int, mtp: int, pp: int, vpp: int, kind: str) -> str:
@@ -131,11 +116,12 @@ def _parallelism_flags(plan: Plan) -> _Flags:
     yield _axis_flag("pp"), L.pp
     if L.cp > 1:
         # The spec's exchange (training.cp_comm_type; Megatron's default p2p is the ring), as the
-        # cost model charges it (costmodel/evaluate.py _cp_comm).
+        # cost model charges it (costmodel/comm_cp.py _cp_comm; the a2a level: plan.decisions).
         yield _axis_flag("cp"), L.cp
         yield "--cp-comm-type", t.cp_comm_type
         if t.cp_comm_type == "a2a+p2p":
-            inner = int(cp_a2a_size(plan.profile.nvlink_domain, L.tp, L.cp))
+            inner = plan.decisions.cp_a2a_size
+            assert inner is not None  # plan.decisions.decide sizes it for every a2a+p2p layout
             yield "--hierarchical-context-parallel-sizes", f"{inner} {L.cp // inner}"
     if plan.spec.model.moe is not None:
         # Megatron-Core carves the expert mesh (etp x ep x expert-dp) out of the attention's
@@ -350,19 +336,19 @@ def _moe_flags(plan: Plan) -> _Flags:
         yield "--moe-expert-capacity-factor", moe.capacity_factor
     if plan.runtime != "megatron":
         return
-    t, L = plan.spec.training, plan.layout
+    t = plan.spec.training
     # The router's logits, softmax/sigmoid and top-k in fp32, as Megatron-LM's own DeepSeek-V3 and
     # GPT-OSS scripts run them (TransformerConfig warns without it from 32 experts on); an h x E
     # GEMM, nothing beside the experts.
     yield "--moe-router-dtype", "fp32"
-    dispatcher = moe_dispatcher(t, plan.profile, L)
+    dispatcher = plan.decisions.dispatcher
     yield "--moe-token-dispatcher-type", dispatcher
     if dispatcher == "flex":
         # DeepEP: --moe-enable-deepep is deprecated for this (TransformerConfig.__post_init__).
         yield "--moe-flex-dispatcher-backend", "deepep"
     if t.moe_grouped_gemm:
         yield "--moe-grouped-gemm", None
-    if uses_ep_overlap(plan):
+    if plan.decisions.ep_overlap:
         yield "--overlap-moe-expert-parallel-comm", None
 
 

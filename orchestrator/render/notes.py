@@ -10,7 +10,6 @@ Pure functions of a ``Plan``: nothing is evaluated again but the FLOP count of t
 from __future__ import annotations
 
 from orchestrator.costmodel.calibration import engine_of, resolve_efficiency
-from orchestrator.costmodel.flops import model_flops_per_step
 from orchestrator.plan.make import Plan
 from orchestrator.render.overrides import leaf_paths
 from orchestrator.spec.sbatch import parse_slurm_time
@@ -41,13 +40,11 @@ def _mfu(plan: Plan) -> dict:
     """MFU as the plan states it (attention counted non-causally, as Megatron-LM's
     num_floating_point_operations and its reported MFU do), and the causal figure (half the s^2
     attention FLOPs: what the causal mask lets FlashAttention skip; PaLM's App. B convention)."""
-    t = plan.spec.training
-    full = model_flops_per_step(plan.spec.model, t.seq_length, t.global_batch_size)
-    causal = model_flops_per_step(plan.spec.model, t.seq_length, t.global_batch_size, causal=True)
+    d = plan.decisions
     return {
         "convention": "attention counted non-causally (Megatron-LM's count)",
         "mfu": _r(plan.chosen.mfu),
-        "mfu_causal": _r(plan.chosen.mfu * causal / full),
+        "mfu_causal": _r(plan.chosen.mfu * d.model_flops_causal / d.model_flops),
     }
 
 
@@ -80,6 +77,9 @@ def _unmeasured_runtime(plan: Plan) -> str | None:
     calibrates the profile (its efficiencies then come from the profile), say so."""
     if plan.runtime != "deepspeed":
         return None
+    # The entry of the engine without the pipeline (pp 1), as the sentence says: a pipeline layout's
+    # own entry (plan.decisions.efficiency, deepspeed-pipeline) has its GEMM rate fitted to DeepSpeed's
+    # pipeline runs and borrows the rest from this one (costmodel/calibration.yaml borrowed_from).
     eff = resolve_efficiency(plan.profile, str(engine_of(plan.runtime, plan.layout.zero_stage).item()))
     if eff.domain in ("profile", "adjusted"):
         return None

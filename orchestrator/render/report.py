@@ -9,7 +9,6 @@ import json
 
 import yaml
 
-from orchestrator.costmodel.flops import model_flops_per_step
 from orchestrator.plan.make import Plan
 from orchestrator.plan.request import KEEP
 from orchestrator.plan.solver import Scored
@@ -23,9 +22,8 @@ def _r(x: float, nd: int = 3) -> float:
 def scored_doc(plan: Plan, s: Scored) -> dict:
     """A ranked layout with its stacks: plan.yaml's chosen section and each of its alternatives, the one
     place plan.yaml states them (``explain.layouts`` names the same layouts in the same order)."""
-    t = plan.spec.training
     world = plan.profile.world_size
-    flops = model_flops_per_step(plan.spec.model, t.seq_length, t.global_batch_size)
+    flops = plan.decisions.model_flops
     memory, time = stacks(s)
     return {
         "layout": s.layout.as_dict(),

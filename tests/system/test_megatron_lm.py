@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.cli.main import main
+from orchestrator.plan.decisions import decide
 from orchestrator.plan.layout import Layout
 from orchestrator.render.megatron import render_megatron_args
 from orchestrator.spec.cluster import load_profile
@@ -182,8 +183,9 @@ def test_the_flags_build_the_model_dsorch_counts(tmp_path, name):
     layout = Layout(tp=1, pp=1, dp=1, vpp=1, zero_stage=1, micro_batch_size=1, grad_accum_steps=8,
                     recompute="none", sequence_parallel=False)
     # checkpoint: a stand-in for Plan.checkpoint (its --save-interval), which this count does not read.
-    plan = SimpleNamespace(spec=spec, layout=layout, runtime="megatron", profile=load_profile("dgx16").profile,
-                           checkpoint=SimpleNamespace(steps=1000))
+    profile = load_profile("dgx16").profile
+    plan = SimpleNamespace(spec=spec, layout=layout, runtime="megatron", profile=profile,
+                           checkpoint=SimpleNamespace(steps=1000), decisions=decide(spec, profile, "megatron", layout))
     (tmp_path / "megatron_args.txt").write_text(render_megatron_args(plan))
     proc = subprocess.run([MEGATRON_LM_PYTHON, str(COUNT), "--megatron-lm", MEGATRON_LM, "megatron_args.txt"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)

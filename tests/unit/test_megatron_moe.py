@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from orchestrator.plan.decisions import decide
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.rules import check_layout, check_model, stage_split
 from orchestrator.render.megatron import (
     megatron_flags,
-    moe_dispatcher,
     moe_layer_freq,
     pipeline_layout,
     render_megatron_args,
@@ -109,13 +109,14 @@ CHECKPOINT = SimpleNamespace(steps=1000)
 
 
 def case_plan(name: str, runtime: str = "megatron", deepep: bool = False):
-    """A stand-in for a Plan: what megatron_flags reads (spec, layout, runtime, profile)."""
+    """A stand-in for a Plan: what megatron_flags reads (spec, layout, runtime, profile, decisions)."""
     model, training, layout = CASES[name]
     profile = load_profile("dgx16").profile
     if deepep:
         profile = profile.model_copy(update={"features": Features(deepep=True)})
-    return SimpleNamespace(spec=case_spec(model, training), layout=layout, runtime=runtime, profile=profile,
-                           checkpoint=CHECKPOINT)
+    spec = case_spec(model, training)
+    return SimpleNamespace(spec=spec, layout=layout, runtime=runtime, profile=profile, checkpoint=CHECKPOINT,
+                           decisions=decide(spec, profile, runtime, layout))
 
 
 def _flags(plan) -> dict[str, str | None]:
@@ -207,8 +208,9 @@ def test_ep_overlap_is_emitted_where_megatron_accepts_it():
     assert "--overlap-moe-expert-parallel-comm" in _flags(plan)
     # Without interleaving under a pipeline, or with full recomputation, Megatron refuses it: not emitted.
     for change in ({"vpp": 1}, {"recompute": "full"}, {"ep": 1}):
-        other = SimpleNamespace(**vars(plan) | {"layout": _layout(**({"tp": 2, "pp": 2, "vpp": 2, "dp": 64, "ep": 4,
-                                                                      "sp": True} | change))})
+        layout = _layout(**({"tp": 2, "pp": 2, "vpp": 2, "dp": 64, "ep": 4, "sp": True} | change))
+        other = SimpleNamespace(**vars(plan) | {"layout": layout,
+                                                "decisions": decide(plan.spec, plan.profile, plan.runtime, layout)})
         assert "--overlap-moe-expert-parallel-comm" not in _flags(other), change
 
 
@@ -242,9 +244,9 @@ def test_dispatcher_follows_the_profile_and_the_spec():
     assert check_megatron_args(list(megatron_flags(plan)), plan.layout.world_size) == []
     # One expert-parallel rank: nothing to dispatch, DeepEP refuses it (TPxEP > 1), alltoall it is.
     one = _layout(pp=4, vpp=8, dp=64, ep=1)
-    assert moe_dispatcher(plan.spec.training, plan.profile, one) == "alltoall"
-    asked = case_spec(MIXTRAL, {"moe_dispatcher": "allgather"}).training
-    assert moe_dispatcher(asked, plan.profile, plan.layout) == "allgather"
+    assert decide(plan.spec, plan.profile, plan.runtime, one).dispatcher == "alltoall"
+    asked = case_spec(MIXTRAL, {"moe_dispatcher": "allgather"})
+    assert decide(asked, plan.profile, plan.runtime, plan.layout).dispatcher == "allgather"
     assert "--moe-token-dispatcher-type" not in _flags(case_plan("mixtral-8x7b-tp1-pp4-vpp8-ep8", "deepspeed", True))
 
 
