@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
+import yaml
 from click.testing import CliRunner
 from pydantic import BaseModel
 
@@ -316,10 +317,14 @@ def _bounds(field) -> str:
             value = getattr(meta, attr, None)
             if value is not None:
                 words.append(f"{sign} {value:,}" if isinstance(value, int) else f"{sign} {value}")
-        for attr, word in (("min_length", "at least {} long"), ("max_length", "at most {} long")):
-            value = getattr(meta, attr, None)
-            if value is not None and not (attr == "min_length" and value == 1 and field.annotation is str):
-                words.append(word.format(value))
+        unit = "characters" if str in (field.annotation, *typing.get_args(field.annotation)) else "items"
+        low, high = getattr(meta, "min_length", None), getattr(meta, "max_length", None)
+        if low == 1:
+            words.append("not empty")
+        elif low is not None:
+            words.append(f"at least {low:,} {unit}")
+        if high is not None:
+            words.append(f"at most {high:,} {unit}")
     return ", ".join(words)
 
 
@@ -388,7 +393,24 @@ def model_sections(model: type[BaseModel], key: str, page: str, level: int = 2) 
     return out
 
 
-def key_page(model: type[BaseModel], name: str, where: str, title: str) -> str:
+# Shipped files a key's page quotes its value from: the first that sets the key.
+EXAMPLE_FILES = {
+    "spec": ("examples/llama3-70b.yaml", "examples/deepseek-v3.yaml", "examples/llama3-70b-fp8.yaml"),
+    "profile": ("cluster_profiles/dgx16.yaml", "cluster_profiles/gb200-nvl72.yaml", "cluster_profiles/local.yaml"),
+}
+
+
+def shipped_example(folder: str, name: str) -> str:
+    """``name: value`` as the first shipped file of ``folder`` that sets it writes it, or ""."""
+    for path in EXAMPLE_FILES[folder]:
+        doc = yaml.safe_load((ROOT / path).read_text()) or {}
+        if name in doc:
+            text = yaml.safe_dump({name: doc[name]}, sort_keys=False, allow_unicode=True, width=100)
+            return f"In the shipped `{path}`:\n\n```yaml\n{text}```\n"
+    return ""
+
+
+def key_page(model: type[BaseModel], name: str, where: str, title: str, folder: str) -> str:
     field = model.model_fields[name]
     comments = source_comments(model)
     subs = _models_in(field.annotation)
@@ -402,10 +424,12 @@ def key_page(model: type[BaseModel], name: str, where: str, title: str) -> str:
     for sub in subs[:1]:
         if sub.__doc__ and sub.__doc__ != BaseModel.__doc__:
             lines.append(md(" ".join(inspect.cleandoc(sub.__doc__).split())) + "\n")
+    lines.append(shipped_example(folder, name))
+    for sub in subs[:1]:
         lines.append(f"## Keys of {code(name)}\n")
         lines += model_sections(sub, name, title, level=3)
     lines.append(f"All keys: [{title}](index.md).\n")
-    return "\n".join(line.rstrip("\n") + "\n" for line in lines)
+    return "\n".join(line.rstrip("\n") + "\n" for line in lines if line)
 
 
 def key_index(model: type[BaseModel], title: str, intro: str) -> str:
@@ -471,7 +495,7 @@ def schema_pages(spec_file, cluster_profile, plan_doc) -> dict[str, str]:
     ):
         pages[f"{REFERENCE}/{folder}/index.md"] = key_index(model, title, intro)
         for name in model.model_fields:
-            pages[f"{REFERENCE}/{folder}/{name}.md"] = key_page(model, name, where, title)
+            pages[f"{REFERENCE}/{folder}/{name}.md"] = key_page(model, name, where, title, folder)
     pages[f"{REFERENCE}/plan-yaml.md"] = plan_yaml_page(plan_doc, spec_file)
     return pages
 
