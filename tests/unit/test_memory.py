@@ -3,15 +3,20 @@ and against published peaks: what ran must be predicted to fit."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from orchestrator.costmodel import evaluate
-from orchestrator.plan.layout import Pins
-from orchestrator.plan.solver import enumerate_layouts, search
+from orchestrator.costmodel.memory import model_state_bytes, state_bytes, step_transient_bytes
+from orchestrator.plan.layout import Layout, Pins
+from orchestrator.plan.rules import check_training
+from orchestrator.plan.solver import candidates_of, enumerate_layouts, search
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import load_spec
 
 from ..conftest import EXAMPLES
+from .test_solver import _inputs
 
 
 # ---- DeepSpeed's own model-state estimators on the same inputs
@@ -87,3 +92,46 @@ def test_known_to_run_megatron_layout_fits():
     pins = Pins(tp=8, pp=8, vpp=12, micro_batch_size=1, recompute="selective", sequence_parallel=True, zero_stage=1)
     res = search(model, training, profile, "megatron", pins)
     assert res.best is not None and res.best.fits, [s.memory_gib for s in res.closest]
+
+
+def test_megatron_bf16_gradient_buffer():
+    """Megatron-Core's bytes per parameter with the distributed optimizer (docs/user-guide/features/
+    dist_optimizer.md): bf16 params with fp32 grads 6 + 12/d; with bf16 grads the table's 4 + 16/d
+    counts the optimizer step's fp32 main-grad copy, which lives only while the activations do not
+    (zero_grad frees it before the next forward): 4 + 12/d across steps, 4/d in the step."""
+    for fp32, (fixed, sharded, step) in ((True, (6, 12, 0)), (False, (4, 12, 4))):
+        w, g, o = model_state_bytes(1.0, 8, 1, *state_bytes("megatron", "bf16", 1, fp32))
+        assert w + g == fixed and o == pytest.approx(sharded / 8)
+        assert step_transient_bytes("megatron", "bf16", fp32) == step
+    assert step_transient_bytes("deepspeed", "bf16", False) == 0
+    spec, _, profile = _inputs("llama3-8b")
+    t = spec.training.model_copy(update={"grad_reduce_in_fp32": False})
+    assert not any("grad_reduce" in p for p in check_training(t, profile, "megatron"))
+    assert any("grad_reduce_in_fp32" in p for p in check_training(t, profile, "deepspeed"))
+    L = Layout(
+        tp=2,
+        pp=1,
+        dp=4,
+        vpp=1,
+        zero_stage=1,
+        micro_batch_size=1,
+        grad_accum_steps=spec.training.global_batch_size // 4,
+        recompute="none",
+        sequence_parallel=True,
+    )
+    from orchestrator.costmodel import evaluate
+
+    # Without recomputation at dp 4 the activations outweigh the step's 4/d copy; with full
+    # recomputation at dp 1 they do not, and the copy's excess over them is the optimizer's.
+    for recompute, dp, excess in (("none", 4, False), ("full", 1, True)):
+        gas = spec.training.global_batch_size // dp
+        cand = candidates_of(spec.model, [dataclasses.replace(L, recompute=recompute, dp=dp, grad_accum_steps=gas)])
+        a = evaluate(spec.model, spec.training, profile, "megatron", cand).memory
+        b = evaluate(spec.model, t, profile, "megatron", cand).memory
+        assert float(a.grads[0]) == pytest.approx(2 * float(b.grads[0]))
+        assert float(b.activations[0]) == pytest.approx(float(a.activations[0]))
+        step_copy = float(a.optimizer[0]) * 4 / 12
+        assert (step_copy > float(b.activations[0])) == excess
+        extra = max(0.0, step_copy - float(b.activations[0]))
+        assert float(b.optimizer[0]) == pytest.approx(float(a.optimizer[0]) + extra)
+        assert float(b.total[0]) == pytest.approx(float(a.total[0]) - float(b.grads[0]) + extra)

@@ -4,13 +4,15 @@ ranks first, with every pin kept."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from orchestrator.costmodel.memory import GIB
-from orchestrator.plan.layout import Pins
-from orchestrator.plan.solver import search
+from orchestrator.plan.layout import AXIS, PINNABLE, TIEBREAK, Pins
+from orchestrator.plan.solver import _simplest_first, candidates_of, search
 from orchestrator.spec.cluster import load_profile
-from orchestrator.spec.model import TrainingSpec
+from orchestrator.spec.model import TrainingSpec, load_spec
 
+from ..conftest import EXAMPLES, PROFILES
 from .test_moe_costmodel import DSV3
 
 
@@ -23,3 +25,47 @@ def test_mtp_and_dense_leading_layers_split_the_pipeline():
                  memory_margin_gib=-1e6, keep=1)
     assert res.best is not None and res.best.layout.short().startswith("tp1 ep32 pp8 vpp4")
     assert np.isfinite(res.best.step_time_s) and res.best.memory_gib["total"] * GIB > 0
+
+
+def _inputs(name: str, nodes: int = 1):
+    spec, _ = load_spec(EXAMPLES / f"{name}.yaml")
+    loaded = load_profile("dgx16", PROFILES)
+    return spec, loaded, loaded.profile.resized(nodes, None)
+
+
+def test_tiebreak_orders_every_searched_axis():
+    """The simplicity order has one home: every pinnable axis but dp (which follows) is in it."""
+    assert set(TIEBREAK) == {a.name for a in PINNABLE} - {"dp"}
+    assert all(name in AXIS for name in TIEBREAK)
+
+
+@pytest.mark.parametrize(("name", "runtime", "nodes"), [("llama3-8b", "deepspeed", 1), ("llama3-70b", "megatron", 16)])
+def test_near_tie_resolved_toward_a_simpler_layout(name, runtime, nodes):
+    spec, _, profile = _inputs(name, nodes)
+    res = search(spec.model, spec.training, profile, runtime, keep=1_000_000)
+    nt = res.near_ties
+    assert nt is not None and 0 < nt.band < 0.2
+    fastest, chosen = nt.fastest, res.best
+    assert fastest.step_time_s == min(s.step_time_s for s in res.ranked)
+    assert chosen.step_time_s <= fastest.step_time_s * (1 + nt.band)
+    # at least as simple on every axis as the fastest
+    for n in TIEBREAK:
+        assert AXIS[n].code(getattr(chosen.layout, n)) <= AXIS[n].code(getattr(fastest.layout, n)), n
+    # every layout within the band is listed, the chosen one apart
+    within = [s.layout for s in res.ranked if s.step_time_s <= fastest.step_time_s * (1 + nt.band)]
+    assert nt.count == len(within)
+    assert {s.layout for s in nt.others} == set(within) - {chosen.layout}
+
+
+def test_zero_band_keeps_the_fastest_first():
+    spec, _, profile = _inputs("llama3-8b")
+    layouts = [s.layout for s in search(spec.model, spec.training, profile, "deepspeed", keep=6).ranked]
+    cand = candidates_of(spec.model, layouts)
+    step = np.array([1.0, 1.001, 1.002, 1.5, 1.6, 1.7])
+    order, within = _simplest_first(cand, step, np.arange(6), 0.0)
+    assert list(order) == list(range(6)) and len(within) == 0
+    # a band covering all: the chosen is no more complex on any axis than the fastest
+    order, within = _simplest_first(cand, step, np.arange(6), 1.0)
+    first = layouts[int(order[0])]
+    assert all(AXIS[n].code(getattr(first, n)) <= AXIS[n].code(getattr(layouts[0], n)) for n in TIEBREAK)
+    assert len(within) == 5
