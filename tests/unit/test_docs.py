@@ -50,7 +50,7 @@ def test_the_committed_reference_and_examples_are_what_the_code_generates(gen, g
     differ = gen.stale(generated)
     assert not differ, (
         f"{len(differ)} generated docs file(s) differ from the code: {', '.join(differ[:8])}; "
-        f"regenerate with `python scripts/gen_docs.py` and commit the result"
+        f"regenerate with `python scripts/gen_docs.py` (or `bash scripts/docs.sh gen`) and commit the result"
     )
 
 
