@@ -36,7 +36,7 @@ from importlib import resources
 import numpy as np
 import yaml
 
-from orchestrator.runtimes import runtime_named
+from orchestrator.runtimes import RUNTIMES, Runtime, runtime_named
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec
 
@@ -55,7 +55,8 @@ FIELDS = (
     "fp8_gemm",
 )
 TABLE_FILE = "calibration.yaml"
-ENGINE_NAMES = ("megatron", "deepspeed-zero3", "deepspeed", "deepspeed-pipeline")
+# The calibration engines: the runtimes' ``calibration_engines``, in the order the runtimes list them.
+ENGINE_NAMES = tuple(dict.fromkeys(e for rt in RUNTIMES.values() for e in rt.calibration_engines))
 # Where an engine without data of its own takes its kernel efficiencies from: DeepSpeed below
 # ZeRO-3 runs the same PyTorch kernels (dsorch's entrypoint) as its ZeRO-3, and ZeRO-3/FSDP the
 # same GEMMs as Megatron-LM on a GPU neither has been measured on.
@@ -355,17 +356,18 @@ def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table:
 
 
 def per_layout(
-    profile: ClusterProfile, runtime: str, zero_stage, pp=None
+    profile: ClusterProfile, runtime: str | Runtime, zero_stage, pp=None
 ) -> tuple[dict[str, np.ndarray], dict[str, Resolved]]:
     """The efficiencies of each layout (arrays over layouts, for the vectorized model) and the
     Resolved of each engine present: the deepspeed runtime mixes three engines (ZeRO-3, the
     pipeline engine, and ZeRO-0/1/2 without a pipeline). Without ``pp`` every engine a layout of
     the runtime at those ZeRO stages may use is resolved (a caller then picks with ``engine_of``)."""
+    runtime = runtime_named(runtime)
     z = np.asarray(zero_stage)
     names = engine_of(runtime, z, 1 if pp is None else pp)
     present = set(names.ravel().tolist()) or {str(engine_of(runtime, 0).item())}
-    if pp is None and "deepspeed" in present:
-        present.add("deepspeed-pipeline")
+    if pp is None:  # ... and the engines the same stages run with a pipeline
+        present |= set(engine_of(runtime, z if z.size else 0, 2).ravel().tolist())
     resolved = {e: resolve_efficiency(profile, e) for e in sorted(present)}
     arrays = {}
     for f in FIELDS:

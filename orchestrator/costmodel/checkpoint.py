@@ -17,6 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from orchestrator.costmodel.memory import DTYPE_BYTES
+from orchestrator.runtimes import Runtime, runtime_named
+
 # Bytes per parameter a checkpoint holds, summed over all ranks (each shard is written once):
 # the model's weights in the training dtype, plus the optimizer's fp32 master copy and the two
 # AdamW moments. DeepSpeed writes the module weights once per model-parallel group (engine.py
@@ -26,20 +29,17 @@ from dataclasses import dataclass
 # saves the same fp32 main params and moments, sharded. Gradients and activations are not saved.
 ADAM_MOMENTS_BYTES = 8
 FP32_MASTER_BYTES = 4
-WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # A user's interval this many times off the optimum (either way) gets a note.
 FAR_FACTOR = 3.0
 
 
-def checkpoint_bytes(params: int, runtime: str, precision: str, zero_stage: int) -> float:
+def checkpoint_bytes(params: int, runtime: str | Runtime, precision: str, zero_stage: int) -> float:
     """The size of one checkpoint, all ranks together. fp32 training keeps no separate master copy,
-    except in DeepSpeed's ZeRO optimizers (runtimes/deepspeed.FP32_ZERO_OPTIMIZER: a cloned fp32 partition,
-    saved as SINGLE_PARTITION_OF_FP32_GROUPS)."""
-    master = FP32_MASTER_BYTES
-    if precision == "fp32" and not (runtime == "deepspeed" and zero_stage >= 1):
-        master = 0
-    return float(params) * (WEIGHT_BYTES[precision] + master + ADAM_MOMENTS_BYTES)
+    except where the runtime's optimizer keeps one of its own (``Runtime.saves_fp32_master``:
+    DeepSpeed's ZeRO optimizers)."""
+    master = FP32_MASTER_BYTES if runtime_named(runtime).saves_fp32_master(precision, zero_stage) else 0
+    return float(params) * (DTYPE_BYTES[precision] + master + ADAM_MOMENTS_BYTES)
 
 
 def young_daly_s(write_s: float, mtbf_s: float) -> float:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrator.costmodel.compute import _Compute
-from orchestrator.costmodel.engines import MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP, ZERO_BUCKET_ELEMENTS
 from orchestrator.costmodel.inputs import _Inputs
 from orchestrator.costmodel.links import _hierarchical_time, _Links, _ring_time
 from orchestrator.costmodel.pipe_schedule import exposed_transfers, partition_gathers
@@ -35,7 +34,7 @@ def _tp_comm_mb(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     moe_layers = comp.moe_layers_stage if moe is not None else 0.0
     if moe is not None:
         per_pass = 1.0 + (1.0 if moe.shared_experts else 0.0)
-        if x.runtime == "deepspeed":
+        if x.runtime.experts_like_mlp:
             per_pass = per_pass + float(moe.top_k) * x.training.moe_load_imbalance
         moe_layer_mb = 2 * per_pass * (1.0 + rerun / 2.0) * one
         tp_total_mb = (x.stage_layers - moe_layers) * tp_layer_mb + moe_layers * moe_layer_mb
@@ -89,7 +88,7 @@ def _pp_comm(x: _Inputs, links: _Links) -> np.ndarray:
     p2p_bw = np.where(cross, links.ib, links.nvlink)
     p2p_lat = np.where(cross, links.ib_latency, links.nvlink_latency)
     p2p_bytes = np.where(x.sequence_parallel | eng.p2p_scatter_gather, T * h / tp, T * h) * e
-    if x.runtime == "deepspeed":
+    if x.runtime.blocking_pipeline:
         return np.where(pp > 1, _deepspeed_pipe(x, links, p2p_bytes, p2p_bw, p2p_lat), 0.0)
     # Overlapped sends (interleaved schedule) hide behind the other direction's chunks in the steady
     # 1F1B phase only. In the warm-up (forward chunks only) and the cool-down (backward only) a chunk's
@@ -132,7 +131,7 @@ def _deepspeed_pipe(x: _Inputs, links: _Links, p2p_bytes, p2p_bw, p2p_lat) -> np
     far = (tp * x.dpc * (pp - 1) >= domain) & (x.profile.world_size > domain)
     tied = 0.0
     if x.model.tied_embeddings:
-        grad_b = np.where(_bf16_optimizer(x), x.grad_b, x.comm_grad_b)
+        grad_b = np.where(_whole_grad_allreduce(x), x.grad_b, x.comm_grad_b)
         nbytes = float(x.model.vocab_size) * h / tp * grad_b
         tied = _ring_time(
             nbytes,
@@ -164,12 +163,7 @@ def _sharded_collectives(x: _Inputs, links: _Links, params, group, stride) -> np
         lat = np.where(one_node, links.nvlink_latency, links.ib_latency) * factor * np.maximum(group - 1, 0.0)
         return t + np.maximum(buckets - 1, 0.0) * np.where(group > 1, lat, 0.0)
 
-    # Megatron sizes its buckets by the dp-cp group (training.py resolve_ddp_bucket_size).
-    bucket_elems = (
-        ZERO_BUCKET_ELEMENTS
-        if x.runtime == "deepspeed"
-        else np.maximum(MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP * group)
-    )
+    bucket_elems = x.runtime.dp_bucket_elements(group)
     buckets = np.ceil(params / bucket_elems)
     grad_bytes = params * x.comm_grad_b
     weight_bytes = params * x.weight_b
@@ -182,16 +176,15 @@ def _sharded_collectives(x: _Inputs, links: _Links, params, group, stride) -> np
     # reduce-scatters gradients, every micro-batch.
     zero3_per_mb = 2 * ag + rs
     return np.select(
-        [zero == 0, _bf16_optimizer(x), zero == 1, zero == 2, zero == 3],
+        [zero == 0, _whole_grad_allreduce(x), zero == 1, zero == 2, zero == 3],
         [allreduce, allreduce + ag, rs + ag, gas * rs + ag, gas * zero3_per_mb],
     )
 
 
-def _bf16_optimizer(x: _Inputs) -> np.ndarray:
-    """DeepSpeed's BF16_Optimizer (bf16 with fp32 accumulation at ZeRO-1) all-reduces its whole
-    gradient buffer after the last micro-batch (engine.py buffered_allreduce_fallback), not
-    overlapped, then all-gathers the updated bf16 weights (bf16_optimizer.py)."""
-    return (x.runtime == "deepspeed") & (x.training.precision == "bf16") & (x.zero_stage == 1)
+def _whole_grad_allreduce(x: _Inputs) -> np.ndarray:
+    """Where the optimizer all-reduces its whole gradient buffer after the last micro-batch, not
+    overlapped (the runtime's ``whole_grad_allreduce``: DeepSpeed's BF16_Optimizer at ZeRO-1)."""
+    return x.runtime.whole_grad_allreduce(x.training.precision, x.zero_stage)
 
 
 def _dp_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
@@ -212,7 +205,7 @@ def _dp_comm(x: _Inputs, links: _Links, comp: _Compute) -> _Overlapped:
     # --overlap-param-gather; DeepSpeed's ZeRO-2 reduces during every backward pass and ZeRO-3
     # prefetches over the whole step.
     compute, compute_mb = comp.per_step, comp.per_micro_batch
-    can_overlap = eng.dp_overlap & ((pp == 1) | eng.dp_overlap_with_pp) & ~_bf16_optimizer(x)
+    can_overlap = eng.dp_overlap & ((pp == 1) | eng.dp_overlap_with_pp) & ~_whole_grad_allreduce(x)
     window = np.where(
         zero == 3,
         compute,

@@ -67,29 +67,14 @@ from orchestrator.costmodel.comm import _dp_comm, _pp_comm, _tp_comm_mb
 from orchestrator.costmodel.comm_cp import _cp_comm, cp_a2a_size
 from orchestrator.costmodel.comm_ep import _ep_comm, ep_overlap_applies, token_dispatcher
 from orchestrator.costmodel.compute import _Compute, _compute, _peak_flops, fp8_peak_flops
-from orchestrator.costmodel.engines import (
-    MEGATRON_BUCKET_ELEMENTS,
-    MEGATRON_BUCKET_PER_DP,
-    OPTIMIZER_BYTES_PER_PARAM,
-    ZERO3_MAX_LIVE_PARAMETERS,
-    ZERO_BUCKET_ELEMENTS,
-)
+from orchestrator.costmodel.engines import ENGINES, OPTIMIZER_BYTES_PER_PARAM, runtime_engine
 from orchestrator.costmodel.flops import model_flops_per_step
-from orchestrator.costmodel.inputs import (
-    ENGINES,
-    RC_TORCHTITAN_OP,
-    RECOMPUTE_CODES,
-    Candidates,
-    _Inputs,
-    _inputs,
-    _rates,
-    _take,
-    runtime_engine,
-)
+from orchestrator.costmodel.inputs import RC_TORCHTITAN_OP, RECOMPUTE_CODES, Candidates, _Inputs, _inputs, _rates, _take
 from orchestrator.costmodel.links import _links
 from orchestrator.costmodel.peak_memory import _memory
 from orchestrator.costmodel.stacks import MEMORY_PARTS, TIME_PARTS, MemoryStack, TimeStack
-from orchestrator.runtimes import Engine
+from orchestrator.runtimes import Engine, Runtime, runtime_named
+from orchestrator.runtimes.deepspeed import ZERO3_MAX_LIVE_PARAMETERS, ZERO_BUCKET_ELEMENTS
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
@@ -146,7 +131,7 @@ def evaluate(
     model: ModelSpec,
     training: TrainingSpec,
     profile: ClusterProfile,
-    runtime: str,
+    runtime: str | Runtime,
     c: Candidates,
     *,
     efficiency: Resolved | None = None,
@@ -158,6 +143,7 @@ def evaluate(
     ``efficiency`` overrides the profile's resolved efficiencies and ``engine`` the runtime's
     overlap settings (calibration uses both); plain callers pass neither.
     """
+    runtime = runtime_named(runtime)
     eff = _rates(per_layout(profile, runtime, c.zero_stage, c.pp)[0] if efficiency is None else efficiency.values())
     eng = runtime_engine(runtime, training) if engine is None else engine
     x = _inputs(model, training, profile, runtime, c, eff, eng)
@@ -237,8 +223,6 @@ def invariant_violations(c: Candidates, ev: Evaluation) -> list[str]:
 # The names other packages import from here (the cost model's front door); each has its home above.
 __all__ = [
     "ENGINES",
-    "MEGATRON_BUCKET_ELEMENTS",
-    "MEGATRON_BUCKET_PER_DP",
     "RC_TORCHTITAN_OP",
     "RECOMPUTE_CODES",
     "ZERO3_MAX_LIVE_PARAMETERS",

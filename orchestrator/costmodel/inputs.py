@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from orchestrator.costmodel.calibration import FIELDS
-from orchestrator.costmodel.memory import state_bytes
-from orchestrator.runtimes import RUNTIMES, Engine, runtime_named
+from orchestrator.costmodel.memory import DTYPE_BYTES, state_bytes
+from orchestrator.runtimes import Engine, Runtime, runtime_named
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
@@ -24,15 +24,6 @@ RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 # used (torchtitan activation_checkpoint.py, op SAC: "Saves output of all compute ops, except every
 # second mm"); calibration rows evaluate it so that those runs are modelled as they ran.
 RC_TORCHTITAN_OP = 3
-
-# The engines' overlap settings are each runtime's ``engine`` (orchestrator.runtimes); calibration
-# rows pass the settings of the published run.
-ENGINES = {name: rt.engine for name, rt in RUNTIMES.items()}
-
-
-def runtime_engine(runtime, training: TrainingSpec) -> Engine:
-    """The runtime's engine with the spec's options applied (``Runtime.engine_for``)."""
-    return runtime_named(runtime).engine_for(training)
 
 
 def _take(obj, idx):
@@ -83,7 +74,7 @@ class _Inputs:
     model: ModelSpec
     training: TrainingSpec
     profile: ClusterProfile
-    runtime: str
+    runtime: Runtime
     eff: SimpleNamespace  # _rates
     eng: Engine
     tp: np.ndarray
@@ -252,19 +243,19 @@ def _inputs(
     model: ModelSpec,
     training: TrainingSpec,
     profile: ClusterProfile,
-    runtime: str,
+    runtime: str | Runtime,
     c: Candidates,
     eff: SimpleNamespace,
     eng: Engine,
 ) -> _Inputs:
+    runtime = runtime_named(runtime)
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
     tp, pp, zero = f64(c.tp), f64(c.pp), np.asarray(c.zero_stage)
     weight_b, grad_b, opt_b = state_bytes(runtime, training.precision, zero, training.grad_reduce_in_fp32)
-    # Bytes per gradient element on the wire and in DeepSpeed's reduce buckets: DeepSpeed reduces in
-    # the model's 16-bit type (communication_data_type defaults to it, engine.py; the ZeRO buckets
-    # stay bf16, stage_1_and_2.py _gradient_reduction_buffer_dtype) even where it accumulates in
-    # fp32; Megatron-LM reduces its fp32 main grads as they are.
-    comm_grad_b = np.minimum(grad_b, weight_b) if runtime == "deepspeed" else grad_b
+    # Bytes per gradient element on the wire and in the reduce buckets (the runtime's
+    # ``grads_reduced_in_weight_dtype``: DeepSpeed reduces in the 16-bit type even where it accumulates
+    # in fp32, Megatron-LM its fp32 main grads as they are).
+    comm_grad_b = np.minimum(grad_b, weight_b) if runtime.grads_reduced_in_weight_dtype else grad_b
     sp_ = _stage_params(model, c, tp, pp)
     routed, router_tokens = _routed_copies(model, training, c, tp)
     ep, etp = f64(c.ep), f64(c.etp)
@@ -289,7 +280,7 @@ def _inputs(
         lf=f64(c.layers_first),
         lm=f64(c.layers_middle),
         ll=f64(c.layers_last),
-        act_bytes=4 if training.precision == "fp32" else 2,
+        act_bytes=DTYPE_BYTES[training.precision],
         weight_b=weight_b,
         grad_b=grad_b,
         opt_b=opt_b,

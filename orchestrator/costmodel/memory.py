@@ -20,6 +20,8 @@ import numpy as np
 from orchestrator.runtimes import runtime_named
 
 GIB = float(1 << 30)
+# Bytes of one element (a weight, an activation) of each training precision (TrainingSpec.precision).
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 def step_transient_bytes(runtime, precision: str, grad_reduce_in_fp32: bool = True) -> float:

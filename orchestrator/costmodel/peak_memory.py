@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.costmodel.engines import ZERO3_MAX_LIVE_PARAMETERS, ZERO_BUCKET_ELEMENTS
 from orchestrator.costmodel.inputs import RECOMPUTE_CODES, _Inputs, attention_widths
 from orchestrator.costmodel.memory import (
     GIB,
@@ -22,6 +21,7 @@ from orchestrator.costmodel.memory import (
     step_transient_bytes,
 )
 from orchestrator.costmodel.stacks import MemoryStack
+from orchestrator.runtimes.deepspeed import ZERO3_MAX_LIVE_PARAMETERS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,7 +47,7 @@ def _moe_layer_activations(x: _Inputs, formula, level) -> np.ndarray:
     moe = model.moe
     assert moe is not None
     s, mbs, h = x.s_local, x.micro_batch_size, float(model.hidden_size)
-    if x.runtime == "deepspeed":
+    if x.runtime.bundled_trainer:
         k = float(moe.top_k)
         return formula(level, 0.0) + moe_activation_bytes_per_layer(
             s,
@@ -131,9 +131,10 @@ def _layer_activations(x: _Inputs) -> _LayerActivations:
         none_moe = _moe_layer_activations(x, formula, np.zeros_like(rc))
         # The dispatcher's send and receive buffers of the layer in flight (permuted tokens, h wide).
         working_layer = np.maximum(working_layer, none_moe + 2 * r * h * act_bytes)
-    # The deepspeed runtime is dsorch's own entrypoint, whose layer keeps RoPE's cast tables and the
-    # norms' 1/rms beside what the formula counts (memory.entrypoint_extra_bytes_per_layer, measured).
-    if x.runtime == "deepspeed":
+    # The bundled entrypoint (the deepspeed runtime's trainer) is dsorch's own, whose layer keeps
+    # RoPE's cast tables and the norms' 1/rms beside what the formula counts
+    # (memory.entrypoint_extra_bytes_per_layer, measured).
+    if x.runtime.bundled_trainer:
 
         def extra(level):
             return entrypoint_extra_bytes_per_layer(
@@ -164,20 +165,21 @@ def _layer_activations(x: _Inputs) -> _LayerActivations:
 
 def _comm_buffers(x: _Inputs) -> np.ndarray:
     """Communication buffers. Megatron's DDP and distributed optimizer reduce in place in their grad
-    buffer; DeepSpeed and Megatron-FSDP have buffers of their own."""
+    buffer; DeepSpeed (the runtime's ``own_reduce_buckets``) and Megatron-FSDP have buffers of their own."""
     zero = x.zero_stage
-    if x.runtime == "deepspeed":
-        bucket = np.minimum(ZERO_BUCKET_ELEMENTS, x.params_stage) * x.comm_grad_b
+    if x.runtime.own_reduce_buckets:
+        bucket_elements = x.runtime.dp_bucket_elements(x.dpc)
+        bucket = np.minimum(bucket_elements, x.params_stage) * x.comm_grad_b
         # ZeRO-1/2 keep two reduce buckets (overlap_comm's double buffering); bf16 ZeRO-1 runs in
-        # BF16_Optimizer, which reduces its flat buffer in place and keeps none.
-        has_buckets = (zero == 2) | ((zero == 1) & (x.training.precision != "bf16"))
+        # BF16_Optimizer (``whole_grad_allreduce``), which reduces its flat buffer in place and keeps none.
+        has_buckets = (zero == 2) | ((zero == 1) & ~x.runtime.whole_grad_allreduce(x.training.precision, zero))
         buffers = np.where(has_buckets, 2 * bucket, 0.0)
         # ZeRO-3 gathers one layer ahead (prefetch) besides the one in use, and with
         # contiguous_gradients allocates its reduce bucket whole at start, whatever the model's size
         # (stage3.py: ipg bucket.buffer = torch.empty(reduce_bucket_size, dtype=grad dtype);
         # measured by train/loop/census.py: 2e8 fp32 elements, 800 MB, on the tiny model).
         gathered = np.minimum(ZERO3_MAX_LIVE_PARAMETERS, 2 * x.layer_params_local) * x.weight_b
-        zero3_bucket = ZERO_BUCKET_ELEMENTS * x.weight_b
+        zero3_bucket = bucket_elements * x.weight_b
         return buffers + np.where(zero == 3, gathered + zero3_bucket, 0.0)
     # Megatron-FSDP optim_grads (zero 2): autograd writes each layer's gradient full size in the
     # weights' dtype, which is reduce-scattered into the sharded fp32 main gradient and released
@@ -211,22 +213,21 @@ def _loss_and_pipe_buffers(x: _Inputs) -> tuple[np.ndarray, np.ndarray]:
     s, mbs, sp = x.s_local, x.micro_batch_size, x.sequence_parallel
     h, V = float(model.hidden_size), float(model.vocab_size)
     act_bytes = x.act_bytes
-    # Loss working set per logit element on the last stage. Megatron-LM's vocab-parallel
-    # cross-entropy works in place (core/tensor_parallel/cross_entropy.py: the fp32 copy of the
-    # logits becomes exp, then softmax, then the gradient), so the 16-bit output plus one fp32
-    # tensor: 2 + 4. PyTorch-side losses (dsorch's entrypoint, train/model/tensor_parallel.py
+    # Loss working set per logit element on the last stage. A cross-entropy that works in place
+    # (the runtime's ``in_place_cross_entropy``: Megatron-LM's vocab-parallel one) keeps the 16-bit
+    # output plus one fp32 tensor: 2 + 4. PyTorch-side losses (dsorch's entrypoint, train/model/tensor_parallel.py
     # _VocabParallelCrossEntropy; torch's F.cross_entropy on upcast logits as FSDP runs use it)
     # hold the 16-bit logits, the fp32 copy, the shifted logits and exp at once: 2 + 3 x 4. The
     # published torchtitan peaks (Llama 3.1 8B, 2 x 8K tokens, 128K vocabulary) are matched by it.
-    loss_bytes = (act_bytes + 4) if x.runtime == "megatron" else (act_bytes + 3 * 4)
+    loss_bytes = (act_bytes + 4) if x.runtime.in_place_cross_entropy else (act_bytes + 3 * 4)
     logits = s * mbs * V / tp * loss_bytes
-    # Pipeline stage outputs: Megatron-LM frees each sent output and keeps only its autograd node
-    # (deallocate_pipeline_outputs, always set for GPT: training/argument_utils.py), so nothing
-    # beyond the layers' own saved tensors. DeepSpeed's pipeline engine keeps the output of every
-    # in-flight micro-batch in its pipe buffers until that micro-batch's backward (pipe/engine.py
-    # _exec_forward_pass: pipe_buffers['outputs']), 1/tp of it with pipe_partitioned.
-    out_elems = np.where(sp | (x.runtime == "deepspeed"), s * mbs * h / tp, s * mbs * h)
-    out_buf = np.where((x.runtime == "deepspeed") & (pp > 1), out_elems * act_bytes, 0.0)
+    # Pipeline stage outputs: where the runtime frees each sent output (Megatron-LM), nothing beyond
+    # the layers' own saved tensors; where it keeps the output of every in-flight micro-batch until
+    # that micro-batch's backward (``keeps_pipe_outputs``: DeepSpeed's pipe buffers), 1/tp of it
+    # with pipe_partitioned.
+    keeps = x.runtime.keeps_pipe_outputs
+    out_elems = np.where(sp | keeps, s * mbs * h / tp, s * mbs * h)
+    out_buf = np.where(keeps & (pp > 1), out_elems * act_bytes, 0.0)
     return logits, out_buf
 
 

@@ -57,6 +57,23 @@ class Runtime:
     bundled_trainer: bool
     # The calibration entries (costmodel/calibration.yaml engines) this runtime's layouts use.
     calibration_engines: tuple[str, ...]
+    # -- what the cost model asks (costmodel/) ---------------------------------------------------
+    # Gradients go over the wire and into the reduce buckets in the weights' 16-bit type even where
+    # they accumulate in fp32 (True), or in their own type (False).
+    grads_reduced_in_weight_dtype: bool
+    # The loss's vocab-parallel cross-entropy works in place: the 16-bit logits and one fp32 tensor
+    # per logit (True), else the logits, their fp32 copy, the shifted logits and exp at once.
+    in_place_cross_entropy: bool
+    # A pipeline stage keeps the output of every in-flight micro-batch until its backward (True), or
+    # frees each sent output and keeps only its autograd node (False).
+    keeps_pipe_outputs: bool
+    # Pipeline sends block on the critical path as DeepSpeed's TrainSchedule runs them
+    # (costmodel/pipe_schedule.py; costmodel/comm.py _deepspeed_pipe), else they follow Megatron-Core's
+    # 1F1B and interleaved schedules.
+    blocking_pipeline: bool
+    # The ZeRO optimizer reduces through buckets of its own (double-buffered, and ZeRO-3's prefetch),
+    # as DeepSpeed's does (costmodel/peak_memory.py _comm_buffers), not in place in its grad buffer.
+    own_reduce_buckets: bool
     # The files render/ writes for it besides plan.md and plan.yaml (sorted), and the one its
     # program reads its settings from.
     renders: tuple[str, ...]
@@ -129,6 +146,22 @@ class Runtime:
         """Bytes per parameter, sharded like the optimizer states, that exist only in the optimizer
         step, after the step's activations are freed."""
         return 0.0
+
+    # -- the cost model: data-parallel reduction and checkpoints -----------------------------------
+    def dp_bucket_elements(self, group):
+        """Elements per data-parallel reduction bucket for a reduction over ``group`` ranks (arrays
+        or scalars); only the count of collectives (latency) depends on it."""
+        raise NotImplementedError
+
+    def whole_grad_allreduce(self, precision: str, zero_stage) -> np.ndarray:
+        """Where the optimizer all-reduces its whole gradient buffer after the last micro-batch, not
+        overlapped, then all-gathers the updated weights, instead of reducing as its ZeRO stage says."""
+        return np.zeros(np.shape(zero_stage), dtype=bool)
+
+    def saves_fp32_master(self, precision: str, zero_stage: int) -> bool:
+        """Whether a checkpoint holds an fp32 master copy of the weights beside them: mixed precision
+        keeps one; fp32 training's weights are the master (costmodel/checkpoint.py)."""
+        return precision != "fp32"
 
     # -- calibration --------------------------------------------------------------------------
     def calibration_engine(self, zero_stage, pp=1) -> np.ndarray:

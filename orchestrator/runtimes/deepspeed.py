@@ -42,6 +42,12 @@ BF16_FP32_ACCUM = (2, 4, 12)
 # Measured by train/loop/census.py (tests/system/test_census.py): 12 bytes per parameter over dp at ZeRO-1/2.
 FP32_ZERO_OPTIMIZER = 12
 
+# DeepSpeed ZeRO-1/2 communication buckets, in elements; dsorch writes these into ds_config.json.
+# (DeepSpeed's default is 5e8 elements, 1 GB each in bf16; 2e8 keeps the buffers at 400 MB.)
+ZERO_BUCKET_ELEMENTS = 200_000_000
+# DeepSpeed ZeRO-3 keeps at most this many gathered parameters alive (stage3_max_live_parameters).
+ZERO3_MAX_LIVE_PARAMETERS = 1_000_000_000
+
 
 @dataclass(frozen=True)
 class DeepSpeedRuntime(Runtime):
@@ -88,6 +94,21 @@ class DeepSpeedRuntime(Runtime):
             return np.where(z >= 1, fw, w), np.where(z >= 1, fg, g), np.where(z >= 1, fo, o)
         return w, g, o
 
+    def dp_bucket_elements(self, group):
+        """DeepSpeed's reduce_bucket_size, whatever the group."""
+        return ZERO_BUCKET_ELEMENTS
+
+    def whole_grad_allreduce(self, precision: str, zero_stage) -> np.ndarray:
+        """DeepSpeed's BF16_Optimizer (bf16 with fp32 accumulation at ZeRO-1) all-reduces its whole
+        gradient buffer after the last micro-batch (engine.py buffered_allreduce_fallback), not
+        overlapped, then all-gathers the updated bf16 weights (bf16_optimizer.py)."""
+        return (precision == "bf16") & (np.asarray(zero_stage) == 1)
+
+    def saves_fp32_master(self, precision: str, zero_stage: int) -> bool:
+        """Also in fp32 from ZeRO-1 on: DeepSpeed's ZeRO optimizers keep a cloned fp32 partition
+        (FP32_ZERO_OPTIMIZER), saved as SINGLE_PARTITION_OF_FP32_GROUPS."""
+        return precision != "fp32" or zero_stage >= 1
+
     def calibration_engine(self, zero_stage, pp=1) -> np.ndarray:
         """DeepSpeed's PipelineEngine runs whenever pp > 1 (train/loop/entry.py), ZeRO-3 never with a
         pipeline."""
@@ -115,6 +136,18 @@ DEEPSPEED = DeepSpeedRuntime(
     ),
     bundled_trainer=True,
     calibration_engines=("deepspeed", "deepspeed-zero3", "deepspeed-pipeline"),
+    # DeepSpeed reduces in the model's 16-bit type (communication_data_type defaults to it,
+    # engine.py; the ZeRO buckets stay bf16, stage_1_and_2.py _gradient_reduction_buffer_dtype) even
+    # where it accumulates in fp32.
+    grads_reduced_in_weight_dtype=True,
+    # The entrypoint's loss (train/model/tensor_parallel.py _VocabParallelCrossEntropy) is PyTorch-side.
+    in_place_cross_entropy=False,
+    # The pipeline engine keeps the output of every in-flight micro-batch in its pipe buffers until
+    # that micro-batch's backward (pipe/engine.py _exec_forward_pass: pipe_buffers['outputs']), 1/tp
+    # of it with pipe_partitioned.
+    keeps_pipe_outputs=True,
+    blocking_pipeline=True,
+    own_reduce_buckets=True,
     renders=tuple(sorted((*COMMON_FILES, DS_CONFIG))),
     reads=DS_CONFIG,
     # The entrypoint is one SLURM task per GPU (run/jobs.py TrainingJob) and stops itself.

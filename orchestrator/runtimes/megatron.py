@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from orchestrator.runtimes.base import COMMON_FILES, MEGATRON_ARGS, Engine, Runtime
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
@@ -38,6 +40,12 @@ BF16_GRADS = (2, 2, 12)
 # 16-bit grads counts it as if it stayed. With fp32 grads the copy is a view of the grad buffer
 # (.float() of an fp32 tensor is itself): nothing.
 MAIN_GRAD_COPY = 4
+
+# Megatron-LM's DDP bucket (core/distributed/distributed_data_parallel.py: bucket_size default
+# max(40M, 1M x dp) elements, "so that the per-rank chunk is large enough"); only its count of
+# collectives (latency) matters here.
+MEGATRON_BUCKET_ELEMENTS = 40_000_000
+MEGATRON_BUCKET_PER_DP = 1_000_000
 
 # Megatron-LM's ZeRO-2: Megatron-FSDP with --data-parallel-sharding-strategy optim_grads, which
 # shards the fp32 main gradients as well as the optimizer states over the dp x cp group and keeps
@@ -95,6 +103,10 @@ class MegatronRuntime(Runtime):
                 "per-head QK-norm on MLA has no flag; drop qk_norm or use the deepspeed runtime"
             )
         return problems
+
+    def dp_bucket_elements(self, group):
+        """Megatron sizes its buckets by the dp-cp group (training.py resolve_ddp_bucket_size)."""
+        return np.maximum(MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP * group)
 
     def state_bytes(self, precision: str, zero_stage, grad_reduce_in_fp32: bool = True):
         if precision == "bf16" and not grad_reduce_in_fp32:
@@ -177,6 +189,17 @@ MEGATRON = MegatronRuntime(
     ),
     bundled_trainer=False,
     calibration_engines=("megatron",),
+    # Megatron-LM reduces its fp32 main grads as they are.
+    grads_reduced_in_weight_dtype=False,
+    # Megatron-LM's vocab-parallel cross-entropy works in place (core/tensor_parallel/cross_entropy.py:
+    # the fp32 copy of the logits becomes exp, then softmax, then the gradient).
+    in_place_cross_entropy=True,
+    # Megatron-LM frees each sent output and keeps only its autograd node (deallocate_pipeline_outputs,
+    # always set for GPT: training/argument_utils.py).
+    keeps_pipe_outputs=False,
+    blocking_pipeline=False,
+    # Its DDP and distributed optimizer reduce in place in their grad buffer.
+    own_reduce_buckets=False,
     renders=COMMON_FILES,
     reads=MEGATRON_ARGS,
     # launch.sh's torchrun starts a node's ranks (run/megatron_job.py MegatronJob).

@@ -15,7 +15,7 @@ import yaml
 
 from orchestrator.cli.main import main
 from orchestrator.costmodel import evaluate
-from orchestrator.costmodel.evaluate import MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP
+from orchestrator.runtimes.megatron import MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_PER_DP
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.layout import Pins
 from orchestrator.plan.solver import candidates_of, enumerate_layouts, search
@@ -425,7 +425,7 @@ def test_megatron_dp_buckets_grow_with_the_dp_cp_group(monkeypatch):
     # Same layout with the old flat 40M rule: more buckets, more latency, all else equal.
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("orchestrator.costmodel.comm"), "MEGATRON_BUCKET_PER_DP", 0)
+    monkeypatch.setattr(importlib.import_module("orchestrator.runtimes.megatron"), "MEGATRON_BUCKET_PER_DP", 0)
     ev40 = evaluate(spec.model, spec.training, profile, "megatron", c)
     assert float(ev40.dp_comm_total[0]) > float(ev.dp_comm_total[0])
 
