@@ -420,8 +420,8 @@ def check_local_nodes(profile: ClusterProfile, nodes: int | None) -> None:
 
 def _check_local_nodes(profile: ClusterProfile, chain: list[Loaded]) -> None:
     """The local executor runs every rank on this machine, one node (run/backends/local.py
-    LocalBackend.executor_for gives submitit's LocalExecutor nodes=1): a profile of several local nodes would plan for more ranks
-    than its job starts, and fail only at run time."""
+    LocalBackend.executor_for gives submitit's LocalExecutor nodes=1): a profile of several local
+    nodes would plan for more ranks than its job starts, and fail only at run time."""
     if profile.executor == "local" and profile.nodes > 1:
         raise SpecError(
             f"{_where(chain, ('nodes',))}: key 'nodes' is {profile.nodes}, but profile '{profile.name}' runs on "
