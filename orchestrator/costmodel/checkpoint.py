@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from orchestrator.costmodel.memory import DTYPE_BYTES
 from orchestrator.runtimes import Runtime, runtime_named
+from orchestrator.spec.cluster import bytes_per_s
 
 # Bytes per parameter a checkpoint holds, summed over all ranks (each shard is written once):
 # the model's weights in the training dtype, plus the optimizer's fp32 master copy and the two
@@ -111,7 +112,7 @@ def choose_interval(
     """Young/Daly's interval in whole steps (at least one), capped so that a checkpoint started after
     that many steps is written before the allocation's signal; ``given``: the spec's own interval,
     kept as set (``warnings`` says when it is far off)."""
-    write_s = size_bytes / (write_gbps * 1e9)
+    write_s = size_bytes / bytes_per_s(write_gbps)
     optimum = max(1, round(young_daly_s(write_s, mtbf_s) / step_s))
     cap = None if limit_s is None else max(1, math.floor((limit_s - write_s) / step_s))
     steps = given if given is not None else min(optimum, cap or optimum)

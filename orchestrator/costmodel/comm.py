@@ -124,7 +124,7 @@ def _deepspeed_pipe(x: _Inputs, links: _Links, p2p_bytes, p2p_bw, p2p_lat) -> np
     T, h, e = x.s_local * x.micro_batch_size, float(x.model.hidden_size), float(x.act_bytes)
     partitioned = (tp > 1) & ~x.sequence_parallel
     transfer = p2p_bytes / p2p_bw + np.where(partitioned, 2.0, 1.0) * p2p_lat
-    hbm = x.profile.gpu.hbm_bandwidth_gbps * 1e9 * x.eff.hbm
+    hbm = x.hbm
     gather = _ring_time(T * h * e, tp, links.nvlink, links.nvlink_latency, 1.0)
     per_mb = np.where(partitioned, partition_gathers(pp) * gather, 0.0) + 2 * 2 * p2p_bytes / hbm
     domain = x.profile.nvlink_domain

@@ -118,7 +118,7 @@ def _cp_comm(x: _Inputs, links: _Links, comp: _Compute) -> np.ndarray:
     cp_inside = (tp * cp <= domain) | (profile.world_size == domain)
     bw = np.where(cp_inside, links.nvlink, links.ib)
     lat = np.where(cp_inside, links.nvlink_latency, links.ib_latency)
-    hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * x.eff.hbm
+    hbm = x.hbm
     kind = x.training.cp_comm_type
     if kind == "a2a":
         per = _cp_a2a(cp, kv_b, q_b, o_b, bw, lat, hbm)

@@ -75,7 +75,7 @@ def _roofline(x: _Inputs) -> _Roofline:
         peak=peak,
         flop_rate=flop_rate,
         layer_rate=fp8_peak * x.eff.gemm * x.eff.fp8_gemm if fp8 else flop_rate,
-        hbm=x.profile.gpu.hbm_bandwidth_gbps * 1e9 * x.eff.hbm,
+        hbm=x.hbm,
         act_bytes=float(x.act_bytes),
         fp8=fp8,
         grouped_rate=(fp8_peak * x.eff.fp8_gemm if fp8 else peak) * x.eff.grouped_gemm,

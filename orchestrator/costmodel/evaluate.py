@@ -155,7 +155,7 @@ def evaluate(
     bubble = (x.pp - 1) / x.vpp * (comp.per_micro_batch + comm.tp_comm_mb + comm.cp_comm / x.grad_accum_steps)
     if model.moe is not None:
         bubble = bubble + (x.pp - 1) / x.vpp * comm.ep_comm_mb
-    hbm = profile.gpu.hbm_bandwidth_gbps * 1e9 * eff.hbm
+    hbm = x.hbm
     opt_params = x.params_stage / np.where(x.zero_stage >= 1, x.dpc, 1.0)
     if model.moe is not None:
         opt_params = opt_params + x.expert_stage / np.where(x.zero_stage >= 1, x.edp, 1.0)

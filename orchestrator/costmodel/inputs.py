@@ -16,7 +16,7 @@ import numpy as np
 from orchestrator.costmodel.calibration import FIELDS
 from orchestrator.costmodel.memory import DTYPE_BYTES, state_bytes
 from orchestrator.runtimes import Engine, Runtime, runtime_named
-from orchestrator.spec.cluster import ClusterProfile
+from orchestrator.spec.cluster import ClusterProfile, bytes_per_s
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
@@ -118,6 +118,11 @@ class _Inputs:
     mtp: float  # multi-token-prediction modules, on the last stage
     routed: np.ndarray  # _routed_copies: routed token copies per GPU, MoE layer and micro-batch
     router_tokens: np.ndarray  # ... and the tokens that enter one GPU's router
+
+    @property
+    def hbm(self) -> np.ndarray:
+        """Bytes/s of the GPU's memory at the fitted efficiency (``hbm``)."""
+        return bytes_per_s(self.profile.gpu.hbm_bandwidth_gbps) * self.eff.hbm
 
     @property
     def stage_layers(self) -> np.ndarray:

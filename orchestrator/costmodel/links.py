@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrator.costmodel.inputs import _Inputs
+from orchestrator.spec.cluster import bytes_per_s
 
 
 def _ring_time(nbytes, n, bw, latency, factor):
@@ -41,10 +42,9 @@ class _Links:
 
 def _links(x: _Inputs) -> _Links:
     profile, eff = x.profile, x.eff
-    g = profile.gpus_per_node
     return _Links(
-        nvlink=profile.intra_node.bandwidth_gbps * 1e9 / 2 * eff.intra_node_comm,  # one direction
+        nvlink=bytes_per_s(profile.nvlink_gbs) * eff.intra_node_comm,  # one direction
         nvlink_latency=profile.intra_node.latency_us * 1e-6,
-        ib=(profile.inter_node.bandwidth_gbps / 8 * 1e9 * profile.inter_node.nics_per_node / g * eff.inter_node_comm),
+        ib=bytes_per_s(profile.nic_share_gbs) * eff.inter_node_comm,
         ib_latency=profile.inter_node.latency_us * 1e-6,
     )

@@ -5,9 +5,9 @@ Every rank runs ``python -m orchestrator.run.collectives`` (the reachability che
 nccl-tests style sweep; run/collectives.py says how) as the child of run/jobs.py ``DoctorJob``.
 This module is the login side: it submits the job (``submit_checks``), reports its state for
 the CLI's polling (``check_state``) and its result (``checks_result``), compares what rank 0
-wrote into ``doctor.json`` with the profile as the cost model reads it (``costmodel/evaluate.py``:
-one direction of NVLink is ``intra_node.bandwidth_gbps / 2`` GB/s, a GPU's share of the NICs
-``inter_node.bandwidth_gbps / 8 x nics_per_node / gpus_per_node`` GB/s) and, for ``--write``,
+wrote into ``doctor.json`` with the profile as the cost model reads it (``ClusterProfile.nvlink_gbs``:
+one direction of NVLink is ``intra_node.bandwidth_gbps / 2`` GB/s; ``nic_share_gbs``, a GPU's share of
+the NICs, ``inter_node.bandwidth_gbps / 8 x nics_per_node / gpus_per_node`` GB/s) and, for ``--write``,
 stores the measured figures in a profile that extends the original (``write_measured_profile``).
 """
 
@@ -132,10 +132,10 @@ class Expected:
 
 
 def expected(profile) -> Expected:
-    """The profile's figures as the cost model reads them (costmodel/evaluate.py _communication)."""
+    """The profile's figures as the cost model reads them (costmodel/links.py _links)."""
     return Expected(
-        profile.intra_node.bandwidth_gbps / 2,
-        profile.inter_node.bandwidth_gbps / 8 * profile.inter_node.nics_per_node / profile.gpus_per_node,
+        profile.nvlink_gbs,
+        profile.nic_share_gbs,
         profile.intra_node.latency_us,
         profile.inter_node.latency_us,
     )
@@ -176,6 +176,7 @@ def measured_profile_doc(profile, doc: dict, name: str) -> dict:
     """A profile that extends ``profile`` with the measured figures (only those measured)."""
     out: dict = {"name": name, "extends": profile.name}
     intra, inter = peak_busbw(doc, "intra-node"), peak_busbw(doc, "inter-node")
+    # The inverses of ClusterProfile.nvlink_gbs and nic_share_gbs: the profile's own units.
     if intra is not None:
         out["intra_node"] = _link(2 * intra, latency_us(doc, "intra-node"))
     if inter is not None:

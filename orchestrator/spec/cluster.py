@@ -25,6 +25,17 @@ from orchestrator.spec.yamlio import FROZEN, Loaded, deep_merge, format_validati
 # Cluster profile
 # --------------------------------------------------------------------------------------------
 
+# Bytes in a GB: a profile's GB/s figures (gpu.hbm_bandwidth_gbps, intra_node.bandwidth_gbps,
+# filesystem.write_gbps, and ClusterProfile's link shares below) count decimal gigabytes, as vendors
+# quote them.
+GB = 1e9
+
+
+def bytes_per_s(gb_per_s):
+    """A GB/s figure (or an array of them) in bytes per second."""
+    return gb_per_s * GB
+
+
 # How a job runs: one backend per value in run/backends/ (BACKENDS). A profile names slurm (sbatch)
 # or local (processes on this machine, submitit's LocalExecutor); a SLURM profile's job goes
 # remote, submitted on its login node over SSH, where its `login:` section applies (run/remote.py
@@ -303,6 +314,20 @@ class ClusterProfile(BaseModel):
     def nvlink_domain(self) -> int:
         """GPUs that reach each other over NVLink: a node, or an NVL72 rack (at most the world)."""
         return min(self.intra_node.domain_gpus or self.gpus_per_node, self.world_size)
+
+    @property
+    def nvlink_gbs(self) -> float:
+        """One direction of a GPU's intra-node link, GB/s: half of intra_node.bandwidth_gbps, the
+        bidirectional figure vendors quote. The cost model's NVLink rate (costmodel/links.py) and what
+        `dsorch doctor` measures against (run/doctor.py)."""
+        return self.intra_node.bandwidth_gbps / 2
+
+    @property
+    def nic_share_gbs(self) -> float:
+        """A GPU's share of its node's NICs, GB/s in one direction: inter_node.bandwidth_gbps is Gb/s
+        per NIC (/ 8), times the node's NICs, over its GPUs. The cost model's inter-node rate and what
+        `dsorch doctor` measures against."""
+        return self.inter_node.bandwidth_gbps / 8 * self.inter_node.nics_per_node / self.gpus_per_node
 
     def resized(self, nodes: int | None = None, gpus_per_node: int | None = None) -> ClusterProfile:
         """The same hardware with another node count or fewer GPUs per node (--nodes, --gpus-per-node)."""
