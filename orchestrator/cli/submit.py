@@ -170,9 +170,10 @@ def submit(
     click.echo(f"  logs: dsorch logs {record.job_id} [--rank N] [--follow]    status: dsorch status")
     if wait:
         from orchestrator.plandir.reader import load_plan_dir
+        from orchestrator.train.loop.lr_schedule import steps_to_train
 
-        # The entrypoint trains to --steps, else the plan's length, else 20 (orchestrator/train/loop/entry.py).
-        _wait_for(record.key, steps or load_plan_dir(sub.plan_dir).spec.training.train_steps or 20)
+        # The step the entrypoint trains to (orchestrator/train/loop/entry.py).
+        _wait_for(record.key, steps_to_train(load_plan_dir(sub.plan_dir).spec.training, steps))
 
 
 def _run_dir(run_dir: Path | None, resume: bool, resume_from: Path | None) -> Path | None:

@@ -22,6 +22,7 @@ from orchestrator.cli.common import (
     resolve_profiles_dir,
     status_line,
 )
+from orchestrator.plan.request import TRIAL_STEPS
 
 
 @click.command(
@@ -47,7 +48,7 @@ Examples:
 @click.option(
     "--steps",
     type=click.IntRange(5, 100_000),
-    default=20,
+    default=TRIAL_STEPS,
     show_default=True,
     help="Steps per trial; the first fifth is warm-up and not measured.",
 )

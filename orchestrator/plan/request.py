@@ -4,8 +4,9 @@
 plan directory's plan.yaml recorded, `dsorch trial` and `dsorch replan` (run/trial.py, run/replan.py)
 from their own choices; each then hands the same object to ``compose.plan_files`` and ``make_plan``.
 
-Light on purpose (the other types only for annotations): the CLI reads ``KEEP`` for --top's default
-when the command is defined, and `dsorch --help` should not load the cost model for it.
+Light on purpose (the other types only for annotations): the CLI reads ``KEEP`` and ``TRIAL_STEPS``
+for its defaults when the commands are defined, and `dsorch --help` should not load the cost model
+for them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 # Layouts a plan lists: the chosen one and 7 alternatives, unless `dsorch plan --top N` asks for more
 # (plan.yaml and plan.md list them; the search keeps as many).
 KEEP = 8
+# Steps of each layout `dsorch trial` runs by default (cli/trial.py --steps): also what plan.yaml's
+# notes price for measuring a plan (render/notes.py).
+TRIAL_STEPS = 20
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -29,6 +29,7 @@ from orchestrator.plan.layout import (
     divisors,
     family_codes,
 )
+from orchestrator.plan.request import KEEP
 from orchestrator.plan.rules import (
     check_layout,
     cp_degrees,
@@ -343,7 +344,7 @@ def search(
     pins: Pins = Pins(),
     *,
     memory_margin_gib: float = 0.0,
-    keep: int = 10,
+    keep: int = KEEP,
     measured_fit: dict[Layout, bool] | None = None,
 ) -> SearchResult:
     """Evaluate every legal layout and rank those that fit, fastest first.
@@ -351,7 +352,8 @@ def search(
     Ties in step time are broken by lower memory, then by the layout's fields, so the ranking
     (and therefore every emitted file) is deterministic. ``measured_fit`` (`dsorch trial`): layouts
     whose fit was measured on the cluster; a measurement overrules the memory model's prediction
-    either way (a trial that ran out of memory is out, one that ran is in).
+    either way (a trial that ran out of memory is out, one that ran is in). ``keep``: how many layouts
+    are ranked, and how many of those that do not fit are kept as the closest (a plan's KEEP).
     """
     capacity = profile.gpu.memory_gib - memory_margin_gib
     cand, rejected = enumerate_layouts(model, training, profile, runtime, pins)

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from orchestrator.costmodel.calibration import engine_of, resolve_efficiency
 from orchestrator.plan.make import Plan
+from orchestrator.plan.request import TRIAL_STEPS
 from orchestrator.render.overrides import leaf_paths
 from orchestrator.spec.sbatch import parse_slurm_time
-
-# Steps `dsorch trial` runs by default (cli/trial.py --steps): what the priced command runs.
-TRIAL_STEPS = 20
 
 
 def _r(x: float, nd: int = 4) -> float:

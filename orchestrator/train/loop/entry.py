@@ -56,7 +56,7 @@ from orchestrator.train.data import fingerprint
 from orchestrator.train.data.datasets import micro_batches, open_dataset
 from orchestrator.train.loop import launch
 from orchestrator.train.loop.config import ds_config, load_plan, stage_layers
-from orchestrator.train.loop.lr_schedule import MegatronLR, Schedule, steps_past_plan
+from orchestrator.train.loop.lr_schedule import DEFAULT_STEPS, MegatronLR, Schedule, steps_past_plan, steps_to_train
 from orchestrator.train.loop.metrics import MetricsLog, peak_memory_gib, peak_reserved_gib
 from orchestrator.train.loop.sinks import check_available
 from orchestrator.train.loop.validation import evaluate, evaluation_index
@@ -73,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--steps",
         type=int,
         default=None,
-        help="train until this many steps are done (default: the plan's total, else 20)",
+        help=f"train until this many steps are done (default: the plan's total, else {DEFAULT_STEPS})",
     )
     p.add_argument(
         "--extend-schedule",
@@ -627,8 +627,7 @@ def main(argv=None, stop: StopRequest | None = None) -> None:
     stop = stop or StopRequest()
     args = parse_args(argv)
     plan = load_plan(args.plan)
-    if args.steps is None:
-        args.steps = plan.spec.training.train_steps or 20
+    args.steps = steps_to_train(plan.spec.training, args.steps)
     check_steps(plan, args)
     check_available(plan.spec.training.logging, plan.path)
     denv = launch.read_env()

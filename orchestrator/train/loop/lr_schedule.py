@@ -104,6 +104,17 @@ class Schedule:
         return head + self.style + tail
 
 
+# Steps the bundled entrypoint trains when neither --steps nor the plan (training.steps, or
+# train_tokens) gives a length: enough for a first run to show its step times.
+DEFAULT_STEPS = 20
+
+
+def steps_to_train(training, steps: int | None) -> int:
+    """The step a run trains to: ``steps`` (--steps) when given, else the plan's length, else
+    ``DEFAULT_STEPS`` (the entrypoint, train/loop/entry.py; `dsorch submit --wait`'s progress bar)."""
+    return steps if steps is not None else training.train_steps or DEFAULT_STEPS
+
+
 def steps_past_plan(training, plan_path, steps: int | None, extend: bool) -> str | None:
     """Why ``--steps`` cannot run without --extend-schedule (None when it can): the schedule covers
     exactly the planned steps, and past them the rate would sit at min_lr without a word."""
