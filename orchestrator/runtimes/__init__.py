@@ -6,9 +6,11 @@ Adding a runtime (Megatron-FSDP as its own engine, torchtitan): one module besid
 with a ``Runtime`` subclass and its instance, listed in ``RUNTIMES`` below. It must give every field
 of ``Runtime`` (its label, engine overlaps, whether the bundled trainer runs it, its calibration
 engines, the files it renders and the one its program reads, how it launches, its stop handler,
-its Megatron-FSDP stage if any, the features it has) and implement ``zero_stages``,
-``zero_refusal`` and ``state_bytes`` (``model_problems``, ``expert_zero_ok``, ``calibration_engine``,
-``step_transient_bytes`` and ``engine_for`` where the defaults do not hold). Beyond this package:
+its Megatron-FSDP stage if any, the features it has, how its engine's memory and communication
+look to the cost model) and implement ``zero_stages``, ``zero_refusal``, ``state_bytes`` and
+``dp_bucket_elements`` (``model_problems``, ``expert_zero_ok``, ``calibration_engine``,
+``step_transient_bytes``, ``whole_grad_allreduce``, ``saves_fp32_master`` and ``engine_for`` where
+the defaults do not hold). Beyond this package:
 an entry per calibration engine in costmodel/calibration.yaml, a renderer for any file of
 ``renders`` that render/__init__.py's ``RENDERERS`` lacks, the checks of that file in
 validate/plan_dir.py, and, for a program other than the bundled entrypoint or Megatron-LM, its

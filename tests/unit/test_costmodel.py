@@ -262,7 +262,7 @@ def test_dp_reduction_is_hierarchical_across_nodes():
 
 
 def test_engine_overlaps_follow_the_runtime():
-    from orchestrator.costmodel.evaluate import ENGINES
+    from orchestrator.costmodel.engines import ENGINES
 
     spec, _ = load_spec(EXAMPLES / "llama3-70b.yaml")
     profile = _profile(4)
