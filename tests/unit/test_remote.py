@@ -132,3 +132,35 @@ def test_a_schema_2_registry_gains_the_login_column(tmp_path):
     con.close()
     assert [(r.job_id, r.data, r.login) for r in reg.all()] == [("9", "/d", None)]
     assert sqlite3.connect(reg.path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+
+
+def test_a_submission_over_ssh_goes_through_the_remote_backend_and_keeps_one_row(runner, in_tmp, monkeypatch):
+    """A login section makes the job's executor remote: the plan is shipped, the login node's `dsorch
+    submit` takes the options, and the local registry keeps the row with the login section. FAKES:
+    Remote.ship and Remote.submit stand in for ssh (the round trip is tests/system/test_ssh.py)."""
+    import json
+
+    from orchestrator.cli.main import main
+    from orchestrator.run.registry import Registry
+
+    monkeypatch.delenv(remote.ON_LOGIN_NODE, raising=False)
+    (in_tmp / "profiles").mkdir()
+    (in_tmp / "profiles" / "far.yaml").write_text(
+        "name: far\nextends: local\nlogin:\n  host: me@login\n  remote_dir: exp\n"
+    )
+    r = runner.invoke(main, ["plan", "examples/tiny.yaml", "--cluster", "far", "--profiles-dir", "profiles",
+                             "--out", "plans/t"])
+    assert r.exit_code == 0, r.output
+    calls = []
+    monkeypatch.setattr(Remote, "ship", lambda self, *a: calls.append(("ship", a[2], a[3])))
+    monkeypatch.setattr(Remote, "submit", lambda self, args: calls.append(("submit", args)) or "4242")
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")  # ssh "installed"
+    r = runner.invoke(main, ["submit", "plans/t", "--profiles-dir", "profiles", "--steps", "3", "--force"])
+    assert r.exit_code == 0, r.output
+    assert "submitted job 4242 (remote, cluster far)" in r.output
+    (rec,) = Registry(in_tmp).all()
+    assert (rec.executor, rec.state, json.loads(rec.login)["host"]) == ("remote", "PENDING", "me@login")
+    assert calls == [("ship", "plans/t", "profiles"),
+                     ("submit", ["plans/t", "--profiles-dir", remote.REMOTE_PROFILES, "--steps", "3", "--force"])]
+    r = runner.invoke(main, ["submit", "plans/t", "--profiles-dir", "profiles", "--resume"])
+    assert r.exit_code == 2 and "--resume: not over SSH yet" in r.output and len(Registry(in_tmp).all()) == 1
