@@ -74,7 +74,7 @@ from orchestrator.costmodel.links import _links
 from orchestrator.costmodel.peak_memory import _memory
 from orchestrator.costmodel.stacks import MEMORY_PARTS, TIME_PARTS, MemoryStack, TimeStack
 from orchestrator.runtimes import Engine, Runtime, runtime_named
-from orchestrator.runtimes.deepspeed import ZERO3_MAX_LIVE_PARAMETERS, ZERO_BUCKET_ELEMENTS
+from orchestrator.runtimes.deepspeed import ZERO_BUCKET_ELEMENTS
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
@@ -225,7 +225,6 @@ __all__ = [
     "ENGINES",
     "RC_TORCHTITAN_OP",
     "RECOMPUTE_CODES",
-    "ZERO3_MAX_LIVE_PARAMETERS",
     "ZERO_BUCKET_ELEMENTS",
     "Candidates",
     "Engine",

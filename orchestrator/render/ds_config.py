@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.costmodel.evaluate import ZERO3_MAX_LIVE_PARAMETERS, ZERO_BUCKET_ELEMENTS
 from orchestrator.plan.make import Plan
 from orchestrator.render.overrides import merge_ds_config
+from orchestrator.runtimes.deepspeed import ZERO3_MAX_LIVE_PARAMETERS, ZERO_BUCKET_ELEMENTS
 
 STEPS_PER_PRINT = 10
 
@@ -121,7 +121,7 @@ def _zero(plan: Plan) -> dict:
                 "overlap_comm": True,
                 "contiguous_gradients": True,
                 "reduce_scatter": True,
-                # Buckets in elements; dsorch's memory model counts them (costmodel.evaluate).
+                # Buckets in elements; dsorch's memory model counts them (costmodel/peak_memory.py _comm_buffers).
                 "reduce_bucket_size": ZERO_BUCKET_ELEMENTS,
                 "allgather_bucket_size": ZERO_BUCKET_ELEMENTS,
                 "round_robin_gradients": False,

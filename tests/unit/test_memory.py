@@ -55,7 +55,7 @@ def test_deepspeed_zero3_estimator_agrees_term_by_term():
     # 4 x largest layer is dsorch's two gathered 16-bit layers (the one in use and the prefetched one).
     # The estimator leaves out the reduce bucket stage3.py allocates whole at start with
     # contiguous_gradients (reduce_bucket_size 16-bit elements), which dsorch counts.
-    from orchestrator.costmodel.evaluate import ZERO_BUCKET_ELEMENTS
+    from orchestrator.runtimes.deepspeed import ZERO_BUCKET_ELEMENTS
 
     states = float(ev.memory.params[0] + ev.memory.grads[0] + ev.memory.optimizer[0])
     assert states == pytest.approx(gpu - largest, rel=1e-9)
