@@ -168,11 +168,11 @@ def _exercised(rows: list[Row]) -> tuple[str, ...]:
             found.add("intra_node_comm")
         if r.profile.nodes > 1:
             found.add("inter_node_comm")
-        if dp > 1 and (r.runtime == "megatron" or pp == 1):
+        if dp > 1 and r.runtime.engine.overlaps_dp(pp):
             found.add("dp_overlap")
         if row_engine(r) == "deepspeed-zero3" and dp > 1:
             found.add("zero3_stall_us")
-        if r.runtime == "megatron" and r.training.tp_comm_overlap and tp > 1 and r.pins.sequence_parallel:
+        if r.runtime.engine_for(r.training).tp_overlap and tp > 1 and r.pins.sequence_parallel:
             found.add("tp_overlap")
     return tuple(f for f in FIELDS if f in found)
 

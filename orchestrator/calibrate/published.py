@@ -24,9 +24,9 @@ import yaml
 
 from orchestrator.calibrate.rows import Row, RowError, row_errors
 from orchestrator.costmodel.calibration import engine_of
-from orchestrator.costmodel.evaluate import Engine, runtime_engine
 from orchestrator.errors import SpecError
 from orchestrator.plan.layout import Pins
+from orchestrator.runtimes import DEEPSPEED, MEGATRON, Engine, runtime_named
 from orchestrator.spec.cluster import ClusterProfile, Features, load_profile
 from orchestrator.spec.model import MLASpec, ModelSpec, MoESpec, TrainingSpec
 from orchestrator.spec.yamlio import deep_merge
@@ -142,7 +142,7 @@ def published_rows(profile_loader=load_profile) -> list[Row]:
                         model,
                         training,
                         base_profile.resized(nodes=gpus // base_profile.gpus_per_node),
-                        cs["runtime"],
+                        runtime_named(cs["runtime"]),
                         pins,
                         step,
                         eng,
@@ -190,7 +190,7 @@ def _run_row(r: dict, base: ClusterProfile, recompute: str, note: str = "") -> R
         recompute=recompute,
         sequence_parallel=L["sp"],
     )
-    runtime = r.get("runtime", "deepspeed")
+    runtime = runtime_named(r.get("runtime", DEEPSPEED.name))
     engine = str(engine_of(runtime, L["zero"], L["pp"]).item())
     return Row(
         r["id"],
@@ -455,7 +455,7 @@ def moe_skip_reason(run: dict) -> str | None:
         return (
             "Megatron-FSDP with data_parallel_sharding_strategy optim_grads_params (Megatron-Bridge "
             "scripts/performance/utils/overrides.py _set_megatron_fsdp_overrides), i.e. ZeRO-3 on the megatron "
-            "runtime, which dsorch does not model (plan/rules.py zero_stages); its preset also offloads 20 "
+            "runtime, which dsorch does not model (runtimes/megatron.py zero_stages); its preset also offloads 20 "
             "layers' activations to the CPU (cpu_offloading_num_layers)"
         )
     return None
@@ -479,7 +479,7 @@ def moe_row(run: dict, profile_loader=load_profile) -> Row:
     profile = base.resized(nodes=int(hw["num_gpus"]) // base.gpus_per_node)
     if training.moe_dispatcher == "flex":  # HybridEP / DeepEP installed where the run was made
         profile = profile.model_copy(update={"features": Features(deepep=True)})
-    engine = runtime_engine("megatron", training)
+    engine = MEGATRON.engine_for(training)
     scope = ((run.get("recipe_crossref") or {}).get("preset_fields") or {}).get("cuda_graph_scope") or []
     if {"moe_router", "moe_preprocess"} <= set(scope):
         # The preset captures the router and the dispatcher's preprocessing in CUDA graphs
@@ -495,7 +495,7 @@ def moe_row(run: dict, profile_loader=load_profile) -> Row:
         model,
         training,
         profile,
-        "megatron",
+        MEGATRON,
         moe_pins(run, model),
         math.nan if step is None else float(step),
         engine,

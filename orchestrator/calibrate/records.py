@@ -17,7 +17,6 @@ from orchestrator.calibrate.rows import Row
 from orchestrator.errors import SpecError
 from orchestrator.plan.layout import (
     PINNABLE,
-    RUNTIMES,
     WORLD_PRODUCT,
     LayoutDoc,
     Pins,
@@ -26,6 +25,7 @@ from orchestrator.plan.layout import (
 )
 from orchestrator.plan.rules import check_model, check_training, stage_split
 from orchestrator.plandir.rundir import METRICS_FILE, RunDir
+from orchestrator.runtimes import RUNTIME_NAMES, runtime_named
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec, load_spec
 
@@ -106,7 +106,7 @@ def run_record(metrics: Path, plan_dir: Path) -> CalibrationRecord:
         id=str(metrics),
         model=model,
         training=training,
-        runtime=pd.runtime,
+        runtime=pd.runtime.name,
         layout=RecordLayout(**pd.layout.as_dict()),
         step_time_s=_steady(times),
         peak_mem_gib=max(mems) if mems else None,
@@ -143,7 +143,7 @@ def oom_record(plan_dir: Path, metrics: Path | None) -> CalibrationRecord:
         id=f"{plan_dir} (out of memory)",
         model=pd.spec.model,
         training=pd.spec.training,
-        runtime=pd.runtime,
+        runtime=pd.runtime.name,
         layout=RecordLayout(**pd.layout.as_dict()),
         step_time_s=predicted_s,
         peak_mem_gib=peak,
@@ -173,7 +173,7 @@ class CalibrationRecord(BaseModel):
     id: str | None = None
     model: str | ModelSpec
     training: dict[str, Any] | TrainingSpec | None = None
-    runtime: Literal[RUNTIMES] = "deepspeed"  # type: ignore[valid-type]
+    runtime: Literal[RUNTIME_NAMES] = "deepspeed"  # type: ignore[valid-type]
     layout: RecordLayout
     step_time_s: float = Field(gt=0, allow_inf_nan=False)
     peak_mem_gib: float | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -205,7 +205,8 @@ def _record_row(rec: CalibrationRecord, base: Path, profile: ClusterProfile, ind
     pins = Pins(**{a.name: getattr(L, a.name) for a in PINNABLE})
     if stage_split(model.num_layers, L.pp, model.mtp_layers) is None:
         raise SpecError(f"record {index}: pp={L.pp} cannot split {model.num_layers} layers.")
-    problems = check_model(model, rec.runtime) + check_training(training, prof, rec.runtime)
+    runtime = runtime_named(rec.runtime)
+    problems = check_model(model, runtime) + check_training(training, prof, runtime)
     if problems:
         raise SpecError(f"record {index}: " + "; ".join(problems) + ".")
     return Row(
@@ -213,7 +214,7 @@ def _record_row(rec: CalibrationRecord, base: Path, profile: ClusterProfile, ind
         model,
         training,
         prof,
-        rec.runtime,
+        runtime,
         pins,
         rec.step_time_s,
         measured_peak_gib=rec.peak_mem_gib,

@@ -16,6 +16,7 @@ from orchestrator.costmodel.evaluate import RC_TORCHTITAN_OP, Engine
 from orchestrator.errors import SpecError
 from orchestrator.plan.layout import AXES, AXIS, Pins, short_text
 from orchestrator.plan.solver import GIB, enumerate_layouts
+from orchestrator.runtimes import Runtime
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
@@ -50,7 +51,7 @@ class Row:
     model: ModelSpec
     training: TrainingSpec
     profile: ClusterProfile
-    runtime: str
+    runtime: Runtime
     pins: Pins
     measured_step_s: float
     engine: Engine | None = None

@@ -25,8 +25,9 @@ from orchestrator.cli.common import (
     profiles_dir_option,
     resolve_profiles_dir,
 )
-from orchestrator.plan.layout import PINNABLE, RUNTIMES
+from orchestrator.plan.layout import PINNABLE
 from orchestrator.plan.request import KEEP
+from orchestrator.runtimes import DEFAULT, RUNTIME_NAMES, Runtime, runtime_named
 
 if TYPE_CHECKING:  # the commands import these when they run, so that `dsorch --help` stays fast
     from orchestrator.cli.project import Project, Setting
@@ -75,8 +76,8 @@ if TYPE_CHECKING:  # the commands import these when they run, so that `dsorch --
 )
 @click.option(
     "--runtime",
-    type=click.Choice(RUNTIMES),
-    default="deepspeed",
+    type=click.Choice(RUNTIME_NAMES),
+    default=DEFAULT.name,
     show_default=True,
     help="deepspeed: dsorch's bundled entrypoint on DeepSpeed's pipeline engine (1F1B, ZeRO 0-3). "
     "megatron: Megatron-LM's pretrain_gpt.py (interleaved 1F1B, distributed optimizer).",
@@ -138,7 +139,7 @@ def plan(
         out=out,
         write=not no_write,
         default_dir=check or not (no_write or as_json),
-        runtime=runtime,
+        runtime=runtime_named(runtime),
         nodes=nodes,
         gpus_per_node=gpus_per_node,
         pins=pins,
@@ -215,7 +216,7 @@ def _plan_one(
     out: Path | None,
     write: bool,
     default_dir: bool,
-    runtime: str,
+    runtime: Runtime,
     nodes: int | None,
     gpus_per_node: int | None,
     pins: Pins,

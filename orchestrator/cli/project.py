@@ -20,12 +20,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.errors import DsorchError, SpecError
 from orchestrator.plandir.rundir import METRICS_FILE
+
+if TYPE_CHECKING:
+    from orchestrator.runtimes import Runtime
 
 CONFIG_NAME = "dsorch.yaml"
 ENV_CLUSTER = "DSORCH_CLUSTER"
@@ -121,15 +125,24 @@ class Project:
         return self.root / self.config.runs_dir
 
     def default_plan_dir(
-        self, spec_name: str, cluster: str, runtime: str, nodes: int | None = None, gpus_per_node: int | None = None
+        self,
+        spec_name: str,
+        cluster: str,
+        runtime: Runtime | str,
+        nodes: int | None = None,
+        gpus_per_node: int | None = None,
     ) -> Path:
         """PLANS_DIR/<spec>-<cluster>[-<N>n][-<G>g][-<runtime>]: predictable, so `dsorch submit` can
-        find it, and a resized or other-runtime plan does not overwrite the full-size one."""
+        find it, and a resized or other-runtime plan does not overwrite the full-size one (the
+        default runtime's plans carry no runtime in the name)."""
+        from orchestrator.runtimes import DEFAULT, runtime_named
+
+        runtime = runtime_named(runtime)
         name = (
             f"{spec_name}-{cluster}"
             + (f"-{nodes}n" if nodes else "")
             + (f"-{gpus_per_node}g" if gpus_per_node else "")
-            + ("" if runtime == "deepspeed" else f"-{runtime}")
+            + ("" if runtime == DEFAULT else f"-{runtime.name}")
         )
         return self.plans_dir / (_UNSAFE.sub("-", name).strip("-.") or "plan")
 
@@ -169,9 +182,10 @@ def load_project(start: Path | None = None) -> Project:
 def find_plan(project: Project, cwd: Path, cluster: Setting) -> Path:
     """The plan `dsorch submit` means when it is given no PLAN_DIR: the working directory if it is
     a plan directory, else the one plan in PLANS_DIR for the cluster (or the only plan there).
-    Only deepspeed-runtime plans count, so that a Megatron-LM plan beside one (a -megatron plan
+    Only the default runtime's plans count, so that a Megatron-LM plan beside one (a -megatron plan
     directory) does not make the choice ambiguous; name a Megatron-LM plan as PLAN_DIR."""
     from orchestrator.plandir.reader import load_plan_dir
+    from orchestrator.runtimes import DEFAULT
 
     if (cwd / "plan.yaml").is_file():
         return cwd
@@ -183,13 +197,13 @@ def find_plan(project: Project, cwd: Path, cluster: Setting) -> Path:
         except DsorchError:
             broken.append(_rel(p, cwd))
             continue
-        if pd.runtime == "deepspeed":
+        if pd.runtime == DEFAULT:
             plans[p] = pd.doc.cluster.name
     rel = _rel(project.plans_dir, cwd)
     note = f" (not counted, they do not load: {', '.join(broken)}; `dsorch validate` says why)" if broken else ""
     if not plans:
         raise DsorchError(
-            f"no PLAN_DIR given and {rel}/ has no plan directory for `dsorch submit` (the deepspeed "
+            f"no PLAN_DIR given and {rel}/ has no plan directory for `dsorch submit` (the {DEFAULT.name} "
             f"runtime){note}; write one with `dsorch plan SPEC"
             + (f" --cluster {cluster.value}" if cluster.value else " --cluster NAME")
             + "` or pass PLAN_DIR."

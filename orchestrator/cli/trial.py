@@ -120,6 +120,7 @@ def trial(
         _finish_trials(project, reg, target, manifest, pdir, name, wait)
         return
     from orchestrator.run.remote import not_over_ssh_yet
+    from orchestrator.runtimes import DEEPSPEED
     from orchestrator.spec.model import load_spec
 
     spec_file, loaded_spec = load_spec(target)
@@ -130,7 +131,7 @@ def trial(
         out = (
             project.root
             / "trials"
-            / project.default_plan_dir(spec_file.name, lp.profile.name, "deepspeed", nodes, gpus_per_node).name
+            / project.default_plan_dir(spec_file.name, lp.profile.name, DEEPSPEED, nodes, gpus_per_node).name
         )
     check_out_path(out, "--out")
     con.print(f"trials of {spec_file.name} on {lp.profile.name} ({proposal.world_size} GPUs), {steps} steps each:")

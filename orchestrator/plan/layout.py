@@ -27,7 +27,6 @@ import numpy as np
 import pydantic
 
 RECOMPUTE_LEVELS: tuple[str, ...] = ("none", "selective", "full")
-RUNTIMES: tuple[str, ...] = ("deepspeed", "megatron")
 
 
 # Families of layouts, named by what dominates their communication (the seed's decision guide:

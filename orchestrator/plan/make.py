@@ -15,8 +15,9 @@ from orchestrator.errors import LayoutError, NoFeasibleLayout
 from orchestrator.plan.decisions import Decisions, decide
 from orchestrator.plan.layout import Layout, Pins
 from orchestrator.plan.request import KEEP, PlanRequest
-from orchestrator.plan.rules import MEGATRON_FSDP_ZERO, check_model, check_training
+from orchestrator.plan.rules import check_model, check_training
 from orchestrator.plan.solver import Scored, SearchResult, explain_pins, minimum_nodes, search
+from orchestrator.runtimes import Runtime, runtime_named
 from orchestrator.spec.cluster import ClusterProfile, check_local_nodes
 from orchestrator.spec.model import SpecFile
 from orchestrator.spec.sbatch import parse_slurm_time
@@ -30,7 +31,7 @@ class Plan:
     profile: ClusterProfile  # with --nodes applied
     profile_origin: str
     profile_sha256: str
-    runtime: str
+    runtime: Runtime
     pins: Pins
     memory_margin_gib: float
     result: SearchResult
@@ -78,7 +79,7 @@ def allocation_seconds(profile: ClusterProfile) -> float | None:
     return float(minutes * 60 - profile.slurm.signal_delay_s)
 
 
-def plan_checkpoint(spec: SpecFile, profile: ClusterProfile, runtime: str, chosen: Scored) -> CheckpointInterval:
+def plan_checkpoint(spec: SpecFile, profile: ClusterProfile, runtime: Runtime, chosen: Scored) -> CheckpointInterval:
     """The checkpoint interval of a plan: the spec's, or Young/Daly's from the chosen layout's step
     time, the checkpoint's size over the profile's write bandwidth, and the job's MTBF (node MTBF
     over the nodes: a failure of any node stops the job)."""
@@ -125,7 +126,7 @@ def make_plan(request: PlanRequest) -> Plan:
             f"--memory-margin {memory_margin_gib:g} GiB leaves nothing of the {loaded.profile.gpu.memory_gib:g} "
             f"GiB per GPU; use a margin below the GPU memory."
         )
-    spec, runtime, pins = r.spec, r.runtime, r.pins
+    spec, runtime, pins = r.spec, runtime_named(r.runtime), r.pins
     profile = loaded.profile.resized(r.nodes, r.gpus_per_node)
     problems = check_model(spec.model, runtime) + check_training(spec.training, profile, runtime)
     if problems:
@@ -175,7 +176,7 @@ def make_plan(request: PlanRequest) -> Plan:
 
 
 def _nothing_fits(
-    spec: SpecFile, profile: ClusterProfile, runtime: str, pins: Pins, result: SearchResult, margin: float
+    spec: SpecFile, profile: ClusterProfile, runtime: Runtime, pins: Pins, result: SearchResult, margin: float
 ) -> str:
     closest = result.closest[0]
     L = closest.layout
@@ -188,20 +189,21 @@ def _nothing_fits(
     ]
     if pins.all_pinned():
         return lines[0] + " Unpin some of the layout (drop --tp/--pp/--mbs/...) or use more nodes (--nodes)."
-    if runtime == "megatron" and pins.zero_stage is None:
-        # Megatron-FSDP is searched only when pinned (rules.MEGATRON_FSDP_ZERO): say so when it would fit.
+    fsdp_zero = runtime.fsdp_zero_stage
+    if fsdp_zero is not None and pins.zero_stage is None:
+        # Megatron-FSDP is searched only when pinned (Runtime.fsdp_zero_stage): say so when it would fit.
         fsdp = search(
             spec.model,
             spec.training,
             profile,
             runtime,
-            pins.replaced(zero_stage=MEGATRON_FSDP_ZERO),
+            pins.replaced(zero_stage=fsdp_zero),
             memory_margin_gib=margin,
             keep=1,
         ).best
         if fsdp is not None:
             lines.append(
-                f"With Megatron-FSDP's sharded gradients (--zero {MEGATRON_FSDP_ZERO}, searched only when "
+                f"With Megatron-FSDP's sharded gradients (--zero {fsdp_zero}, searched only when "
                 f"pinned) {fsdp.layout.short()} fits at {fsdp.memory_gib['total']:.1f} GiB per GPU."
             )
     if profile.executor == "local":  # more nodes are not to be had (spec/cluster.py check_local_nodes)

@@ -18,6 +18,7 @@ from orchestrator.plan.layout import Pins
 
 if TYPE_CHECKING:
     from orchestrator.plan.layout import Layout
+    from orchestrator.runtimes import Runtime
     from orchestrator.spec.cluster import LoadedProfile
     from orchestrator.spec.model import SpecFile
 
@@ -37,7 +38,7 @@ class PlanRequest:
     spec_path: str  # as the generated files name it: relative to the plan directory, never absolute
     spec_sha256: str
     profile: LoadedProfile  # as loaded: ``nodes`` and ``gpus_per_node`` are applied by make_plan
-    runtime: str
+    runtime: Runtime | str  # the object or its name (runtimes.runtime_named)
     pins: Pins = Pins()
     nodes: int | None = None  # --nodes, as given; None: the profile's node count
     gpus_per_node: int | None = None  # --gpus-per-node, as given; None: the profile's

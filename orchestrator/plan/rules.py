@@ -1,7 +1,7 @@
 """Legality rules of a layout for a model, a cluster and a runtime.
 
 Each rule returns a reason that names the conflict and the fix. The solver enumerates only what
-``tp_degrees``, ``stage_split`` and ``zero_stages`` allow, and counts what they rule out
+``tp_degrees``, ``stage_split`` and the runtime's ``zero_stages`` allow, and counts what they rule out
 (``orchestrator.plan.solver``); ``check_layout`` explains a pinned layout that breaks a rule, from
 the same helpers, so the two cannot disagree.
 """
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from orchestrator.costmodel.evaluate import cp_a2a_size
 from orchestrator.plan.layout import Layout
+from orchestrator.runtimes import Runtime, runtime_named
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
@@ -65,44 +66,7 @@ def stage_split(num_layers: int, pp: int, mtp: int = 0) -> StageSplit | None:
     return lighter(1, 2, "loss-chunk")
 
 
-# Megatron-LM's ZeRO-2: Megatron-FSDP with --data-parallel-sharding-strategy optim_grads, which
-# shards the fp32 main gradients as well as the optimizer states over the dp x cp group and keeps
-# the bf16 weights whole (megatron/core/distributed/fsdp/src/docs/mfsdp_design.md, "ZeRO-2 /
-# optim_grads"). This is how Llama 3 405B trained beside TP8 PP16 (Llama 3 paper, Sec. 3.3.2: FSDP
-# shards optimizer states and gradients, the weights are not resharded after the forward pass).
-# Searched only when pinned (--zero 2): Megatron-LM's validate_args accepts it with pipeline and
-# tensor parallelism but warns against TP with it, and its functional tests run it only at pp=1.
-MEGATRON_FSDP_ZERO = 2
-
-
-def uses_megatron_fsdp(runtime: str, zero_stage: int) -> bool:
-    """Whether a layout runs on Megatron-FSDP (optim_grads) rather than the distributed optimizer."""
-    return runtime == "megatron" and zero_stage == MEGATRON_FSDP_ZERO
-
-
-def zero_stages(
-    runtime: str, pp: int, precision: str, grad_accum_steps: int, pinned: int | None = None, fp8_param_gather=False
-) -> list[int]:
-    """The ZeRO stages a runtime can run a layout with (the solver enumerates exactly these);
-    ``pinned`` is the stage the user asked for, if any."""
-    if runtime == "megatron":
-        # 0: plain DDP; 1: the distributed optimizer; 2: Megatron-FSDP optim_grads, only when asked.
-        # --fp8-param-gather needs the distributed optimizer or Megatron-FSDP (validate_args).
-        stages = [0, 1, MEGATRON_FSDP_ZERO] if pinned == MEGATRON_FSDP_ZERO else [0, 1]
-        return stages[1:] if fp8_param_gather else stages
-    # DeepSpeed's pipeline engine asserts stage < 2 (pipe/engine.py). With bf16, dsorch accumulates
-    # gradients in fp32 (ds_config data_types.grad_accum_dtype), which DeepSpeed refuses at ZeRO-0
-    # ("unsupported mix of model_dtype=torch.bfloat16 and grad_accum_dtype=torch.float32",
-    # engine.py _do_optimizer_sanity_check); bf16 accumulation loses gradient over many
-    # micro-batches (measured with DeepSpeed 0.19.8: 37% of the true gradient norm after 1024), so
-    # ZeRO-0 stays only where nothing accumulates.
-    stages = [0, 1] if pp > 1 else [0, 1, 2, 3]
-    if precision == "bf16" and grad_accum_steps > 1:
-        stages.remove(0)
-    return stages
-
-
-def vpp_degrees(runtime: str, num_layers: int, pp: int, p2p_overlap: bool = True, mtp: int = 0) -> list[int]:
+def vpp_degrees(runtime: Runtime, num_layers: int, pp: int, p2p_overlap: bool = True, mtp: int = 0) -> list[int]:
     """Virtual stages per rank the interleaved schedule can use: only Megatron-LM has it, only with
     pp > 1, and vpp must divide each rank's share of the split. An edge-light split (one layer fewer
     on the first and last stage) is Megatron's --account-for-embedding/loss-in-pipeline-split:
@@ -114,13 +78,13 @@ def vpp_degrees(runtime: str, num_layers: int, pp: int, p2p_overlap: bool = True
     split = stage_split(num_layers, pp, mtp)
     # Without p2p overlap validate_args asks for pp > 2 ("pipeline-model-parallel size should be
     # greater than 2 with interleaved schedule").
-    if runtime != "megatron" or pp == 1 or split is None or (not p2p_overlap and pp <= 2):
+    if not runtime.interleaved_schedule or pp == 1 or split is None or (not p2p_overlap and pp <= 2):
         return [1]
     return divisors(split.middle)
 
 
 def recompute_layer_options(
-    model: ModelSpec, runtime: str, split: StageSplit | None, vpp: int, pinned: int | None = None
+    model: ModelSpec, runtime: Runtime, split: StageSplit | None, vpp: int, pinned: int | None = None
 ) -> list[int]:
     """recompute_layers values to search under full recomputation: 0 (every layer) and, on
     Megatron-LM, a quarter, half and three quarters of a virtual stage's layers (Megatron's block
@@ -134,9 +98,9 @@ def recompute_layer_options(
     return [0, *sorted({n for n in (round(chunk * q / 4) for q in (1, 2, 3)) if 1 <= n < chunk})]
 
 
-def _recompute_layers_problem(n: int, model: ModelSpec, runtime: str, chunk: int) -> str | None:
+def _recompute_layers_problem(n: int, model: ModelSpec, runtime: Runtime, chunk: int) -> str | None:
     """Why full recomputation of only ``n`` layers per virtual stage of ``chunk`` layers cannot run."""
-    if runtime != "megatron":
+    if not runtime.partial_recompute:
         return (
             f"recompute_layers={n}: the bundled DeepSpeed entrypoint checkpoints every decoder layer under "
             f"full recomputation (PipelineModule activation_checkpoint_interval); use recompute_layers 0 or "
@@ -156,7 +120,7 @@ def _recompute_layers_problem(n: int, model: ModelSpec, runtime: str, chunk: int
     return None
 
 
-def cp_degrees(runtime: str, training: TrainingSpec, n: int, model: ModelSpec, tp: int, domain: int) -> list[int]:
+def cp_degrees(runtime: Runtime, training: TrainingSpec, n: int, model: ModelSpec, tp: int, domain: int) -> list[int]:
     """Context-parallel degrees among the divisors of ``n`` (GPUs left after tp): Megatron-LM only
     (the bundled entrypoint has no ring attention), its fused attention only (the local attention
     asserts context_parallel_size == 1: core/transformer/dot_product_attention.py), and the
@@ -165,7 +129,7 @@ def cp_degrees(runtime: str, training: TrainingSpec, n: int, model: ModelSpec, t
     (``cp_exchange_problem``)."""
     from orchestrator.plan.layout import divisors
 
-    if runtime != "megatron" or not training.flash_attention:
+    if not runtime.context_parallel or not training.flash_attention:
         return [1]
     return [
         c
@@ -205,17 +169,17 @@ def cp_exchange_problem(model: ModelSpec, training: TrainingSpec, tp: int, cp: i
     return None
 
 
-def uses_tp_overlap(runtime: str, training: TrainingSpec, layout: Layout) -> bool:
+def uses_tp_overlap(runtime: Runtime, training: TrainingSpec, layout: Layout) -> bool:
     """Whether --tp-comm-overlap applies to a layout: asked for by the spec, on the megatron runtime,
     with tp > 1 and sequence parallelism (validate_args refuses it otherwise)."""
     # Not with Megatron-FSDP: TE's overlap wants CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron-FSDP
     # refuses (validate_args: "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset").
     return (
-        runtime == "megatron"
+        runtime.tp_comm_overlap
         and training.tp_comm_overlap
         and layout.tp > 1
         and layout.sequence_parallel
-        and not uses_megatron_fsdp(runtime, layout.zero_stage)
+        and not runtime.uses_fsdp(layout.zero_stage)
     )
 
 
@@ -249,22 +213,19 @@ def tp_degrees(model: ModelSpec, profile: ClusterProfile) -> list[int]:
     ]
 
 
-def ep_degrees(model: ModelSpec, runtime: str, tp: int, cp: int, dp: int) -> list[int]:
+def ep_degrees(model: ModelSpec, runtime: Runtime, tp: int, cp: int, dp: int) -> list[int]:
     """Expert-parallel degrees: 1 for a dense model; else divisors of the routed experts that fit the
-    expert mesh. Megatron-Core carves it from the tp x cp x dp ranks of the attention
-    (core/parallel_state.py initialize_model_parallel: expert_tensor_model_pipeline_parallel groups
-    over the same world); dsorch's entrypoint carves it from the data-parallel ranks only, its
-    experts split over the tp group (orchestrator/train/)."""
+    runtime's expert mesh (``Runtime.expert_mesh``)."""
     from orchestrator.plan.layout import divisors
 
     if model.moe is None:
         return [1]
-    mesh = dp if runtime == "deepspeed" else tp * cp * dp
+    mesh = runtime.expert_mesh(tp, cp, dp)
     return [e for e in divisors(mesh) if model.moe.num_experts % e == 0]
 
 
 def etp_degrees(
-    model: ModelSpec, runtime: str, tp: int, cp: int, dp: int, ep: int, pinned: int | None = None
+    model: ModelSpec, runtime: Runtime, tp: int, cp: int, dp: int, ep: int, pinned: int | None = None
 ) -> list[int]:
     """Expert tensor-parallel degrees searched: 1 for a dense model; tp on dsorch's entrypoint
     (experts split like its dense MLP); on Megatron-Core 1 (whole experts, the usual choice for
@@ -273,33 +234,18 @@ def etp_degrees(
     etp 1 (TransformerConfig: "Bias in Moe is only supported when ETP==1")."""
     if model.moe is None:
         return [1]
-    if runtime == "deepspeed":
+    if runtime.experts_like_mlp:
         return [tp] if tp == 1 or not model.bias else []
     searched = {1, tp} if pinned is None else {pinned}
     return [t for t in sorted(searched) if (tp * cp * dp) % (ep * t) == 0 and (t == 1 or not model.bias)]
 
 
-def expert_zero_ok(model: ModelSpec, runtime: str, ep: int, zero_stage: int) -> bool:
-    """DeepSpeed runs expert parallelism at ZeRO-1 and 2 only: 0.19's engine refuses MoE layers at
-    ZeRO-3 (engine.py _validate_zero3_moe_compatibility), and at ZeRO-0 its gradient clipping
-    averages the ranks' norms instead of summing the experts' (measured: 0.48973 against the true
-    0.49012 at ep 2 dp 2). At ep 1 the entrypoint's MoE layer is a plain module: every stage."""
-    return runtime != "deepspeed" or model.moe is None or ep == 1 or zero_stage in (1, 2)
-
-
-def moe_needs_sp(model: ModelSpec, runtime: str, tp: int) -> bool:
-    """Megatron-Core's MoE layer refuses to train with tensor parallelism without sequence
-    parallelism, whatever ep (core/transformer/moe/moe_layer.py MoELayer.forward raises; with ep > 1
-    ModelParallelConfig.__post_init__ also warns "When using expert parallelism and tensor
-    parallelism for training, sequence parallelism must be used")."""
-    return runtime == "megatron" and model.moe is not None and tp > 1
-
-
 def check_layout(
-    layout: Layout, model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str
+    layout: Layout, model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: Runtime | str
 ) -> list[str]:
     """Every rule ``layout`` breaks, as sentences with a fix (empty when legal), axis by axis in the
     order of the steps below: the world size, cp, tp, pp and vpp, the global batch, ZeRO, sp."""
+    runtime = runtime_named(runtime)
     return [
         *_world_rules(layout, profile),
         *_cp_rules(layout, model, training, runtime, profile.nvlink_domain),
@@ -324,13 +270,13 @@ def _world_rules(L: Layout, profile: ClusterProfile) -> list[str]:
     ]
 
 
-def _cp_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime: str, domain: int) -> list[str]:
+def _cp_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime: Runtime, domain: int) -> list[str]:
     """Context parallelism: the runtime and attention that have it, the sequence's 2 x cp chunks,
     and the heads a2a scatters."""
     if L.cp <= 1:
         return []
     r: list[str] = []
-    if runtime != "megatron":
+    if not runtime.context_parallel:
         r.append(
             f"cp={L.cp}: context parallelism (ring attention) is a Megatron-LM feature; the bundled "
             f"DeepSpeed entrypoint has none (nor DeepSpeed-Ulysses); use cp=1 or --runtime megatron"
@@ -376,7 +322,7 @@ def _tp_rules(L: Layout, model: ModelSpec, profile: ClusterProfile) -> list[str]
     return r
 
 
-def _ep_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
+def _ep_rules(L: Layout, model: ModelSpec, runtime: Runtime) -> list[str]:
     """Expert parallelism: MoE models only; ep divides the experts; the expert mesh (etp x ep) fits in
     the ranks it is carved from; what each runtime builds."""
     if model.moe is None:
@@ -390,11 +336,11 @@ def _ep_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
     r: list[str] = []
     if model.bias and L.etp > 1:
         # TransformerConfig.__post_init__: "Bias in Moe is only supported when ETP==1".
-        fix = "use tp=1 (the entrypoint splits experts over tp)" if runtime == "deepspeed" else "use --etp 1"
+        fix = "use tp=1 (the entrypoint splits experts over tp)" if runtime.experts_like_mlp else "use --etp 1"
         r.append(f"etp={L.etp}: experts with biases (model.bias, GPT-OSS) split over no more than one rank; {fix}")
     if E % L.ep:
         r.append(f"ep={L.ep} does not divide the {E} routed experts (model.moe.num_experts); choose an ep dividing {E}")
-    if runtime == "deepspeed":
+    if runtime.experts_like_mlp:
         if L.etp != L.tp:
             r.append(
                 f"etp={L.etp}: dsorch's DeepSpeed entrypoint splits each expert over the tensor-parallel group "
@@ -405,7 +351,7 @@ def _ep_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
                 f"ep={L.ep} must divide dp={L.dp}: the entrypoint's expert groups are data-parallel ranks; "
                 f"choose an ep dividing {L.dp}"
             )
-        if not expert_zero_ok(model, runtime, L.ep, L.zero_stage):
+        if not runtime.expert_zero_ok(L.ep, L.zero_stage):
             r.append(
                 f"zero_stage={L.zero_stage} with ep={L.ep}: DeepSpeed runs expert parallelism at ZeRO-1 and 2 "
                 f"only (it refuses MoE layers at ZeRO-3, and clips the experts' gradients wrongly at ZeRO-0); "
@@ -421,7 +367,7 @@ def _ep_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
             f"Megatron-Core carves the expert mesh from the GPUs of one pipeline stage, so choose etp and ep "
             f"whose product divides {mesh}"
         )
-    if moe_needs_sp(model, runtime, L.tp) and not L.sequence_parallel:
+    if runtime.moe_needs_sp and L.tp > 1 and not L.sequence_parallel:
         r.append(
             f"a mixture-of-experts model with tp={L.tp} needs sequence parallelism on Megatron-LM (its MoE layer "
             f"refuses to train with tensor parallelism without it): use --sp or tp=1"
@@ -429,7 +375,7 @@ def _ep_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
     return r
 
 
-def _pipeline_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime: str) -> list[str]:
+def _pipeline_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime: Runtime) -> list[str]:
     """Pipeline parallelism: the layers split into stages, then the interleaved schedule (vpp) on
     that split."""
     r: list[str] = []
@@ -444,11 +390,11 @@ def _pipeline_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime
     return r
 
 
-def _recompute_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
+def _recompute_rules(L: Layout, model: ModelSpec, runtime: Runtime) -> list[str]:
     """Partial recomputation (recompute_layers): full recomputation only, where the runtime has it."""
     if L.recompute_layers == 0:
         return []
-    if runtime != "megatron":
+    if not runtime.partial_recompute:
         return [_recompute_layers_problem(L.recompute_layers, model, runtime, 0) or ""]
     if L.recompute != "full":
         return [
@@ -461,9 +407,9 @@ def _recompute_rules(L: Layout, model: ModelSpec, runtime: str) -> list[str]:
     return [problem] if problem else []
 
 
-def _vpp_rules(L: Layout, split: StageSplit | None, training: TrainingSpec, runtime: str) -> list[str]:
+def _vpp_rules(L: Layout, split: StageSplit | None, training: TrainingSpec, runtime: Runtime) -> list[str]:
     """The first rule an interleaved schedule (vpp > 1) breaks, if any (each one presumes those before it hold)."""
-    if runtime == "deepspeed":
+    if not runtime.interleaved_schedule:
         return [
             f"vpp={L.vpp}: DeepSpeed's pipeline engine runs plain 1F1B with no interleaved schedule; "
             f"use vpp=1 or --runtime megatron"
@@ -504,33 +450,12 @@ def _batch_rules(L: Layout, training: TrainingSpec) -> list[str]:
     ]
 
 
-def _zero_rules(L: Layout, training: TrainingSpec, runtime: str) -> list[str]:
-    """Why the ZeRO stage is not one ``zero_stages`` offers (one reason)."""
-    if L.zero_stage in zero_stages(
-        runtime, L.pp, training.precision, L.grad_accum_steps, L.zero_stage, training.fp8_param_gather
-    ):
+def _zero_rules(L: Layout, training: TrainingSpec, runtime: Runtime) -> list[str]:
+    """Why the ZeRO stage is not one the runtime's ``zero_stages`` offers (one reason)."""
+    fp8_gather = training.fp8_param_gather
+    if L.zero_stage in runtime.zero_stages(L.pp, training.precision, L.grad_accum_steps, L.zero_stage, fp8_gather):
         return []
-    if runtime == "megatron" and L.zero_stage == 0 and training.fp8_param_gather:
-        return [
-            "zero_stage=0 with training.fp8_param_gather: Megatron-LM's --fp8-param-gather needs the distributed "
-            "optimizer (validate_args); use zero_stage 1 or set fp8_param_gather false"
-        ]
-    if runtime == "megatron":
-        return [
-            f"zero_stage={L.zero_stage}: on Megatron-LM dsorch plans zero_stage 1 (the distributed "
-            f"optimizer) and 2 (Megatron-FSDP optim_grads: gradients sharded too); Megatron-FSDP's "
-            f"optim_grads_params (ZeRO-3) is not modelled: use zero_stage 0, 1 or 2, or the deepspeed runtime"
-        ]
-    if L.pp > 1 and L.zero_stage > 1:
-        return [
-            f"zero_stage={L.zero_stage} cannot be combined with pp={L.pp} in DeepSpeed's pipeline engine "
-            f"(it refuses ZeRO-2/3 with pipeline parallelism); use pp=1 or zero_stage<=1"
-        ]
-    return [
-        f"zero_stage=0 with bf16 and {L.grad_accum_steps} micro-batches per step: DeepSpeed accumulates "
-        f"gradients in fp32 only from ZeRO-1 on, and bf16 accumulation loses gradient over many "
-        f"micro-batches; use zero_stage>=1 (or one micro-batch per step)"
-    ]
+    return [runtime.zero_refusal(L.zero_stage, L.pp, L.grad_accum_steps, fp8_gather)]
 
 
 def _sp_rules(L: Layout, training: TrainingSpec) -> list[str]:
@@ -550,81 +475,9 @@ def _sp_rules(L: Layout, training: TrainingSpec) -> list[str]:
     return []
 
 
-def check_model(model: ModelSpec, runtime: str) -> list[str]:
-    """What the runtime cannot build of the architecture."""
-    problems = []
-    if runtime == "megatron":
-        # megatron/training/arguments.py offers --swiglu and --quick-geglu (a different GeGLU), and
-        # its GPT layer is sequential (attention, then MLP).
-        if model.activation == "geglu":
-            problems.append(
-                "model.activation geglu (Gemma's tanh GeGLU) has no Megatron-LM flag; use the deepspeed runtime"
-            )
-        if model.parallel_residual:
-            problems.append("model.parallel_residual: Megatron-LM's GPT layer is sequential; use the deepspeed runtime")
-        problems += _megatron_activation_limits(model)
-        problems += _megatron_moe_limits(model)
-        if model.mla is not None and model.qk_norm:
-            # gpt_layer_specs.py: with MLA, --qk-layernorm normalizes the query and key-value latents
-            # (always emitted for MLA); a per-head QK-norm on top has no switch.
-            problems.append(
-                "model.qk_norm with model.mla: Megatron-LM's --qk-layernorm is MLA's latent norms, and a "
-                "per-head QK-norm on MLA has no flag; drop qk_norm or use the deepspeed runtime"
-            )
-    return problems
-
-
-def _megatron_activation_limits(model: ModelSpec) -> list[str]:
-    """Megatron-Core clamps and offsets the halves of a GLU (mlp.py, moe/experts.py); its
-    TransformerConfig.__post_init__ allows the clamp on SwiGLU only in MoE models and without an
-    offset, and the offset with the fused bias-activation kernel only for quick-GeGLU."""
-    problems = []
-    if model.activation == "gelu" and (model.activation_clamp is not None or model.glu_linear_offset):
-        problems.append(
-            "model.activation_clamp/glu_linear_offset act on the two halves of a gated MLP and model.activation "
-            "gelu has no gate; drop them or use a gated activation"
-        )
-    elif model.activation == "swiglu" and model.glu_linear_offset:
-        problems.append(
-            "model.glu_linear_offset with activation swiglu: Megatron-LM's fused SwiGLU has no offset "
-            "(--glu-linear-offset goes with --quick-geglu); use activation quick_geglu or the deepspeed runtime"
-        )
-    elif model.activation == "swiglu" and model.activation_clamp is not None and model.moe is None:
-        problems.append(
-            "model.activation_clamp with swiglu: Megatron-LM clamps SwiGLU only in mixture-of-experts models "
-            "(TransformerConfig); drop activation_clamp or use the deepspeed runtime"
-        )
-    return problems
-
-
-def _megatron_moe_limits(model: ModelSpec) -> list[str]:
-    """Routers and experts Megatron-Core does not build (core/transformer/moe/moe_utils.py
-    topk_routing_with_score_function, TransformerConfig.__post_init__, shared_experts.py)."""
-    moe = model.moe
-    if moe is None:
-        return []
-    problems = []
-    if moe.router == "sigmoid" and not moe.norm_top_k and moe.top_k > 1:
-        problems.append(
-            "model.moe.norm_top_k false with router sigmoid: Megatron-LM always renormalizes sigmoid scores over "
-            "the chosen top_k; set norm_top_k true or use the deepspeed runtime"
-        )
-    if moe.router == "softmax" and moe.top_k == 1 and moe.norm_top_k:
-        problems.append(
-            "model.moe.norm_top_k true with top_k 1: a softmax over the one chosen expert is always 1 and gives "
-            "the router no gradient, which Megatron-LM refuses; set norm_top_k false (Switch's router)"
-        )
-    if moe.expert_bias and moe.router != "sigmoid":
-        problems.append(
-            "model.moe.expert_bias (auxiliary-loss-free balancing) needs router sigmoid in Megatron-LM; set "
-            "model.moe.router sigmoid or drop expert_bias"
-        )
-    if model.bias and moe.shared_experts:
-        problems.append(
-            "model.bias with model.moe.shared_experts: Megatron-Core's shared experts take no biases; set "
-            "bias false or use the deepspeed runtime"
-        )
-    return problems
+def check_model(model: ModelSpec, runtime: Runtime | str) -> list[str]:
+    """What the runtime cannot build of the architecture (``Runtime.model_problems``)."""
+    return runtime_named(runtime).model_problems(model)
 
 
 # The compute capabilities Transformer Engine runs each FP8 recipe on (pytorch/quantization.py
@@ -647,8 +500,9 @@ def _fp8_recipe_unsupported(recipe: str, compute_capability: str | None) -> str 
     return why if cc < low or (high is not None and cc >= high) else None
 
 
-def check_training(training: TrainingSpec, profile: ClusterProfile, runtime: str) -> list[str]:
+def check_training(training: TrainingSpec, profile: ClusterProfile, runtime: Runtime | str) -> list[str]:
     """What the runtime refuses about the training settings, whatever the layout."""
+    runtime = runtime_named(runtime)
     problems = []
     if profile.backend == "gloo" and training.precision == "fp16":
         problems.append(
@@ -656,7 +510,7 @@ def check_training(training: TrainingSpec, profile: ClusterProfile, runtime: str
             f"set training.precision to bf16 or fp32"
         )
     if training.fp8 is not None:
-        if runtime != "megatron":
+        if not runtime.fp8:
             problems.append(
                 f"training.fp8 {training.fp8!r}: FP8 GEMMs come from Transformer Engine under Megatron-LM; "
                 f"the bundled DeepSpeed entrypoint has none: use --runtime megatron or drop training.fp8"
@@ -673,24 +527,23 @@ def check_training(training: TrainingSpec, profile: ClusterProfile, runtime: str
                 f"gpu.compute_capability {profile.gpu.compute_capability}): {why}; pick another recipe "
                 f"(tensorwise or delayed run on every FP8 GPU)"
             )
-    if training.fp8_param_gather and (runtime != "megatron" or training.fp8 is None):
+    if training.fp8_param_gather and (not runtime.fp8 or training.fp8 is None):
         problems.append(
             "training.fp8_param_gather is Megatron-LM's --fp8-param-gather: it keeps FP8 weights, so it needs "
             "training.fp8 and the megatron runtime; set both, or leave it out"
         )
-    if runtime != "megatron" and training.tp_comm_overlap:
+    if not runtime.tp_comm_overlap and training.tp_comm_overlap:
         problems.append(
             "training.tp_comm_overlap is Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers); "
             "the deepspeed runtime does not overlap TP collectives: use --runtime megatron or set it false"
         )
-    if not training.grad_reduce_in_fp32 and (runtime != "megatron" or training.precision != "bf16"):
+    if not training.grad_reduce_in_fp32 and (not runtime.grad_reduce_in_bf16 or training.precision != "bf16"):
         problems.append(
             "training.grad_reduce_in_fp32 false is Megatron-LM's --grad-reduce-in-bf16 and applies to bf16 "
             "under the megatron runtime only (the deepspeed runtime accumulates in fp32 from ZeRO-1): use "
             "--runtime megatron with precision bf16, or leave it out"
         )
-    if runtime == "megatron" and training.train_steps is None:
-        # megatron/training/training.py (pretrain): "either train-iters or train-samples should be provided".
+    if runtime.needs_train_steps and training.train_steps is None:
         problems.append(
             "the megatron runtime needs the training length (Megatron-LM's --train-iters): set "
             "training.steps or training.train_tokens (dsorch import-hf --train-tokens writes it)"

@@ -35,18 +35,15 @@ from orchestrator.plan.rules import (
     cp_degrees,
     ep_degrees,
     etp_degrees,
-    expert_zero_ok,
     interleaving_fits,
-    moe_needs_sp,
     recompute_layer_options,
     sp_options,
     stage_split,
     tp_degrees,
-    uses_megatron_fsdp,
     uses_tp_overlap,
     vpp_degrees,
-    zero_stages,
 )
+from orchestrator.runtimes import Runtime, runtime_named
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
@@ -157,10 +154,11 @@ RULE_ZERO_BF16 = "bf16 ZeRO-0 with gradient accumulation (DeepSpeed accumulates 
 
 
 def enumerate_layouts(
-    model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str, pins: Pins = Pins()
+    model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: Runtime | str, pins: Pins = Pins()
 ) -> tuple[Candidates, dict[str, int]]:
     """All legal layouts (honouring pins) as arrays, plus how many combinations each rule ruled
     out (counted where the rule applies: a tp degree, a (tp, pp) pair, or a whole layout)."""
+    runtime = runtime_named(runtime)
     world = profile.world_size
     gbs = training.global_batch_size
     rejected: dict[str, int] = {}
@@ -192,16 +190,16 @@ def enumerate_layouts(
     return _candidates(rows), rejected
 
 
-def _layouts_at(degrees, split, model, training, runtime, pins, reject) -> list[np.ndarray]:
+def _layouts_at(degrees, split, model, training, runtime: Runtime, pins, reject) -> list[np.ndarray]:
     """Every (vpp, micro-batch, ZeRO stage, recompute, SP) at one (tp, cp, pp, dp, ep, etp), as
     blocks of rows (``_row``'s columns; built with numpy: a DeepSeek-V3 search has ~10^5 of them)."""
     tp, cp, pp, dp = degrees["tp"], degrees["cp"], degrees["pp"], degrees["dp"]
     gbs = training.global_batch_size
     blocks = []
-    all_zero = zero_stages(runtime, 1, "fp32", 1, pins.zero_stage)
+    all_zero = runtime.zero_stages(1, "fp32", 1, pins.zero_stage)
     vpps = vpp_degrees(runtime, model.num_layers, pp, training.overlap_p2p_comm, model.mtp_layers)
     sps = sp_options(tp, cp, training.seq_length)
-    if moe_needs_sp(model, runtime, tp):
+    if runtime.moe_needs_sp and model.moe is not None and tp > 1:
         sps = [sp for sp in sps if sp]
     rcs = _options(pins, "recompute", RECOMPUTE_LEVELS)
     sps = _options(pins, "sequence_parallel", sps)
@@ -216,7 +214,7 @@ def _layouts_at(degrees, split, model, training, runtime, pins, reject) -> list[
 
     for mbs in _options(pins, "micro_batch_size", divisors(gbs // dp)):
         gas = gbs // (dp * mbs)
-        zeros = zero_stages(runtime, pp, training.precision, gas, pins.zero_stage, training.fp8_param_gather)
+        zeros = runtime.zero_stages(pp, training.precision, gas, pins.zero_stage, training.fp8_param_gather)
         wanted = _options(pins, "zero_stage", all_zero)
         ok_vpps = []
         for vpp in _options(pins, "vpp", vpps):
@@ -227,9 +225,9 @@ def _layouts_at(degrees, split, model, training, runtime, pins, reject) -> list[
         for z in wanted:
             if z not in zeros:
                 reject((RULE_ZERO_PP if z > 1 and pp > 1 else RULE_ZERO_BF16), inner * len(ok_vpps))
-            elif not expert_zero_ok(model, runtime, degrees["ep"], z):
+            elif model.moe is not None and not runtime.expert_zero_ok(degrees["ep"], z):
                 reject(RULE_ZERO_MOE, inner * len(ok_vpps))
-        zs = [z for z in wanted if z in zeros and expert_zero_ok(model, runtime, degrees["ep"], z)]
+        zs = [z for z in wanted if z in zeros and (model.moe is None or runtime.expert_zero_ok(degrees["ep"], z))]
         combos = np.array(
             [
                 (vpp, z, rc, n, sp)
@@ -285,7 +283,7 @@ def candidates_of(model: ModelSpec, layouts: list[Layout]) -> Candidates:
     return _candidates([np.array(rows, dtype=np.int64).reshape(len(rows), len(AXES) + len(_SPLIT_COLUMNS))])
 
 
-def _confidence(resolved, runtime: str, model: ModelSpec, training: TrainingSpec):
+def _confidence(resolved, runtime: Runtime, model: ModelSpec, training: TrainingSpec):
     """(interval, basis) of a layout: its engine's calibration entry (``resolved``, per engine), unless
     the layout goes beyond the runs that entry was fitted on."""
     eng = runtime_engine(runtime, training)
@@ -300,7 +298,7 @@ def _confidence(resolved, runtime: str, model: ModelSpec, training: TrainingSpec
             training.fp8 is not None,
             tp_overlap=uses_tp_overlap(runtime, training, L),
             dp_overlap=eng.dp_overlap and L.dp * L.cp > 1 and (L.pp == 1 or eng.dp_overlap_with_pp),
-            megatron_fsdp=uses_megatron_fsdp(runtime, L.zero_stage),
+            megatron_fsdp=runtime.uses_fsdp(L.zero_stage),
             ep=L.ep,
             moe=model.moe is not None,
             features=features,
@@ -340,7 +338,7 @@ def search(
     model: ModelSpec,
     training: TrainingSpec,
     profile: ClusterProfile,
-    runtime: str,
+    runtime: Runtime | str,
     pins: Pins = Pins(),
     *,
     memory_margin_gib: float = 0.0,
@@ -355,6 +353,7 @@ def search(
     either way (a trial that ran out of memory is out, one that ran is in). ``keep``: how many layouts
     are ranked, and how many of those that do not fit are kept as the closest (a plan's KEEP).
     """
+    runtime = runtime_named(runtime)
     capacity = profile.gpu.memory_gib - memory_margin_gib
     cand, rejected = enumerate_layouts(model, training, profile, runtime, pins)
     n = len(cand)
@@ -419,7 +418,7 @@ _COMPLETION = {"zero_stage": 1, "micro_batch_size": 1}
 
 
 def explain_pins(
-    model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: str, pins: Pins
+    model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: Runtime | str, pins: Pins
 ) -> list[str]:
     """Why pinned values admit no legal layout: the rules a best-effort completion breaks."""
     world = profile.world_size
@@ -446,7 +445,7 @@ def minimum_nodes(
     model: ModelSpec,
     training: TrainingSpec,
     profile: ClusterProfile,
-    runtime: str,
+    runtime: Runtime | str,
     pins: Pins = Pins(),
     *,
     memory_margin_gib: float = 0.0,

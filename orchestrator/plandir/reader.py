@@ -24,13 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from orchestrator.costmodel.stacks import MEMORY_KEYS, TIME_PARTS
 from orchestrator.errors import InvalidFile
 from orchestrator.plan.layout import (
-    RUNTIMES,
     WORLD_PRODUCT,
     Layout,
     LayoutDoc,
     layout_schema,
     world_of,
 )
+from orchestrator.runtimes import RUNTIME_NAMES, Runtime, runtime_named
 from orchestrator.spec.cluster import ProfileExecutor
 from orchestrator.spec.model import SpecFile
 
@@ -116,7 +116,7 @@ class PlanDoc(BaseModel):
 
     model_config = _DOC
     dsorch_version: str
-    runtime: Literal[RUNTIMES]  # type: ignore[valid-type]
+    runtime: Literal[RUNTIME_NAMES]  # type: ignore[valid-type]
     inputs: PlanInputs
     spec: SpecFile
     profile: dict[str, Any] | None = None  # the cluster profile as planned (older plans lack it)
@@ -145,8 +145,8 @@ class PlanDir:
         return self.doc.spec
 
     @property
-    def runtime(self) -> str:
-        return self.doc.runtime
+    def runtime(self) -> Runtime:
+        return runtime_named(self.doc.runtime)
 
     @property
     def layout(self) -> Layout:
@@ -274,10 +274,7 @@ def load_plan_dir(path: str | Path, *, strict: bool = True) -> PlanDir:
             if strict:
                 raise InvalidFile(changed_message(f))
             changed.append(name)
-    needed = {"megatron_args.txt", "launch.sh", "job.sbatch"} | (
-        {"ds_config.json"} if doc.runtime == "deepspeed" else set()
-    )
-    missing = sorted(needed - set(texts))
+    missing = sorted(set(runtime_named(doc.runtime).renders) - set(texts))
     if missing:
         raise InvalidFile(f"{plan_file}: records no hash for {', '.join(missing)}; regenerate the plan.")
     _check_consistent(doc, plan_file)

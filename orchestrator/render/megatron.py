@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from orchestrator.plan.layout import AXIS
 from orchestrator.plan.make import Plan
-from orchestrator.plan.rules import stage_split, uses_megatron_fsdp, uses_tp_overlap
+from orchestrator.plan.rules import stage_split, uses_tp_overlap
 from orchestrator.render.overrides import merge_flags
 from orchestrator.spec.model import ModelSpec
 
@@ -154,7 +154,7 @@ def _parallelism_flags(plan: Plan) -> _Flags:
         yield _axis_flag("sequence_parallel"), None
     tp_overlap = uses_tp_overlap(plan.runtime, t, L)
     grouped_gemm = plan.spec.model.moe is not None and t.moe_grouped_gemm
-    if plan.runtime == "megatron" and (L.cp > 1 or t.fp8 is not None or tp_overlap or grouped_gemm):
+    if plan.runtime.reads_megatron_args and (L.cp > 1 or t.fp8 is not None or tp_overlap or grouped_gemm):
         # Context parallelism, FP8, TP overlap and the experts' grouped GEMM (TEGroupedMLP) live in
         # Transformer Engine's modules (Megatron's default implementation; stated so that a
         # reviewer sees what the plan needs installed).
@@ -165,7 +165,7 @@ def _parallelism_flags(plan: Plan) -> _Flags:
 
 def _data_parallel_flags(plan: Plan) -> _Flags:
     """Megatron's data-parallel overlap and sharding: distributed optimizer, Megatron-FSDP."""
-    if plan.runtime != "megatron":
+    if not plan.runtime.reads_megatron_args:
         return
     # The cost model assumes Megatron overlaps the data-parallel reduction with the backward
     # pass (and the distributed optimizer's parameter all-gather with the next forward).
@@ -176,8 +176,8 @@ def _data_parallel_flags(plan: Plan) -> _Flags:
     if zero_stage >= 1:
         yield "--use-distributed-optimizer", None
         yield "--overlap-param-gather", None
-    if uses_megatron_fsdp(plan.runtime, zero_stage):
-        # Gradients sharded as well (rules.MEGATRON_FSDP_ZERO). Megatron-FSDP v1 runs on the
+    if plan.runtime.uses_fsdp(zero_stage):
+        # Gradients sharded as well (runtimes/megatron.py MEGATRON_FSDP_ZERO). Megatron-FSDP v1 runs on the
         # distributed optimizer and saves only in the fsdp_dtensor format (validate_args).
         yield "--use-megatron-fsdp", None
         yield "--data-parallel-sharding-strategy", "optim_grads"
@@ -334,7 +334,7 @@ def _moe_flags(plan: Plan) -> _Flags:
         # Tokens beyond an expert's capacity are dropped (lowest probability first, Megatron's
         # --moe-token-drop-policy probs), not padded: the experts compute what they receive.
         yield "--moe-expert-capacity-factor", moe.capacity_factor
-    if plan.runtime != "megatron":
+    if not plan.runtime.reads_megatron_args:
         return
     t = plan.spec.training
     # The router's logits, softmax/sigmoid and top-k in fp32, as Megatron-LM's own DeepSeek-V3 and
@@ -384,7 +384,7 @@ def _precision_flags(plan: Plan) -> _Flags:
         yield "--bf16", None
     elif t.precision == "fp16":
         yield "--fp16", None
-    if t.fp8 is not None and plan.runtime == "megatron":
+    if t.fp8 is not None and plan.runtime.reads_megatron_args:
         yield "--fp8-format", t.fp8
         if t.fp8_param_gather:
             yield "--fp8-param-gather", None
@@ -434,7 +434,7 @@ def _pretrain_gpt_flags(plan: Plan) -> _Flags:
     """What only pretrain_gpt.py reads: data, checkpoints, stopping. (The bundled entrypoint reads
     the same training.data from plan.yaml, its checkpoint directory from --run-dir, and stops on
     SIGUSR2 by itself.)"""
-    if plan.runtime != "megatron":
+    if not plan.runtime.reads_megatron_args:
         return
     t = plan.spec.training
     if t.data.path is None:

@@ -13,6 +13,7 @@ from orchestrator.costmodel.calibration import engine_of, resolve_efficiency
 from orchestrator.plan.make import Plan
 from orchestrator.plan.request import TRIAL_STEPS
 from orchestrator.render.overrides import leaf_paths
+from orchestrator.runtimes import DS_CONFIG
 from orchestrator.spec.sbatch import parse_slurm_time
 
 
@@ -53,7 +54,7 @@ def _trial(plan: Plan) -> dict:
     (run/trial.py select_trials). A trial runs dsorch's entrypoint only, so a megatron plan is
     measured by submitting it for a few steps (Megatron-LM's iteration lines become the run's
     metrics, run/megatron_log.py) and calibrating the profile from that run."""
-    if plan.runtime != "deepspeed":
+    if not plan.runtime.bundled_trainer:
         runs = [plan.chosen]
         command = (
             f"dsorch submit PLAN_DIR --steps {TRIAL_STEPS} --wait, then dsorch calibrate RUN_DIR --cluster "
@@ -73,7 +74,7 @@ def _unmeasured_runtime(plan: Plan) -> str | None:
     gpu_check.sh, docs/measurements/gpu-check-NVIDIA-H200-2026-12-04.yaml): a 0.9B model at 2K
     tokens, six one-GPU layouts, predicted 10 % fast to 21 % slow; nothing at scale. Until a trial
     calibrates the profile (its efficiencies then come from the profile), say so."""
-    if plan.runtime != "deepspeed":
+    if not plan.runtime.bundled_trainer:
         return None
     # The entry of the engine without the pipeline (pp 1), as the sentence says: a pipeline layout's
     # own entry (plan.decisions.efficiency, deepspeed-pipeline) has its GEMM rate fitted to DeepSpeed's
@@ -200,19 +201,20 @@ def notes_text(plan: Plan) -> list[str]:
         out.append(
             f"measure it on your cluster: {trial['command']} ({trial['layouts']} "
             f"layout{'s' if trial['layouts'] > 1 else ''} x {TRIAL_STEPS} steps, about {trial['gpu_hours']:.3g} "
-            f"GPU-hours by this plan's predictions{', start-up apart' if plan.runtime != 'deepspeed' else ''})"
+            f"GPU-hours by this plan's predictions{'' if plan.runtime.bundled_trainer else ', start-up apart'})"
         )
     out += _checkpoint_text(plan)
     ov = plan.spec.overrides
-    if ov.megatron_args or (ov.ds_config and plan.runtime == "deepspeed"):
+    has_ds_config = DS_CONFIG in plan.runtime.renders
+    if ov.megatron_args or (ov.ds_config and has_ds_config):
         # A megatron plan has no ds_config.json to set keys in (plan.md says so).
-        n = len(ov.megatron_args) + (sum(1 for _ in leaf_paths(ov.ds_config)) if plan.runtime == "deepspeed" else 0)
+        n = len(ov.megatron_args) + (sum(1 for _ in leaf_paths(ov.ds_config)) if has_ds_config else 0)
         out.append(
             f"the spec's overrides set {n} value{'s' if n > 1 else ''} in the generated files (plan.md lists "
             f"them under Overrides, with what each replaced)"
         )
     init_from = plan.spec.training.init_from
-    if init_from and plan.runtime != "deepspeed":
+    if init_from and not plan.runtime.bundled_trainer:
         # Rendered into nothing rather than refused, so that one spec plans for both runtimes:
         # Megatron-LM starts from its own checkpoint format (--load / --pretrained-checkpoint), which
         # a Hugging Face directory is not until converted (Megatron-Bridge's AutoBridge does that).

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.plan.layout import AXES, AXIS
+from orchestrator.runtimes import MEGATRON_ARGS, Runtime
 from orchestrator.spec.overrides import Overrides
 from orchestrator.spec.yamlio import deep_merge
 
@@ -219,7 +220,7 @@ def _cell(text: str) -> str:
 _UNCHECKED = " (unchecked: not in the argument table dsorch validates with; Megatron-LM's parser reads it at start)"
 
 
-def overrides_md(plan_changes: list[Change], runtime: str, unchecked: frozenset[str], ds_unused: bool) -> list[str]:
+def overrides_md(plan_changes: list[Change], runtime: Runtime, unchecked: frozenset[str], ds_unused: bool) -> list[str]:
     """plan.md's Overrides section (empty without overrides)."""
     paragraphs: list[list[str]] = []
     if plan_changes:
@@ -235,7 +236,7 @@ def overrides_md(plan_changes: list[Change], runtime: str, unchecked: frozenset[
             ],
             ["| file | key | dsorch's value | override |", "|---|---|---|---|", *rows],
         ]
-    if runtime == "deepspeed" and any(c.file == "megatron_args.txt" for c in plan_changes):
+    if not runtime.reads_megatron_args and any(c.file == MEGATRON_ARGS for c in plan_changes):
         paragraphs.append(
             [
                 "The deepspeed runtime's entrypoint reads ds_config.json, not megatron_args.txt: the flags "

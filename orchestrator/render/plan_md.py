@@ -25,6 +25,7 @@ from orchestrator.render.explain import explain_doc, ranked_layouts, stacks
 from orchestrator.render.megatron import megatron_flags
 from orchestrator.render.notes import notes_text
 from orchestrator.render.overrides import changes, overrides_md
+from orchestrator.runtimes import DS_CONFIG
 from orchestrator.spec.model import ModelSpec
 
 # What each family is, for a reader who knows the words but not this model.
@@ -294,9 +295,9 @@ def _container(plan: Plan) -> list[str]:
 def _overrides(plan: Plan, unchecked: frozenset[str]) -> list[str]:
     """The spec's overrides and what each replaced in the generated files."""
     ov = plan.spec.overrides
-    deepspeed = plan.runtime == "deepspeed"
-    found = changes(ds_config(plan) if deepspeed else None, megatron_flags(plan), ov)
-    return overrides_md(found, plan.runtime, unchecked, ds_unused=not deepspeed and bool(ov.ds_config))
+    has_ds_config = DS_CONFIG in plan.runtime.renders
+    found = changes(ds_config(plan) if has_ds_config else None, megatron_flags(plan), ov)
+    return overrides_md(found, plan.runtime, unchecked, ds_unused=not has_ds_config and bool(ov.ds_config))
 
 
 def render_plan_md(

@@ -53,7 +53,7 @@ def plan_doc(plan: Plan, file_hashes: dict[str, str] | None = None) -> dict:
     pins = {k: v for k, v in plan.pins.pinned().items()}
     return {
         "dsorch_version": plan.version,
-        "runtime": plan.runtime,
+        "runtime": plan.runtime.name,
         "inputs": {
             "model_spec": {"path": plan.spec_path, "sha256": plan.spec_sha256},
             "cluster_profile": {"name": p.name, "origin": plan.profile_origin, "sha256": plan.profile_sha256},

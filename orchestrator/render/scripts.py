@@ -12,7 +12,6 @@ import shlex
 import jinja2
 
 from orchestrator.plan.make import Plan
-from orchestrator.plan.rules import uses_megatron_fsdp
 from orchestrator.ports import slurm_master_port_lines
 from orchestrator.render.megatron import checkpoint_dir
 from orchestrator.resources import templates_dir
@@ -41,7 +40,7 @@ def _common(plan: Plan) -> dict:
         "cluster": p.name,
         "nodes": p.nodes,
         "gpus_per_node": p.gpus_per_node,
-        "runtime": plan.runtime,
+        "runtime": plan.runtime.name,
         "layout_short": plan.layout.short(),
     }
 
@@ -57,14 +56,7 @@ def launch_unset(plan: Plan) -> list[str]:
     """Variables launch.sh unsets: Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1
     (validate_args: "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"), which profiles for
     Megatron's TP overlap set, and a login shell may have exported."""
-    return ["CUDA_DEVICE_MAX_CONNECTIONS"] if uses_megatron_fsdp(plan.runtime, plan.layout.zero_stage) else []
-
-
-# Who catches SIGUSR2 in the ranks, per runtime (for the comment in launch.sh).
-STOP_HANDLERS = {
-    "deepspeed": "orchestrator/train/stop.py: USR2 and TERM",
-    "megatron": "Megatron-LM's --exit-signal-handler with --exit-signal SIGUSR2; job.sbatch turns TERM into USR2",
-}
+    return ["CUDA_DEVICE_MAX_CONNECTIONS"] if plan.runtime.uses_fsdp(plan.layout.zero_stage) else []
 
 
 def render_launch(plan: Plan) -> str:
@@ -76,7 +68,7 @@ def render_launch(plan: Plan) -> str:
             master_port=MASTER_PORT,
             env=launch_env(plan),
             unset=launch_unset(plan),
-            stop_handler=STOP_HANDLERS[plan.runtime],
+            stop_handler=plan.runtime.stop_handler,
         )
     )
 
@@ -119,7 +111,8 @@ def _container(plan: Plan) -> dict:
 
 def render_sbatch(plan: Plan) -> str:
     s = plan.profile.slurm
-    megatron = plan.runtime == "megatron"
+    # A runtime started with megatron_args.txt saves where its --save says: job.sbatch's run directory.
+    megatron = plan.runtime.reads_megatron_args
     return (
         _env()
         .get_template("job.sbatch.j2")

@@ -71,6 +71,7 @@ def replan(
     from orchestrator.plan.layout import Pins
     from orchestrator.plan.request import PlanRequest
     from orchestrator.plandir.writer import spec_path_in, write_plan_dir
+    from orchestrator.runtimes import DEEPSPEED
     from orchestrator.spec.cluster import load_profile
     from orchestrator.train.checkpoint import reshard
     from orchestrator.train.checkpoint import store as checkpoint
@@ -93,7 +94,7 @@ def replan(
             spec_path=spec_path_in(spec_path, out),
             spec_sha256=spec_sha256,
             profile=lp,
-            runtime="deepspeed",
+            runtime=DEEPSPEED,  # the bundled entrypoint's checkpoint is what is resharded
             pins=Pins.of(target),
             nodes=nodes,
             gpus_per_node=gpn,
@@ -175,6 +176,7 @@ def _convertible_target(
     """The fastest layout for ``profile`` that the checkpoint's layout converts to (the global
     batch kept: the spec's); an error says why there is none."""
     from orchestrator.plan.solver import search
+    from orchestrator.runtimes import DEEPSPEED
     from orchestrator.train.checkpoint import reshard
 
     source = ckpt.layout
@@ -182,7 +184,7 @@ def _convertible_target(
         spec.model,
         spec.training,
         profile,
-        "deepspeed",
+        DEEPSPEED,
         pins,
         keep=1_000_000,
         memory_margin_gib=ckpt.plan.doc.inputs.memory_margin_gib,

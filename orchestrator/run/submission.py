@@ -83,7 +83,8 @@ def prepare_submission(
     if nodes is not None and nodes != planned.nodes:
         raise JobError(f"{plan_dir} was planned for {planned.nodes} nodes, not {nodes}; re-plan with --nodes {nodes}.")
     profile = loaded.profile.resized(planned.nodes, planned.gpus_per_node)
-    megatron = pd.runtime == "megatron"
+    # A plan whose program reads megatron_args.txt runs Megatron-LM from its checkout (MegatronJob).
+    megatron = pd.runtime.reads_megatron_args
     if megatron:
         _check_megatron(plan_dir, profile, data, switch_data)
     errors = validate_files(
@@ -91,7 +92,7 @@ def prepare_submission(
     )
     if errors:
         raise JobError(f"{plan_dir} does not validate; fix or regenerate it:\n  " + "\n  ".join(errors))
-    if not megatron:
+    if pd.runtime.bundled_trainer:
         check_trainable(pd)  # what the entrypoint refuses (dropout, vpp > 1) fails here, before queueing
     from orchestrator.train.loop.lr_schedule import steps_past_plan
 
@@ -103,7 +104,7 @@ def prepare_submission(
             f"--data {data}: no such dataset (NAME.bin with NAME.idx or NAME.json); make one with "
             f"`dsorch data prepare` or `python -m orchestrator.train.data.token_file`."
         )
-    spec = scheduler.JobSpec.of(profile, job_name(pd.spec.name), per_node=megatron)
+    spec = scheduler.JobSpec.of(profile, job_name(pd.spec.name), per_node=pd.runtime.launch_per_node)
     plan_abs = plan_dir.resolve()
     folder = (experiment_dir / ".dsorch" / "jobs" / plan_abs.name).resolve()
     for p in (plan_abs, folder):

@@ -47,6 +47,7 @@ from orchestrator.plandir.writer import spec_path_in, write_plan_dir
 from orchestrator.run.backends import backend_for
 from orchestrator.run.registry import Registry
 from orchestrator.run.submission import prepare_submission, record_array, refresh
+from orchestrator.runtimes import DEEPSPEED, Runtime
 from orchestrator.spec.cluster import Executor, check_local_nodes, load_profile
 from orchestrator.spec.model import load_spec
 from orchestrator.spec.sbatch import parse_slurm_time
@@ -262,7 +263,7 @@ def trial_plans(
     spec_file,
     spec_sha256: str,
     loaded,
-    runtime: str,
+    runtime: Runtime,
     picks: list[TrialPick],
     folder,
     *,
@@ -313,7 +314,7 @@ def propose(spec, loaded, top: int, steps: int, nodes: int | None, gpus_per_node
     check_local_nodes(loaded.profile, nodes)
     profile = loaded.profile.resized(nodes, gpus_per_node)
     # keep: every feasible layout, so that each family's best is in the list.
-    ranked = search(spec.model, spec.training, profile, "deepspeed", keep=1_000_000).ranked
+    ranked = search(spec.model, spec.training, profile, DEEPSPEED, keep=1_000_000).ranked
     if not ranked:
         raise NoFeasibleLayout(
             f"no layout of {spec.name} fits on {profile.name} ({profile.nodes} x {profile.gpus_per_node}); "
@@ -350,7 +351,7 @@ def start(
         )
     backend_for(loaded.profile.executor).check(dry_run="shows the trials and their cost")
     plans = trial_plans(
-        spec, spec_path, spec_sha256, loaded, "deepspeed", proposal.picks, out, nodes=nodes, gpus_per_node=gpus_per_node
+        spec, spec_path, spec_sha256, loaded, DEEPSPEED, proposal.picks, out, nodes=nodes, gpus_per_node=gpus_per_node
     )
     try:
         for d, files in plans:
@@ -489,7 +490,7 @@ def collect(
     pdir = profile_path.parent
 
     loaded = load_profile(name, pdir)
-    out = project.default_plan_dir(spec.name, name, "deepspeed", manifest.nodes, manifest.gpus_per_node)
+    out = project.default_plan_dir(spec.name, name, DEEPSPEED, manifest.nodes, manifest.gpus_per_node)
     # What the trials measured overrules the memory model for their own layouts: the calibrated
     # overhead is one constant over every layout, raised to cover the largest shortfall, so it may
     # predict a measured-to-fit layout out (measured on the loopback cluster: a pipeline trial at
@@ -503,7 +504,7 @@ def collect(
             spec_path=spec_path_in(spec_path, out),
             spec_sha256=loaded_spec.sha256,
             profile=loaded,
-            runtime="deepspeed",
+            runtime=DEEPSPEED,
             nodes=manifest.nodes,
             gpus_per_node=manifest.gpus_per_node,
             memory_margin_gib=0.0,

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from orchestrator.errors import InvalidFile
+from orchestrator.runtimes import DS_CONFIG, MEGATRON_ARGS, Runtime, runtime_named
 from orchestrator.spec.overrides import Overrides
 from orchestrator.validate.deepspeed import validate_ds_config
 from orchestrator.validate.megatron import (
@@ -54,7 +55,7 @@ def validate_files(
     *,
     dp: int,
     world_size: int,
-    runtime: str | None = None,
+    runtime: Runtime | str | None = None,
     overrides: Overrides | None = None,
 ) -> list[str]:
     """Errors of the generated files; ``overrides``: the spec's, whose unknown flags are not errors."""
@@ -63,21 +64,22 @@ def validate_files(
 
 
 def _validate_files(
-    files: dict[str, str], *, dp: int, world_size: int, runtime: str | None, unchecked: frozenset[str]
+    files: dict[str, str], *, dp: int, world_size: int, runtime: Runtime | str | None, unchecked: frozenset[str]
 ) -> list[str]:
     errors: list[str] = []
-    if "ds_config.json" in files:
+    if DS_CONFIG in files:
         try:
-            cfg = json.loads(files["ds_config.json"])
+            cfg = json.loads(files[DS_CONFIG])
         except json.JSONDecodeError as e:
             return [f"ds_config.json:{e.lineno}: not valid JSON ({e.msg})"]
         if not isinstance(cfg, dict):
             return ["ds_config.json: expected a JSON object at the top level"]
         errors += [f"ds_config.json: {e}" for e in validate_ds_config(cfg, dp)]
-    if "megatron_args.txt" in files:
-        flags = [(f, v) for f, v in parse_args_lines(files["megatron_args.txt"]) if f not in unchecked]
+    if MEGATRON_ARGS in files:
+        flags = [(f, v) for f, v in parse_args_lines(files[MEGATRON_ARGS]) if f not in unchecked]
         errors += [f"megatron_args.txt: {e}" for e in check_megatron_args(flags, world_size)]
-        if runtime == "megatron":
+        # What Megatron-LM's pretrain_gpt.py needs, where megatron_args.txt is its command line.
+        if runtime is not None and runtime_named(runtime).reads_megatron_args:
             errors += [f"megatron_args.txt: {e}" for e in check_pretrain_needs(flags)]
     return errors
 

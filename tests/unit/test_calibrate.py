@@ -15,6 +15,7 @@ from orchestrator.calibrate import (
 )
 from orchestrator.costmodel.calibration import FIELDS, resolve_efficiency
 from orchestrator.plan.layout import Pins
+from orchestrator.runtimes import DEEPSPEED
 from orchestrator.spec.cluster import ClusterProfile, load_profile
 from orchestrator.spec.model import load_spec
 
@@ -42,7 +43,7 @@ def _synthetic_records(tmp_path):
     records, rows = [], []
     for L in layouts:
         nodes = L["tp"] * L["pp"] * L["dp"] // 8
-        rows.append(Row(str(L), spec.model, spec.training, base.resized(nodes=nodes), "deepspeed",
+        rows.append(Row(str(L), spec.model, spec.training, base.resized(nodes=nodes), DEEPSPEED,
                         Pins(vpp=1, **L), 1.0))
     measured = row_errors(rows, lambda row: truth)
     for L, m in zip(layouts, measured):
@@ -66,7 +67,7 @@ def test_calibrate_recovers_known_efficiencies(tmp_path):
     from orchestrator.costmodel.calibration import Resolved
 
     spec, _ = load_spec(EXAMPLES / "llama3-8b.yaml")
-    held_out = Row("held out", spec.model, spec.training, profile.resized(nodes=2), "deepspeed",
+    held_out = Row("held out", spec.model, spec.training, profile.resized(nodes=2), DEEPSPEED,
                    Pins(tp=4, pp=1, dp=4, vpp=1, zero_stage=1, micro_batch_size=2, recompute="selective",
                         sequence_parallel=True), 1.0)
     truth = Resolved(**TRUE, sources=(), entry=None, mean_rel_error=None, max_rel_error=None)

@@ -178,11 +178,11 @@ def test_bf16_zero0_with_accumulation_is_refused_with_the_reason(runner, in_tmp)
     assert r.exit_code == 2
     assert "DeepSpeed accumulates gradients in fp32 only from ZeRO-1 on" in " ".join(r.output.split())
     # With one micro-batch per step nothing accumulates: ZeRO-0 stays legal; fp32 and Megatron are unaffected.
-    from orchestrator.plan.rules import zero_stages
+    from orchestrator.runtimes import DEEPSPEED, MEGATRON
 
-    assert zero_stages("deepspeed", 1, "bf16", 1) == [0, 1, 2, 3] and zero_stages("deepspeed", 1, "bf16", 2) == [1, 2, 3]
-    assert zero_stages("deepspeed", 2, "bf16", 8) == [1] and zero_stages("deepspeed", 2, "fp32", 8) == [0, 1]
-    assert zero_stages("megatron", 4, "bf16", 64) == [0, 1]
+    assert DEEPSPEED.zero_stages(1, "bf16", 1) == [0, 1, 2, 3] and DEEPSPEED.zero_stages(1, "bf16", 2) == [1, 2, 3]
+    assert DEEPSPEED.zero_stages(2, "bf16", 8) == [1] and DEEPSPEED.zero_stages(2, "fp32", 8) == [0, 1]
+    assert MEGATRON.zero_stages(4, "bf16", 64) == [0, 1]
 
 
 def test_nothing_fits_suggests_node_count(runner, in_tmp):

@@ -21,6 +21,7 @@ from orchestrator.render.megatron import (
     pipeline_layout,
     render_megatron_args,
 )
+from orchestrator.runtimes import MEGATRON, runtime_named
 from orchestrator.spec.cluster import Features, load_profile
 from orchestrator.spec.model import ModelSpec, SpecFile
 from orchestrator.validate.megatron import check_megatron_args, check_pretrain_needs, parse_args_lines
@@ -115,7 +116,7 @@ def case_plan(name: str, runtime: str = "megatron", deepep: bool = False):
     if deepep:
         profile = profile.model_copy(update={"features": Features(deepep=True)})
     spec = case_spec(model, training)
-    return SimpleNamespace(spec=spec, layout=layout, runtime=runtime, profile=profile, checkpoint=CHECKPOINT,
+    return SimpleNamespace(spec=spec, layout=layout, runtime=runtime_named(runtime), profile=profile, checkpoint=CHECKPOINT,
                            decisions=decide(spec, profile, runtime, layout))
 
 
@@ -252,7 +253,7 @@ def test_dispatcher_follows_the_profile_and_the_spec():
 
 def test_dense_plans_carry_no_moe_flags():
     spec = case_spec({k: v for k, v in MIXTRAL.items() if k != "moe"})
-    plan = SimpleNamespace(spec=spec, layout=_layout(pp=4, vpp=8, dp=64), runtime="megatron",
+    plan = SimpleNamespace(spec=spec, layout=_layout(pp=4, vpp=8, dp=64), runtime=MEGATRON,
                            profile=load_profile("dgx16").profile, checkpoint=CHECKPOINT)
     f = _flags(plan)
     assert not [k for k in f if "moe" in k or "expert" in k or k in ("--num-experts", "--mtp-num-layers")]

@@ -14,6 +14,7 @@ from orchestrator.costmodel import evaluate
 from orchestrator.plan.layout import Layout, Pins
 from orchestrator.plan.rules import check_layout, recompute_layer_options, stage_split
 from orchestrator.plan.solver import candidates_of, search
+from orchestrator.runtimes import DEEPSPEED, MEGATRON
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import load_spec
 from orchestrator.validate.megatron import check_megatron_args, parse_args_lines
@@ -87,11 +88,11 @@ def test_the_search_finds_a_partial_layout_between_full_and_none():
 def test_searched_values_and_pins():
     model, _ = _spec()
     split = stage_split(model.num_layers, 16)  # 8 layers a stage
-    assert recompute_layer_options(model, "megatron", split, 1) == [0, 2, 4, 6]
-    assert recompute_layer_options(model, "megatron", split, 4) == [0, 1]  # 2-layer virtual stages
-    assert recompute_layer_options(model, "megatron", split, 1, pinned=7) == [7]
-    assert recompute_layer_options(model, "megatron", split, 1, pinned=8) == []
-    assert recompute_layer_options(model, "deepspeed", split, 1) == [0]
+    assert recompute_layer_options(model, MEGATRON, split, 1) == [0, 2, 4, 6]
+    assert recompute_layer_options(model, MEGATRON, split, 4) == [0, 1]  # 2-layer virtual stages
+    assert recompute_layer_options(model, MEGATRON, split, 1, pinned=7) == [7]
+    assert recompute_layer_options(model, MEGATRON, split, 1, pinned=8) == []
+    assert recompute_layer_options(model, DEEPSPEED, split, 1) == [0]
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from orchestrator.calibrate import (
     step_time_from_tflops,
 )
 from orchestrator.plan.solver import search
+from orchestrator.runtimes import MEGATRON
 
 
 # formulas.md Sec. 3c [derived]: Eq. 3 applied to SC21 Table 1 gives these iteration times.
@@ -92,7 +93,7 @@ def test_moe_runs_as_rows():
     runs = {r["id"]: r for r in doc["runs"]}
     for rid, row in by_id.items():
         run = runs[rid]
-        assert row.runtime == "megatron" and row.measured_step_s == run["measured"]["step_time_s"]
+        assert row.runtime is MEGATRON and row.measured_step_s == run["measured"]["step_time_s"]
         assert row.profile.world_size == run["hardware"]["num_gpus"]
         assert row.hardware == {"H100-SXM5-80GB": "megatron/h100-sxm5-ndr", "GB200 (NVL72)": "megatron/gb200-nvl72",
                                 "GB300 (NVL72)": "megatron/gb300-nvl72"}[run["hardware"]["gpu"]]

@@ -12,6 +12,7 @@ from orchestrator.calibrate.records import last_records, read_steps
 from orchestrator.errors import InvalidFile
 from orchestrator.plan.layout import Layout
 from orchestrator.render.megatron import megatron_flags, render_megatron_args
+from orchestrator.runtimes import runtime_named
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import LoggingSpec, SpecFile, WandbSpec
 from orchestrator.train.loop import sinks
@@ -33,7 +34,7 @@ def _plan(training: dict, runtime: str = "megatron"):
     doc["training"] = doc["training"] | training
     spec = SpecFile.model_validate(doc)
     # checkpoint: a stand-in for Plan.checkpoint (tested in test_checkpoint_interval.py), fixed here.
-    return SimpleNamespace(spec=spec, layout=LAYOUT, runtime=runtime, profile=load_profile("local").profile,
+    return SimpleNamespace(spec=spec, layout=LAYOUT, runtime=runtime_named(runtime), profile=load_profile("local").profile,
                            checkpoint=SimpleNamespace(steps=1000))
 
 
