@@ -50,6 +50,7 @@ FP8 (training.fp8) runs the transformer layers' linear and expert GEMMs at the p
 the bf16 GEMM efficiency x ``fp8_gemm`` (Transformer Engine; attention, the router and the output
 layer stay bf16), adds the quantizations' HBM traffic per recipe (training.fp8_recipe:
 ``FP8_CAST_BYTES``) and all-gathers TP activations in FP8 under userbuffers.
+
 The parts live by stack: ``inputs`` (Candidates and what every part reads), ``peak_memory`` (the
 memory stack, from the per-layer formulas of ``memory``), ``compute``, ``links`` (the fabrics and
 the ring collectives), ``comm`` (tp, pp, dp), ``comm_cp`` and ``comm_ep``; this module puts them
