@@ -12,11 +12,11 @@ import numpy as np
 
 from orchestrator.costmodel import Candidates, evaluate
 from orchestrator.costmodel.calibration import FIELDS, Resolved, engine_of, resolve_efficiency
-from orchestrator.costmodel.evaluate import RC_TORCHTITAN_OP, Engine
+from orchestrator.costmodel.evaluate import RC_TORCHTITAN_OP
 from orchestrator.errors import SpecError
 from orchestrator.plan.layout import AXES, AXIS, Pins, short_text
 from orchestrator.plan.solver import GIB, enumerate_layouts
-from orchestrator.runtimes import Runtime
+from orchestrator.runtimes import Engine, Runtime
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec
 
@@ -70,8 +70,8 @@ def predicted_peak_gib(row: Row) -> float:
     PyTorch FSDP run (``note == "fsdp"``) has neither DeepSpeed's ZeRO-3 reduce bucket, which the
     prediction for DeepSpeed holds whole, nor what dsorch's own entrypoint layer keeps beyond
     Megatron's (costmodel/evaluate.py: Evaluation.entrypoint_activations)."""
-    from orchestrator.costmodel.evaluate import ZERO_BUCKET_ELEMENTS
     from orchestrator.costmodel.memory import state_bytes
+    from orchestrator.runtimes.deepspeed import ZERO_BUCKET_ELEMENTS
 
     ev = evaluate(row.model, row.training, row.profile, row.runtime, prepare_row(row).cand)
     total = float(ev.memory.total[0])
