@@ -10,11 +10,12 @@ its Megatron-FSDP stage if any, the features it has, how its engine's memory and
 look to the cost model) and implement ``zero_stages``, ``zero_refusal``, ``state_bytes`` and
 ``dp_bucket_elements`` (``model_problems``, ``expert_zero_ok``, ``calibration_engine``,
 ``step_transient_bytes``, ``whole_grad_allreduce``, ``saves_fp32_master`` and ``engine_for`` where
-the defaults do not hold). Beyond this package:
-an entry per calibration engine in costmodel/calibration.yaml, a renderer for any file of
-``renders`` that render/__init__.py's ``RENDERERS`` lacks, the checks of that file in
-validate/plan_dir.py, and, for a program other than the bundled entrypoint or Megatron-LM, its
-node-side job in run/."""
+the defaults do not hold). Beyond this package: an entry per calibration engine in
+costmodel/calibration.yaml, a renderer for any file of ``renders`` that render/__init__.py's
+``RENDERERS`` lacks, the checks of that file in validate/plan_dir.py, and, for a program other
+than the bundled entrypoint or Megatron-LM, its node-side job in run/ (run/submission.py picks
+MegatronJob where ``reads_megatron_args``) and its branches of templates/launch.sh.j2 and
+job.sbatch.j2 (which still test the runtime's name they are given)."""
 
 from __future__ import annotations
 
