@@ -24,6 +24,7 @@ from orchestrator.render import render_all
 from orchestrator.render.ds_config import render_ds_config
 from orchestrator.render.megatron import render_megatron_args
 from orchestrator.render.overrides import invalid_message, refusal_message, refusals
+from orchestrator.runtimes import Runtime, runtime_named
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import load_spec
 from orchestrator.spec.overrides import Overrides
@@ -82,7 +83,7 @@ class Recorded:
     spec: Path  # the model spec file, found from the plan directory
     spec_path: str  # as plan.yaml records it: relative to the plan directory
     cluster: str  # the profile's name, looked up again as `--cluster NAME` would be
-    runtime: str
+    runtime: Runtime
     nodes: int  # the node count planned for
     # --nodes was given (a re-plan keeps the count) or not (it follows the profile); None: a plan.yaml
     # written before dsorch recorded which (``given_nodes``).
@@ -133,7 +134,7 @@ def recorded_inputs(plan_dir: Path) -> Recorded:
         spec=plan_dir / spec_path,
         spec_path=spec_path,
         cluster=cluster,
-        runtime=doc.runtime,
+        runtime=runtime_named(doc.runtime),
         nodes=inputs.nodes,
         nodes_given=inputs.nodes_given,
         gpus_per_node=inputs.gpus_per_node,
