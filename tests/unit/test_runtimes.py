@@ -66,6 +66,12 @@ def test_every_runtime_answers_every_fact(rt: Runtime):
     assert rt.expert_mesh(2, 1, 4) in (4, 8)
     assert isinstance(rt.expert_zero_ok(2, 1), bool)
     assert rt.model_problems(MODEL) == []
+    # What the cost model asks (costmodel/): the data-parallel buckets, the whole-buffer all-reduce, checkpoints.
+    assert np.all(np.asarray(rt.dp_bucket_elements(np.array([2, 64]))) > 0)
+    assert rt.whole_grad_allreduce("bf16", np.array([0, 1])).shape == (2,)
+    assert rt.saves_fp32_master("bf16", 1) and isinstance(rt.saves_fp32_master("fp32", 1), bool)
+    for flag in ("grads_reduced_in_weight_dtype", "in_place_cross_entropy", "keeps_pipe_outputs", "blocking_pipeline"):
+        assert isinstance(getattr(rt, flag), bool)
     for flag in ("bundled_trainer", "launch_per_node", "interleaved_schedule", "context_parallel", "fp8"):
         assert isinstance(getattr(rt, flag), bool)
 
