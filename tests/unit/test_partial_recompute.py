@@ -1,7 +1,8 @@
 """Partial recomputation (layout axis recompute_layers): Megatron-LM's --recompute-method block
 --recompute-num-layers N reruns the first N layers of each (virtual) pipeline stage and lets the
-others keep their activations (core/recompute.py). Searched, pinned, refused where it cannot run,
-counted in memory and time between none and full, and rendered as Megatron flags."""
+others keep their activations (core/recompute.py). Counted in memory and time between none and
+full, rendered as Megatron flags, refused at the command line (its rules are test_rules.py's, its
+search test_solver.py's)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ import pytest
 
 from orchestrator.cli.main import main
 from orchestrator.costmodel import evaluate
-from orchestrator.plan.layout import Layout, Pins
-from orchestrator.plan.rules import check_layout, recompute_layer_options, stage_split
-from orchestrator.plan.solver import candidates_of, search
-from orchestrator.runtimes import DEEPSPEED, MEGATRON
+from orchestrator.plan.layout import Layout
+from orchestrator.plan.rules import stage_split
+from orchestrator.plan.solver import candidates_of
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import load_spec
 from orchestrator.validate.megatron import check_megatron_args, parse_args_lines
@@ -69,48 +69,6 @@ def test_interleaving_recomputes_n_layers_of_every_virtual_stage():
     ev = _eval(model, training, profile, [v1, v2, none])
     comp = ev.time.compute
     assert float(comp[1]) == pytest.approx(float(comp[2]) + 0.5 * float(comp[0] - comp[2]), rel=1e-12)
-
-
-def test_the_search_finds_a_partial_layout_between_full_and_none():
-    """Meta's degrees: full recomputation fits, none does not; a partial level fits and is faster than full."""
-    model, training = _spec()
-    profile = _profile()
-    pins = dict(tp=8, pp=16, cp=1, vpp=1, micro_batch_size=1, zero_stage=1, sequence_parallel=True)
-    result = search(model, training, profile, "megatron", Pins(**pins))
-    best = result.best
-    assert best is not None and best.layout.recompute == "full" and best.layout.recompute_layers > 0
-    full = search(model, training, profile, "megatron", Pins(**pins, recompute="full", recompute_layers=0)).best
-    assert full is not None and best.step_time_s < full.step_time_s
-    assert search(model, training, profile, "megatron", Pins(**pins, recompute="none")).best is None
-    assert best.layout.short().endswith("rc=full/" + str(best.layout.recompute_layers))
-
-
-def test_searched_values_and_pins():
-    model, _ = _spec()
-    split = stage_split(model.num_layers, 16)  # 8 layers a stage
-    assert recompute_layer_options(model, MEGATRON, split, 1) == [0, 2, 4, 6]
-    assert recompute_layer_options(model, MEGATRON, split, 4) == [0, 1]  # 2-layer virtual stages
-    assert recompute_layer_options(model, MEGATRON, split, 1, pinned=7) == [7]
-    assert recompute_layer_options(model, MEGATRON, split, 1, pinned=8) == []
-    assert recompute_layer_options(model, DEEPSPEED, split, 1) == [0]
-
-
-@pytest.mark.parametrize(
-    "change, runtime, words",
-    [
-        (dict(recompute="selective", recompute_layers=3), "megatron", "needs --recompute-granularity full"),
-        (dict(recompute_layers=8), "megatron", "not below the 8 layers"),
-        (dict(vpp=2, recompute_layers=4), "megatron", "not below the 4 layers"),
-        (dict(recompute_layers=3), "deepspeed", "bundled DeepSpeed entrypoint checkpoints every decoder layer"),
-    ],
-)
-def test_refused_where_it_cannot_run(change, runtime, words):
-    model, training = _spec()
-    L = dataclasses.replace(META, **change)
-    if runtime == "deepspeed":
-        L = dataclasses.replace(L, vpp=1)
-    msgs = check_layout(L, model, training, _profile(), runtime)
-    assert any(words in m for m in msgs), msgs
 
 
 def test_rendered_as_megatron_block_flags(runner, in_tmp):

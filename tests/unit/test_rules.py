@@ -1,16 +1,20 @@
 """Legality (orchestrator/plan/rules.py): what each runtime refuses to build, said with its numbers
-and the fix."""
+and the fix; the values the solver may enumerate for an axis."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from orchestrator.plan.layout import Pins
-from orchestrator.plan.rules import check_layout
+from orchestrator.plan.rules import check_layout, recompute_layer_options, stage_split
 from orchestrator.plan.solver import search
+from orchestrator.runtimes import DEEPSPEED, MEGATRON
 from orchestrator.spec.cluster import load_profile
 
 from .test_moe_costmodel import MIXTRAL, TRAIN, _layout
+from .test_partial_recompute import META, _profile, _spec
 
 
 @pytest.mark.parametrize("L, words", [
@@ -39,3 +43,31 @@ def test_the_entrypoint_splits_experts_over_tp_and_carves_ep_from_dp():
     assert any("ZeRO-1 and 2 only" in r for r in zero3)
     assert not check_layout(_layout(dp=64, ep=1, zero_stage=3, grad_accum_steps=4), MIXTRAL, TRAIN, profile,
                             "deepspeed")
+
+
+def test_searched_values_and_pins():
+    model, _ = _spec()
+    split = stage_split(model.num_layers, 16)  # 8 layers a stage
+    assert recompute_layer_options(model, MEGATRON, split, 1) == [0, 2, 4, 6]
+    assert recompute_layer_options(model, MEGATRON, split, 4) == [0, 1]  # 2-layer virtual stages
+    assert recompute_layer_options(model, MEGATRON, split, 1, pinned=7) == [7]
+    assert recompute_layer_options(model, MEGATRON, split, 1, pinned=8) == []
+    assert recompute_layer_options(model, DEEPSPEED, split, 1) == [0]
+
+
+@pytest.mark.parametrize(
+    "change, runtime, words",
+    [
+        (dict(recompute="selective", recompute_layers=3), "megatron", "needs --recompute-granularity full"),
+        (dict(recompute_layers=8), "megatron", "not below the 8 layers"),
+        (dict(vpp=2, recompute_layers=4), "megatron", "not below the 4 layers"),
+        (dict(recompute_layers=3), "deepspeed", "bundled DeepSpeed entrypoint checkpoints every decoder layer"),
+    ],
+)
+def test_refused_where_it_cannot_run(change, runtime, words):
+    model, training = _spec()
+    L = dataclasses.replace(META, **change)
+    if runtime == "deepspeed":
+        L = dataclasses.replace(L, vpp=1)
+    msgs = check_layout(L, model, training, _profile(), runtime)
+    assert any(words in m for m in msgs), msgs

@@ -14,6 +14,7 @@ from orchestrator.spec.model import TrainingSpec, load_spec
 
 from ..conftest import EXAMPLES, PROFILES
 from .test_moe_costmodel import DSV3
+from .test_partial_recompute import _profile, _spec
 
 
 def test_mtp_and_dense_leading_layers_split_the_pipeline():
@@ -69,3 +70,17 @@ def test_zero_band_keeps_the_fastest_first():
     first = layouts[int(order[0])]
     assert all(AXIS[n].code(getattr(first, n)) <= AXIS[n].code(getattr(layouts[0], n)) for n in TIEBREAK)
     assert len(within) == 5
+
+
+def test_the_search_finds_a_partial_layout_between_full_and_none():
+    """Meta's degrees: full recomputation fits, none does not; a partial level fits and is faster than full."""
+    model, training = _spec()
+    profile = _profile()
+    pins = dict(tp=8, pp=16, cp=1, vpp=1, micro_batch_size=1, zero_stage=1, sequence_parallel=True)
+    result = search(model, training, profile, "megatron", Pins(**pins))
+    best = result.best
+    assert best is not None and best.layout.recompute == "full" and best.layout.recompute_layers > 0
+    full = search(model, training, profile, "megatron", Pins(**pins, recompute="full", recompute_layers=0)).best
+    assert full is not None and best.step_time_s < full.step_time_s
+    assert search(model, training, profile, "megatron", Pins(**pins, recompute="none")).best is None
+    assert best.layout.short().endswith("rc=full/" + str(best.layout.recompute_layers))
