@@ -71,7 +71,7 @@ class Plan:
 
 def allocation_seconds(profile: ClusterProfile) -> float | None:
     """The time an allocation trains before SLURM's signal (slurm.time less signal_delay_s; the local
-    executor takes the same limit, run/scheduler.py make_executor timeout_min); None for a time limit
+    executor takes the same limit, run/backends/local.py executor_for timeout_min); None for a time limit
     of 0 (sbatch(1): no limit)."""
     minutes = parse_slurm_time(profile.slurm.time)
     if minutes == 0:
@@ -206,7 +206,7 @@ def _nothing_fits(
                 f"With Megatron-FSDP's sharded gradients (--zero {fsdp_zero}, searched only when "
                 f"pinned) {fsdp.layout.short()} fits at {fsdp.memory_gib['total']:.1f} GiB per GPU."
             )
-    if profile.executor == "local":  # more nodes are not to be had (spec/cluster.py check_local_nodes)
+    if profile.one_machine:  # more nodes are not to be had (spec/cluster.py check_local_nodes)
         lines.append(
             f"{profile.name} runs on this machine, one node (executor: local): plan for a SLURM cluster's "
             f"profile, or use a smaller model, a shorter seq_length or a smaller global batch."

@@ -135,7 +135,7 @@ def _signal_delay(plan: Plan) -> str | None:
     job's time goes to start-ups and checkpoints (measured on the loopback cluster: a 2-minute
     limit with the default 90 s trained 20-50 steps an allocation, 26 requeues in 14 minutes)."""
     s = plan.profile.slurm
-    if plan.profile.executor != "slurm":
+    if not plan.profile.slurm_batch:
         return None
     limit_s = parse_slurm_time(s.time) * 60
     if 2 * s.signal_delay_s <= limit_s:

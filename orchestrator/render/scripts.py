@@ -41,6 +41,9 @@ def _common(plan: Plan) -> dict:
         "nodes": p.nodes,
         "gpus_per_node": p.gpus_per_node,
         "runtime": plan.runtime.name,
+        # The templates branch on what the runtime's program reads, not on its name: Megatron-LM's
+        # pretrain_gpt.py with megatron_args.txt, or the bundled entrypoint with plan.yaml.
+        "megatron_args": plan.runtime.reads_megatron_args,
         "layout_short": plan.layout.short(),
     }
 

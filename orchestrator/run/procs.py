@@ -1,6 +1,6 @@
 """The process tree below a process, read from Linux's /proc: what a Megatron-LM node task passes
 its stop signal on to (run/megatron_job.py) and what `dsorch cancel` of a local job signals
-(run/scheduler.py), where neither a process group nor a session reaches every rank.
+(run/backends/local.py), where neither a process group nor a session reaches every rank.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (Linux /proc): torchrun starts each rank in a session of its own
     (torch.distributed.elastic's SubprocessHandler, start_new_session), so neither a process group
     nor a session reaches them from here; under SLURM, slurmstepd signals the whole step's cgroup.
-    Also what `dsorch cancel` signals of a local job (run/scheduler.py cancel)."""
+    Also what `dsorch cancel` signals of a local job (run/backends/local.py LocalBackend.cancel)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:

@@ -299,7 +299,7 @@ class ClusterProfile(BaseModel):
                 f"intra_node.domain_gpus {d} must be a multiple of gpus_per_node {self.gpus_per_node} "
                 f"(an NVLink domain is whole nodes); leave it out for one node per domain"
             )
-        if self.container is not None and self.executor != "slurm":
+        if self.container is not None and not self.slurm_batch:
             raise ValueError(
                 "container: the local executor runs processes on this machine, not through srun; "
                 "remove the container section or set executor: slurm"
@@ -314,6 +314,16 @@ class ClusterProfile(BaseModel):
     def nvlink_domain(self) -> int:
         """GPUs that reach each other over NVLink: a node, or an NVL72 rack (at most the world)."""
         return min(self.intra_node.domain_gpus or self.gpus_per_node, self.world_size)
+
+    @property
+    def one_machine(self) -> bool:
+        """Every rank runs on this machine (the local executor): one node, no queue, no time limit."""
+        return self.executor == "local"
+
+    @property
+    def slurm_batch(self) -> bool:
+        """Jobs run as SLURM batch jobs, under slurm.time and its signal before the limit."""
+        return self.executor == "slurm"
 
     @property
     def nvlink_gbs(self) -> float:
@@ -436,7 +446,7 @@ def _where(chain: list[Loaded], key: tuple) -> str:
 
 def check_local_nodes(profile: ClusterProfile, nodes: int | None) -> None:
     """``--nodes N`` on a profile of the local executor, which runs one node (below)."""
-    if nodes is not None and nodes > 1 and profile.executor == "local":
+    if nodes is not None and nodes > 1 and profile.one_machine:
         raise SpecError(
             f"--nodes {nodes}: profile '{profile.name}' runs on this machine (executor: local), which is one node; "
             f"use --nodes 1 (or leave it out), or a SLURM cluster's profile."
@@ -447,7 +457,7 @@ def _check_local_nodes(profile: ClusterProfile, chain: list[Loaded]) -> None:
     """The local executor runs every rank on this machine, one node (run/backends/local.py
     LocalBackend.executor_for gives submitit's LocalExecutor nodes=1): a profile of several local
     nodes would plan for more ranks than its job starts, and fail only at run time."""
-    if profile.executor == "local" and profile.nodes > 1:
+    if profile.one_machine and profile.nodes > 1:
         raise SpecError(
             f"{_where(chain, ('nodes',))}: key 'nodes' is {profile.nodes}, but profile '{profile.name}' runs on "
             f"this machine (executor: local, set in {_where(chain, ('executor',))}), which is one node. Set "

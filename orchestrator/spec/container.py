@@ -1,5 +1,5 @@
 """A profile's ``container`` section (ContainerSpec) and what it says to srun, for job.sbatch
-(render/scripts.py) and for the job ``dsorch submit`` queues (run/scheduler.py) alike.
+(render/scripts.py) and for the job ``dsorch submit`` queues (run/backends/slurm.py) alike.
 
 Which command runs where, in both: the batch script (its traps, the stop file it touches,
 ``scontrol requeue``, finding MASTER_ADDR with ``scontrol``) runs on the HOST, where SLURM's

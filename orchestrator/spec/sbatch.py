@@ -31,7 +31,7 @@ def parse_slurm_time(text: str) -> int:
 
 
 # The profile's slurm settings that become `#SBATCH --KEY=VALUE` lines as they are, in job.sbatch
-# (render/scripts.py) and in the script submitit writes (run/scheduler.py make_executor).
+# (render/scripts.py) and in the script submitit writes (run/backends/slurm.py SlurmBackend.executor_for).
 SBATCH_KEYS = ("partition", "account", "qos", "constraint", "mem")
 
 
