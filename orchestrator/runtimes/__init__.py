@@ -15,7 +15,7 @@ costmodel/calibration.yaml, a renderer for any file of ``renders`` that render/_
 ``RENDERERS`` lacks, the checks of that file in validate/plan_dir.py, and, for a program other
 than the bundled entrypoint or Megatron-LM, its node-side job in run/ (run/submission.py picks
 MegatronJob where ``reads_megatron_args``) and its branches of templates/launch.sh.j2 and
-job.sbatch.j2 (which still test the runtime's name they are given)."""
+job.sbatch.j2 (which branch on what the program reads, render/scripts.py ``megatron_args``)."""
 
 from __future__ import annotations
 
