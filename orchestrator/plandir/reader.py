@@ -45,21 +45,30 @@ _DOC = ConfigDict(extra="forbid", frozen=True)
 
 class _Digest(BaseModel):
     model_config = _DOC
+    # model_spec: the spec's path, relative to the plan directory.
     path: str | None = None
+    # cluster_profile: the profile's name.
     name: str | None = None
+    # cluster_profile: where it was found, shipped or user (a --profiles-dir).
     origin: str | None = None
+    # sha256 of the file (of a profile that extends others, of its files' hashes in order).
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 class PlanInputs(BaseModel):
     model_config = _DOC
+    # The model spec file planned from.
     model_spec: _Digest
+    # The cluster profile planned for.
     cluster_profile: _Digest
+    # Nodes planned for: the profile's, or --nodes.
     nodes: int = Field(gt=0)
     # --nodes was given: a re-plan keeps the count rather than follow the profile (compose.replan).
     # Plans written before it was recorded lack the key (compose.Recorded.given_nodes).
     nodes_given: bool | None = None
+    # --gpus-per-node where it was given; absent otherwise.
     gpus_per_node: int | None = Field(default=None, gt=0)
+    # Layout axes pinned on the command line (--tp 8, ...): axis name to value.
     pinned: dict[str, Any] = {}
     memory_margin_gib: float = Field(ge=0)
     # The margin was the default one, derived from the memory model's error (plans written before
@@ -69,26 +78,40 @@ class PlanInputs(BaseModel):
 
 class PlanModel(BaseModel):
     model_config = _DOC
+    # The spec's name.
     name: str
+    # Parameters of the main model (the MTP modules apart).
     params: int = Field(gt=0)
+    # params in billions, rounded to 3 decimals.
     params_billion: float
     active_params: int | None = Field(default=None, gt=0)  # a mixture of experts: per token
     mtp_params: int | None = Field(default=None, gt=0)  # the MTP modules beside the main model
+    # training.seq_length, tokens per sequence.
     seq_length: int = Field(gt=0)
+    # training.global_batch_size, sequences per optimizer step.
     global_batch_size: int = Field(gt=0)
+    # training.precision.
     precision: Literal["bf16", "fp16", "fp32"]
 
 
 class PlanCluster(BaseModel):
     model_config = _DOC
+    # The cluster profile's name.
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    # Nodes planned for (--nodes applied).
     nodes: int = Field(gt=0, le=1_000_000)
+    # GPUs per node planned for (--gpus-per-node applied).
     gpus_per_node: int = Field(gt=0, le=1024)
+    # GPUs in all: nodes x gpus_per_node.
     world_size: int = Field(gt=0)
+    # The profile's gpu.name.
     gpu: str
     gpu_memory_gib: float = Field(gt=0)
+    # Dense peak TFLOP/s per GPU at the training precision: the denominator of MFU.
     peak_tflops: float = Field(gt=0)
+    # The profile's torch.distributed backend.
     backend: Literal["nccl", "gloo"]
+    # The profile's executor: slurm or local.
     executor: ProfileExecutor = "slurm"
 
 
@@ -104,6 +127,7 @@ class ScoredDoc(BaseModel):
     level, the others its ``alternatives``; plan.yaml states the stacks there and nowhere else."""
 
     model_config = _DOC
+    # The layout: parallel degrees, ZeRO stage, micro-batch, recomputation.
     layout: PlanLayout
     memory_gib_per_gpu: dict[str, float]  # keyed by costmodel.stacks.MEMORY_KEYS
     predicted: dict[str, float | str | None]  # numbers, and the interval's basis in words
@@ -115,20 +139,35 @@ class PlanDoc(BaseModel):
     readers use the typed ones."""
 
     model_config = _DOC
+    # The dsorch version that wrote the plan.
     dsorch_version: str
+    # The training runtime the files are for (`dsorch plan --runtime`).
     runtime: Literal[RUNTIME_NAMES]  # type: ignore[valid-type]
+    # What the plan was made from: the input files and their hashes, node count, pins, memory margin.
     inputs: PlanInputs
+    # The model spec as planned, whole: what the entrypoint and `dsorch calibrate` read back.
     spec: SpecFile
     profile: dict[str, Any] | None = None  # the cluster profile as planned (older plans lack it)
+    # sha256 of each other generated file, by file name; every reader checks them.
     files: dict[str, str]
+    # The model in brief: parameters, sequence length, batch, precision.
     model: PlanModel
+    # The cluster as planned (--nodes and --gpus-per-node applied).
     cluster: PlanCluster
+    # The chosen layout: parallel degrees, ZeRO stage, micro-batch, recomputation.
     layout: PlanLayout
+    # The chosen layout's predicted memory per GPU (on the binding pipeline stage), GiB, by part
+    # (costmodel.stacks.MEMORY_KEYS: params, grads, optimizer, activations, comm_buffers, framework, total).
     memory_gib_per_gpu: dict[str, float]
     predicted: dict[str, float | str | None]  # numbers, and the interval's basis in words
     time_breakdown_s: dict[str, float]
+    # The search in numbers: layouts evaluated, how many fit, how many were rejected by memory, and the
+    # rules that ruled layouts out, with counts.
     search: dict[str, Any]
+    # The other ranked layouts, best first, each with its stacks (`dsorch plan --top` sets how many).
     alternatives: list[ScoredDoc]
+    # For people: the efficiencies used and where each came from, the model's step-time error, the ranking,
+    # the closest layouts rejected by memory, the rules that ruled layouts out, the close call, notes.
     explain: dict[str, Any]
     evidence: dict[str, Any] | None = None  # `dsorch trial`: the measurements behind the choice
 

@@ -47,8 +47,11 @@ EXECUTORS: tuple[str, ...] = get_args(Executor)
 
 class PeakTflops(BaseModel):
     model_config = FROZEN
+    # Dense bf16 peak, TFLOP/s per GPU: the cost model's and MFU's peak at precision bf16.
     bf16: float = Field(gt=0)
+    # Dense fp16 peak, TFLOP/s per GPU (precision fp16).
     fp16: float = Field(gt=0)
+    # Dense fp32 peak, TFLOP/s per GPU (precision fp32).
     fp32: float = Field(gt=0)
     # Dense FP8 tensor-core peak; None on GPUs without FP8 (before Hopper/Ada).
     fp8: float | None = Field(default=None, gt=0)
@@ -56,6 +59,8 @@ class PeakTflops(BaseModel):
 
 class GpuSpec(BaseModel):
     model_config = FROZEN
+    # The GPU model (H100-SXM5-80GB, GB200): dsorch's calibration table (costmodel/calibration.yaml) picks
+    # its fitted efficiencies by it; plans and `dsorch profiles` show it.
     name: str
     memory_gib: float = Field(gt=0, le=1_000_000)
     # Dense (no 2:4 sparsity) peak, TFLOP/s, per device.
@@ -69,6 +74,8 @@ class GpuSpec(BaseModel):
 
 class IntraNode(BaseModel):
     model_config = FROZEN
+    # The link's name (nvlink; shared-memory for the local profile), for people: the cost model reads
+    # bandwidth_gbps and latency_us.
     kind: str = "nvlink"
     # Total bidirectional GB/s per GPU as vendors quote it (H100 NVLink 4: 900 GB/s); the cost
     # model uses half of it per direction.
@@ -82,8 +89,11 @@ class IntraNode(BaseModel):
 
 class InterNode(BaseModel):
     model_config = FROZEN
+    # The fabric's name (infiniband, loopback): the calibration table matches its entries' inter_node on it.
     kind: str = "infiniband"
     bandwidth_gbps: float = Field(gt=0, description="Gb/s per NIC, per direction")
+    # Network adapters per node; a GPU's share of the fabric is bandwidth_gbps / 8 x nics_per_node /
+    # gpus_per_node GB/s per direction.
     nics_per_node: int = Field(default=1, gt=0, le=1024)
     latency_us: float = Field(default=10.0, ge=0)
 
@@ -99,15 +109,28 @@ class SlurmSpec(BaseModel):
     shell commands by design and are run as written."""
 
     model_config = FROZEN
+    # #SBATCH --partition; None: the cluster's default partition.
     partition: str | None = None
+    # #SBATCH --account to charge; None: the user's default account.
     account: str | None = None
+    # #SBATCH --qos (quality of service); None: the default.
     qos: str | None = None
+    # #SBATCH --time, the time limit of one allocation (HH:MM:SS or D-HH:MM:SS). SLURM signals the job
+    # signal_delay_s before it, the ranks checkpoint and job.sbatch requeues; the plan's checkpoint interval
+    # is capped by it.
     time: str = "24:00:00"
+    # #SBATCH --constraint: node features the job needs (e.g. a GPU type); None: any node of the partition.
     constraint: str | None = None
+    # #SBATCH --exclusive: the job's nodes are shared with no other job.
     exclusive: bool = True
+    # CPU cores per rank (per GPU): the job asks for cpus_per_task x gpus_per_node per node (#SBATCH
+    # --cpus-per-task), and each rank's OMP_NUM_THREADS on GPUs unless env sets one.
     cpus_per_task: int = Field(default=8, gt=0, le=100_000)
+    # #SBATCH --mem, memory per node in SLURM's syntax (e.g. 0 for all of it, 500G); None: the default.
     mem: str | None = None
+    # Shell lines the job script runs, in order, before the ranks start (module load, a venv's activate).
     setup: tuple[str, ...] = ()
+    # Environment variables exported for every rank (launch.sh and `dsorch submit`'s jobs).
     env: dict[str, str] = {}
     extra: dict[str, str] = Field(default={}, description="extra #SBATCH --key=value pairs")
     # SLURM signals this long before the time limit (and on preemption with a grace time) so that
@@ -177,6 +200,7 @@ class LoginSpec(BaseModel):
 
     model_config = FROZEN
     host: str = Field(pattern=r"^(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9._:\[\]-]+$", max_length=300)  # user@host
+    # The login node's SSH port (ssh -p).
     port: int = Field(default=22, gt=0, le=65_535)
     identity_file: str | None = None  # None: ssh's own choice (agent, ~/.ssh/config, default keys)
     remote_dir: str  # the experiment directory on the login node; relative paths start at the home
@@ -220,6 +244,7 @@ class Efficiency(BaseModel):
     hbm: float | None = Field(default=None, gt=0, le=1)
     # Fraction of link bandwidth that NCCL collectives reach (bus bandwidth / link bandwidth).
     intra_node_comm: float | None = Field(default=None, gt=0, le=1)
+    # Fraction of the NICs' bandwidth (inter_node) that NCCL collectives reach across nodes.
     inter_node_comm: float | None = Field(default=None, gt=0, le=1)
     # Fraction of the data-parallel reduction that overlaps compute where the engine overlaps it
     # (DeepSpeed overlap_comm without pipelining, Megatron --overlap-grad-reduce).
@@ -264,26 +289,39 @@ class ClusterProfile(BaseModel):
 
     # The file's stem. It reaches script headers and directory names: one safe word.
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=200)
+    # One line about the hardware, for people: `dsorch profiles` lists it.
     description: str = ""
+    # Another profile's name: this file starts from its keys (merged recursively) and overrides them.
     extends: str | None = None
     # How `dsorch submit` runs a job: through SLURM (sbatch), or as processes on this machine
     # (submitit's LocalExecutor; the shipped `local` profile).
     executor: ProfileExecutor = "slurm"
+    # Nodes a plan uses (the job's #SBATCH --nodes); `dsorch plan --nodes` overrides it. 1 with the local
+    # executor.
     nodes: int = Field(gt=0, le=1_000_000)
+    # GPUs per node, one rank each; with the local executor, the number of processes.
     gpus_per_node: int = Field(gt=0, le=1024)
+    # The GPU: its name, memory and peak throughput.
     gpu: GpuSpec
+    # The link between the GPUs of a node (or of an NVLink domain).
     intra_node: IntraNode
+    # The network between nodes.
     inter_node: InterNode
     # torch.distributed backend: nccl on GPUs, gloo for CPU processes (the `local` profile).
     backend: Literal["nccl", "gloo"] = "nccl"
     # CUDA context, NCCL buffers, allocator fragmentation, per GPU.
     memory_overhead_gib: float = Field(default=3.0, ge=0, le=1_000_000)
+    # Software the cluster's training environment has (DeepEP).
     features: Features = Features()
+    # The time model's efficiencies; each left out comes from dsorch's calibration table.
     efficiency: Efficiency = Efficiency()
+    # SLURM settings of the job: #SBATCH options, setup lines, environment.
     slurm: SlurmSpec = SlurmSpec()
     # Run the job step in a container (spec/container.py); None: on the host's Python.
     container: ContainerSpec | None = None
+    # The checkpoint directory's write bandwidth, which prices a checkpoint.
     filesystem: FileSystem = FileSystem()
+    # Node failure rate, which sets the checkpoint interval.
     reliability: Reliability = Reliability()
 
     # A laptop's way to the login node: submit, status, logs and cancel over SSH (run/remote.py).

@@ -54,6 +54,7 @@ class ContainerSpec(BaseModel):
     line: each is checked against a small alphabet here and shell-quoted where it is written."""
 
     model_config = FROZEN
+    # pyxis: srun --container-image (Pyxis/enroot); apptainer: srun apptainer exec IMAGE (or singularity).
     runtime: Literal["pyxis", "apptainer"]
     # Pyxis: an enroot image URI ("nvcr.io#nvidia/pytorch:24.05-py3") or a .sqsh path;
     # Apptainer: a .sif path (or a docker:// / oras:// URI that apptainer pulls itself).
@@ -62,6 +63,8 @@ class ContainerSpec(BaseModel):
     command: Literal["apptainer", "singularity"] = "apptainer"
     # SRC:DST or SRC:DST:FLAGS, paths absolute; FLAGS as the tool takes them ("ro", Pyxis "ro+rprivate").
     mounts: tuple[str, ...] = ()
+    # Working directory inside the container, an absolute path (Pyxis --container-workdir, Apptainer --pwd);
+    # None: the tool's default.
     workdir: str | None = None
     # Names of host variables set inside over the image's values (their values stay on the host).
     env: tuple[str, ...] = ()

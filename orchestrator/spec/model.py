@@ -30,6 +30,7 @@ class MoESpec(BaseModel):
     top_k: int = Field(gt=0, le=1_000, description="routed experts per token")
     # One expert's intermediate size; the dense layers keep model.ffn_hidden_size.
     ffn_hidden_size: int = Field(gt=0, le=100_000_000)
+    # Shared experts every token passes through beside its routed ones (DeepSeekMoE); 0: none.
     shared_experts: int = Field(default=0, ge=0, le=1_000)
     # The shared experts' intermediate size, all of them together (Megatron-LM's
     # --moe-shared-expert-intermediate-size); one expert's size times shared_experts when omitted.
@@ -40,21 +41,32 @@ class MoESpec(BaseModel):
     # every layer_freq-th is MoE (Megatron-LM --moe-layer-freq: layer i is MoE when i % freq == 0,
     # counted after the dense leading layers).
     dense_leading_layers: int = Field(default=0, ge=0, le=100_000)
+    # Every layer_freq-th layer after the dense leading ones is MoE (Megatron-LM --moe-layer-freq); 1: all.
     layer_freq: int = Field(default=1, gt=0, le=100_000)
     # Router: softmax over the experts (Mixtral, Qwen) or sigmoid scores (DeepSeek-V3,
     # --moe-router-score-function); renormalized over the chosen top_k (norm_topk_prob); DeepSeek-V3's
     # grouped top-k picks top_k among the best ``group_top_k`` of ``groups`` expert groups
     # (--moe-router-num-groups / --moe-router-group-topk), scaled by ``scale``.
     router: Literal["softmax", "sigmoid"] = "softmax"
+    # Renormalize the top_k chosen scores to sum to 1 (Hugging Face's norm_topk_prob). With softmax, false
+    # emits Megatron-LM --moe-router-pre-softmax; the megatron runtime refuses false with sigmoid (top_k > 1).
     norm_top_k: bool = True
+    # Expert groups of grouped top-k routing (Megatron-LM --moe-router-num-groups): divides num_experts,
+    # set together with group_top_k; None: plain top-k.
     groups: int | None = Field(default=None, gt=0, le=100_000)
+    # The groups a token's top_k experts are picked from (Megatron-LM --moe-router-group-topk); at most groups.
     group_top_k: int | None = Field(default=None, gt=0, le=100_000)
+    # Factor on the routed experts' weights (DeepSeek-V3's routed_scaling_factor; Megatron-LM
+    # --moe-router-topk-scaling-factor, emitted when not 1).
     scale: float = Field(default=1.0, gt=0)
     # Load balancing: Switch's auxiliary loss over the batch (aux_loss) or per sequence
     # (seq_aux_loss, DeepSeek-V3), weighted by aux_loss_coeff; expert_bias is DeepSeek-V3's
     # auxiliary-loss-free balancing (a per-expert bias on the routing scores, Wang et al. 2024).
     load_balancing: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
+    # Weight of the load-balancing loss (Megatron-LM --moe-aux-loss-coeff); unused with load_balancing none.
     aux_loss_coeff: float = Field(default=0.01, ge=0, le=100)
+    # Auxiliary-loss-free balancing: a learned per-expert bias on the routing scores (DeepSeek-V3;
+    # Megatron-LM --moe-router-enable-expert-bias).
     expert_bias: bool = False
     # Tokens an expert takes per batch, as a multiple of the balanced share; the rest are dropped.
     # None: dropless (every token reaches its experts; Megatron-LM's default).
@@ -94,10 +106,16 @@ class MLASpec(BaseModel):
 
     model_config = FROZEN
 
+    # Rank of the queries' low-rank compression (Megatron-LM --q-lora-rank); None: a full query projection.
     q_lora_rank: int | None = Field(default=None, gt=0, le=10_000_000)
+    # Width of the latent the keys and values share (Megatron-LM --kv-lora-rank).
     kv_lora_rank: int = Field(gt=0, le=10_000_000)
+    # Per-head query and key width without the rotary embedding (Megatron-LM --qk-head-dim).
     qk_nope_head_dim: int = Field(gt=0, le=100_000)
+    # Per-head query and key width that carries the rotary embedding, the key's part shared by the heads
+    # (Megatron-LM --qk-pos-emb-head-dim).
     qk_rope_head_dim: int = Field(gt=0, le=100_000)
+    # Per-head value width (Megatron-LM --v-head-dim).
     v_head_dim: int = Field(gt=0, le=100_000)
 
     @property
@@ -110,9 +128,14 @@ class ModelSpec(BaseModel):
 
     model_config = FROZEN
 
+    # Transformer layers (Megatron-LM --num-layers; Hugging Face's num_hidden_layers).
     num_layers: int = Field(gt=0, le=100_000)
+    # Model width h: the residual stream and the embedding (Megatron-LM --hidden-size).
     hidden_size: int = Field(gt=0, le=10_000_000)
+    # Intermediate size of a dense layer's MLP (Megatron-LM --ffn-hidden-size; Hugging Face's
+    # intermediate_size).
     ffn_hidden_size: int = Field(gt=0, le=100_000_000)
+    # Query heads per layer (Megatron-LM --num-attention-heads).
     num_attention_heads: int = Field(gt=0, le=1_000_000)
     # GQA (Ainslie et al. 2023): equal to num_attention_heads (plain MHA) when omitted.
     num_kv_heads: int | None = Field(default=None, gt=0, le=1_000_000)
@@ -120,6 +143,7 @@ class ModelSpec(BaseModel):
     # hidden_size / num_attention_heads when omitted. Qwen3 and GPT-OSS set their own
     # (Qwen3-30B-A3B: 32 heads x 128 on hidden 2048).
     kv_channels: int | None = Field(default=None, gt=0, le=100_000)
+    # Tokens in the vocabulary: rows of the embedding and of the output layer (Megatron-LM --vocab-size).
     vocab_size: int = Field(gt=0, le=100_000_000)
     # swiglu (Shazeer 2020; Llama) and geglu (Gemma) are gated: three MLP matrices; gelu two.
     # quick_geglu is GPT-OSS's gate, x * sigmoid(1.702 x) (Megatron-LM --quick-geglu).
@@ -127,9 +151,15 @@ class ModelSpec(BaseModel):
     # GPT-OSS clamps the gate and linear halves of its GLU to +-7 (--activation-func-clamp-value)
     # and adds 1 to the linear half (--glu-linear-offset): numerics, same shapes and work.
     activation_clamp: float | None = Field(default=None, gt=0)
+    # Added to the GLU's linear half (GPT-OSS: 1; Megatron-LM --glu-linear-offset, emitted when not 0).
     glu_linear_offset: float = 0.0
+    # The output layer reuses the input embedding's weights (Hugging Face's tie_word_embeddings); false
+    # emits Megatron-LM --untie-embeddings-and-output-weights.
     tied_embeddings: bool = False
+    # The norm before attention and MLP and at the end (Megatron-LM --normalization RMSNorm / LayerNorm).
     normalization: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    # Rotary embedding (RoPE) or a learned absolute table of max_position_embeddings rows
+    # (Megatron-LM --position-embedding-type rope / learned_absolute).
     position_embedding: Literal["rope", "learned"] = "rope"
     # Biases on the linear layers (GPT-2/3 style, GPT-OSS); Llama has none.
     bias: bool = False
@@ -145,21 +175,30 @@ class ModelSpec(BaseModel):
     # tokens. With global_attention_every N, every N-th layer (the last of each N) attends to the
     # whole sequence (GPT-OSS alternates, N = 2; Megatron-LM --window-attn-skip-freq).
     sliding_window: int | None = Field(default=None, gt=0, le=100_000_000)
+    # Every N-th layer attends to the whole sequence (needs sliding_window; Megatron-LM
+    # --window-attn-skip-freq); None: every layer uses the window.
     global_attention_every: int | None = Field(default=None, gt=1, le=100_000)
     # A learned logit per head that takes part in the softmax and absorbs attention (GPT-OSS's
     # attention sinks; Megatron-LM --softmax-type learnable): one parameter per head and layer.
     attention_sinks: bool = False
+    # Multi-head latent attention (DeepSeek-V2/V3); None: multi-head or grouped-query attention.
     mla: MLASpec | None = None
+    # Mixture-of-experts feed-forward layers; None: a dense model.
     moe: MoESpec | None = None
     # Multi-token prediction (DeepSeek-V3, Sec. 2.2): this many extra modules, each one more layer
     # (of the model's own kind) and a projection from [h; embedding] to h, predicting one more
     # token ahead; they share the embedding and the output head (Megatron-LM --mtp-num-layers).
     mtp_layers: int = Field(default=0, ge=0, le=100)
+    # Longest sequence the positions cover, at least training.seq_length (Megatron-LM
+    # --max-position-embeddings, seq_length when omitted); the rows of the learned position table.
     max_position_embeddings: int | None = Field(default=None, gt=0, le=100_000_000)
+    # RoPE's base frequency (Megatron-LM --rotary-base; Hugging Face's rope_theta); read with rope only.
     rope_theta: float = Field(default=10000.0, gt=0)
     # The epsilon inside RMSNorm / LayerNorm (Megatron-LM --norm-epsilon, default 1e-5; Hugging
     # Face's rms_norm_eps: Llama 3 1e-5, Qwen2 1e-6). Numerics only, but loaded weights need it.
     norm_epsilon: float = Field(default=1e-5, gt=0, lt=1)
+    # Standard deviation of the normal weight initialization (Megatron-LM --init-method-std; Hugging
+    # Face's initializer_range).
     init_method_std: float = Field(default=0.02, gt=0)
 
     @model_validator(mode="after")
@@ -359,12 +398,20 @@ class OptimizerSpec(BaseModel):
 
     model_config = FROZEN
 
+    # Peak learning rate, reached at the end of the warmup (Megatron-LM --lr; ds_config's optimizer lr).
     lr: float = Field(default=3.0e-4, gt=0, le=10)
+    # Learning rate the decay ends at, at most lr (Megatron-LM --min-lr).
     min_lr: float = Field(default=3.0e-5, ge=0, le=10)
+    # AdamW's beta1 and beta2, each in [0, 1) (Megatron-LM --adam-beta1, --adam-beta2).
     betas: tuple[float, float] = (0.9, 0.95)
+    # AdamW's epsilon (Megatron-LM --adam-eps).
     eps: float = Field(default=1.0e-8, gt=0, le=1)
+    # AdamW's decoupled weight decay (Megatron-LM --weight-decay).
     weight_decay: float = Field(default=0.1, ge=0, le=10)
+    # Steps of linear warmup up to lr (Megatron-LM --lr-warmup-iters); fewer than the training steps.
     warmup_steps: int = Field(default=2000, ge=0, le=1_000_000_000)
+    # Gradients are clipped to this global L2 norm (Megatron-LM --clip-grad, ds_config's
+    # gradient_clipping); 0: no clipping.
     grad_clip: float = Field(default=1.0, ge=0)
     # Megatron-LM's --lr-decay-style after the linear warmup (train/loop/lr_schedule.py has the
     # formulas, both runtimes use them). None: cosine when the spec gives a training length, else
@@ -373,6 +420,7 @@ class OptimizerSpec(BaseModel):
     # WSD (warmup-stable-decay, Hu et al. 2024 "MiniCPM"): the rate stays at lr until the last
     # wsd_decay_steps steps, which anneal it to min_lr (--lr-wsd-decay-iters, --lr-wsd-decay-style).
     wsd_decay_steps: int | None = Field(default=None, gt=0, le=1_000_000_000)
+    # Shape of WSD's final anneal (Megatron-LM --lr-wsd-decay-style); read with decay_style WSD only.
     wsd_decay_style: Literal["exponential", "linear", "cosine", "minus_sqrt"] = "exponential"
 
     @model_validator(mode="after")
@@ -411,6 +459,7 @@ class TokenizerSpec(BaseModel):
 
     model_config = FROZEN
 
+    # Megatron-LM --tokenizer-type; every type but NullTokenizer needs model.
     type: Literal[
         "NullTokenizer",
         "HuggingFaceTokenizer",
@@ -450,6 +499,7 @@ class DataSpec(BaseModel):
         pattern=r"^\d+(\.\d+)?(,\d+(\.\d+)?){0,2}$",
         description="--split: train,valid,test proportions",
     )
+    # The tokenizer (Megatron-LM --tokenizer-type, --tokenizer-model).
     tokenizer: TokenizerSpec = TokenizerSpec()
     # Validation: Megatron-LM needs --eval-interval to size its datasets (its default became None;
     # get_train_valid_test_num_samples in megatron/training/training.py divides by it).
@@ -544,8 +594,11 @@ class WandbSpec(BaseModel):
 
     model_config = FROZEN
 
+    # W&B project (Megatron-LM --wandb-project).
     project: str = Field(min_length=1, pattern=_ONE_WORD)
     name: str | None = Field(default=None, pattern=_ONE_WORD, description="run name (default: the spec's name)")
+    # offline: no network, the run is written under dir for `wandb sync`. The bundled entrypoint passes it to
+    # wandb; Megatron-LM gets no mode and reads WANDB_MODE from the job's environment.
     mode: Literal["online", "offline"] = "offline"
     dir: str = Field(default="wandb", pattern=_ONE_WORD, description="relative to the run directory")
 
@@ -558,8 +611,10 @@ class LoggingSpec(BaseModel):
 
     model_config = FROZEN
 
+    # Write TensorBoard event files (the optional extra dsorch[tensorboard]; Megatron-LM --tensorboard-dir).
     tensorboard: bool = False
     tensorboard_dir: str = Field(default="tensorboard", pattern=_ONE_WORD, description="relative to the run directory")
+    # Log to Weights & Biases; None: off.
     wandb: WandbSpec | None = None
 
 
@@ -568,16 +623,24 @@ class TrainingSpec(BaseModel):
 
     model_config = FROZEN
 
+    # Tokens per training sequence (Megatron-LM --seq-length).
     seq_length: int = Field(gt=0, le=100_000_000)
     global_batch_size: int = Field(gt=0, le=100_000_000, description="sequences per optimizer step")
+    # Mixed precision bf16 or fp16 (Megatron-LM --bf16 / --fp16, ds_config's bf16 / fp16), or plain fp32;
+    # also which gpu.peak_tflops the cost model and MFU use.
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    # Training length in tokens (or steps, not both): steps = train_tokens / (global_batch_size x
+    # seq_length), rounded (Megatron-LM --train-iters).
     train_tokens: float | None = Field(default=None, gt=0)
     # Or the length in optimizer steps (Megatron-LM's --train-iters); one of the two is needed by
     # Megatron-LM's pretrain ("either train-iters or train-samples should be provided").
     steps: int | None = Field(default=None, gt=0, le=1_000_000_000_000)
     # FlashAttention (Dao et al. 2022) keeps no s x s score matrix for the backward pass.
     flash_attention: bool = True
+    # Dropout probability on the hidden states: embedding, attention and MLP outputs (Megatron-LM
+    # --hidden-dropout); 0: none.
     hidden_dropout: float = Field(default=0.0, ge=0, lt=1)
+    # Dropout probability on the attention probabilities (Megatron-LM --attention-dropout); 0: none.
     attention_dropout: float = Field(default=0.0, ge=0, lt=1)
     seed: int = Field(default=1234, ge=0, lt=2**63)  # torch.manual_seed takes a 64-bit integer
     # FP8 GEMMs on top of bf16 (Transformer Engine, Megatron-LM --fp8-format): "hybrid" is E4M3
@@ -622,6 +685,7 @@ class TrainingSpec(BaseModel):
     # features.deepep says whether the cluster has it); None picks flex where DeepEP is available,
     # else alltoall. Grouped GEMM runs a rank's local experts as one kernel (--moe-grouped-gemm).
     moe_dispatcher: Literal["alltoall", "allgather", "flex"] | None = None
+    # Megatron-LM --moe-grouped-gemm: a rank's local experts as one grouped GEMM.
     moe_grouped_gemm: bool = True
     # The dispatch and combine all-to-alls overlapped with another micro-batch's compute
     # (Megatron-LM --overlap-moe-expert-parallel-comm, 1F1B A2A overlap).
@@ -630,8 +694,11 @@ class TrainingSpec(BaseModel):
     # published MoE benchmarks force (Megatron-Bridge: moe_router_force_load_balancing); a real
     # router early in training is less even: raise it to plan for that.
     moe_load_imbalance: float = Field(default=1.0, ge=1.0, le=100.0)
+    # AdamW and its learning-rate schedule.
     optimizer: OptimizerSpec = OptimizerSpec()
+    # Training data, validation and tokenizer.
     data: DataSpec = DataSpec()
+    # Where checkpoints are saved and how often.
     checkpoint: CheckpointSpec = CheckpointSpec()
     # A local Hugging Face model directory (config.json and *.safetensors) whose weights the bundled
     # entrypoint loads before the first step (orchestrator/train/model/hf_weights.py). Llama, Mistral and
@@ -639,6 +706,7 @@ class TrainingSpec(BaseModel):
     init_from: str | None = Field(
         default=None, pattern=_ONE_WORD, description="Hugging Face directory the deepspeed runtime starts from"
     )
+    # Metrics sinks beside the run directory: TensorBoard, Weights & Biases.
     logging: LoggingSpec = LoggingSpec()
 
     @property
@@ -715,7 +783,9 @@ class SpecFile(BaseModel):
     # The name reaches job names and script headers: one line, no control characters.
     name: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
     source: str = Field(min_length=1, description="paper or config.json the numbers come from")
+    # The architecture.
     model: ModelSpec
+    # How to train it: sequence, batch, length, precision, optimizer, data, checkpoints.
     training: TrainingSpec
     # Extra Megatron-LM flags and ds_config.json keys merged into the generated files
     # (orchestrator.spec.overrides; render.overrides refuses those the layout sets).

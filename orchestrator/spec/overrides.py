@@ -62,7 +62,12 @@ class Overrides(BaseModel):
 
     model_config = FROZEN
 
+    # Megatron-LM flags, one per item ('--flag' or '--flag VALUE'): each replaces dsorch's value of the same
+    # flag in megatron_args.txt or is appended; flags dsorch derives from the layout or the planned model
+    # are refused.
     megatron_args: tuple[Annotated[str, AfterValidator(_one_flag)], ...] = Field(default=(), max_length=1_000)
+    # Keys deep-merged into ds_config.json: a mapping merges into dsorch's, any other value replaces it;
+    # keys dsorch derives from the layout or the planned model are refused.
     ds_config: dict[str, JsonValue] = {}
 
     @model_validator(mode="after")
