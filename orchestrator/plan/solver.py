@@ -77,8 +77,8 @@ class Scored:
 class NearTies:
     """The layouts the model cannot tell from the fastest: those whose predicted step time is within
     ``band`` of it. The search chooses the simplest of them (the first in ``TIEBREAK``'s order:
-    smaller degrees, fewer virtual stages, smaller micro-batches, lower ZeRO stage, less
-    recomputation; ``solver._simplest_first``) rather than the one a difference far inside the
+    smaller degrees, fewer virtual stages, smaller micro-batches, the runtime's simpler ZeRO stage,
+    less recomputation; ``solver._simplest_first``) rather than the one a difference far inside the
     model's error favours."""
 
     band: float  # fraction of the fastest layout's step time
@@ -367,7 +367,8 @@ def search(
     fits = total_gib <= capacity
     for layout, fit in (measured_fit or {}).items():
         fits[_index_of(cand, layout)] = fit
-    keys = (*(getattr(cand, n) for n in reversed(TIEBREAK)), ev.memory.total, ev.time.step)
+    simplicity = _simplicity(cand, runtime)
+    keys = (*(simplicity[n] for n in reversed(TIEBREAK)), ev.memory.total, ev.time.step)
     order = np.lexsort(keys)  # last key is primary
     _, resolved = per_layout(profile, runtime, cand.zero_stage)
     confidence = _confidence(resolved, runtime, model, training)
@@ -376,7 +377,7 @@ def search(
     if len(feasible_order):
         # The band of the fastest layout's engine (the deepspeed runtime mixes two).
         r = resolved[str(engine_of(runtime, cand.zero_stage[feasible_order[0]]).item())]
-        feasible_order, within = _simplest_first(cand, ev.time.step, feasible_order, r.tie_band)
+        feasible_order, within = _simplest_first(simplicity, ev.time.step, feasible_order, r.tie_band)
         near_ties = NearTies(
             band=r.tie_band,
             basis=r.tie_band_basis,
@@ -394,20 +395,30 @@ def search(
     )
 
 
-def _simplest_first(cand: Candidates, step: np.ndarray, feasible_order: np.ndarray, band: float):
+def _simplicity(cand: Candidates, runtime: Runtime) -> dict[str, np.ndarray]:
+    """Each ``TIEBREAK`` axis as the search compares simplicity: its code (smaller is simpler), but
+    the ZeRO stage by its place in the runtime's ``zero_simplest_first`` (on Megatron-LM the
+    distributed optimizer is simpler than ZeRO-0)."""
+    keys = {n: getattr(cand, n) for n in TIEBREAK}
+    keys["zero_stage"] = runtime.zero_simplicity(cand.zero_stage)
+    return keys
+
+
+def _simplest_first(simplicity: dict[str, np.ndarray], step: np.ndarray, feasible_order: np.ndarray, band: float):
     """``feasible_order`` (fastest first) with the simplest layout within ``band`` of the fastest
     moved to the front, and the other layouts within the band, fastest first.
 
-    Simpler is read off ``TIEBREAK``, each axis by its code (smaller degrees, fewer virtual stages,
-    smaller micro-batches, lower ZeRO stage, less recomputation, no SP): a layout replaces the
-    fastest only when it is at least as simple on *every* axis, so a near-tie never trades one
-    complication for another (a smaller tp for full recomputation); among those the first in
-    ``TIEBREAK``'s order wins (lexsort is stable, and no two layouts agree on every axis)."""
+    Simpler is read off ``TIEBREAK``, each axis by its ``simplicity`` key (``_simplicity``: smaller
+    degrees, fewer virtual stages, smaller micro-batches, the runtime's simpler ZeRO stage, less
+    recomputation, no SP): a layout replaces the fastest only when it is at least as simple on *every*
+    axis, so a near-tie never trades one complication for another (a smaller tp for full
+    recomputation); among those the first in ``TIEBREAK``'s order wins (lexsort is stable, and no two
+    layouts agree on every axis)."""
     fastest = feasible_order[0]
     within = feasible_order[step[feasible_order] <= step[fastest] * (1.0 + band)]
-    simpler = np.logical_and.reduce([getattr(cand, n)[within] <= getattr(cand, n)[fastest] for n in TIEBREAK])
+    simpler = np.logical_and.reduce([simplicity[n][within] <= simplicity[n][fastest] for n in TIEBREAK])
     pool = within[simpler]
-    simplest = pool[np.lexsort(tuple(getattr(cand, n)[pool] for n in reversed(TIEBREAK)))][0]
+    simplest = pool[np.lexsort(tuple(simplicity[n][pool] for n in reversed(TIEBREAK)))][0]
     rest = feasible_order[feasible_order != simplest]
     return np.concatenate(([simplest], rest)), within[within != simplest]
 

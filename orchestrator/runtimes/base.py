@@ -85,6 +85,10 @@ class Runtime:
     # The ZeRO stage run on Megatron-FSDP (sharded gradients) instead of the distributed
     # optimizer, searched only when pinned; None where the runtime has none.
     fsdp_zero_stage: int | None
+    # The ZeRO stages from the simplest to run to the least simple: the order in which the search's
+    # near-ties and equal layouts prefer them (plan/solver.py, ``zero_simplicity``), each runtime's
+    # default first. Every stage the runtime can run is in it.
+    zero_simplest_first: tuple[int, ...]
     # Features dsorch plans only where the runtime has them (plan/rules.py asks).
     interleaved_schedule: bool  # vpp > 1
     context_parallel: bool  # cp > 1
@@ -120,6 +124,13 @@ class Runtime:
     def zero_refusal(self, zero_stage: int, pp: int, grad_accum_steps: int, fp8_param_gather: bool) -> str:
         """Why ``zero_stage`` is not among ``zero_stages`` (called only then), with the fix."""
         raise NotImplementedError
+
+    def zero_simplicity(self, zero_stage) -> np.ndarray:
+        """Each ZeRO stage's place in ``zero_simplest_first`` (0 the simplest; arrays over layouts):
+        what the search's tie-break reads instead of the stage's number."""
+        rank = np.full(max(self.zero_simplest_first) + 1, len(self.zero_simplest_first), dtype=np.int64)
+        rank[list(self.zero_simplest_first)] = np.arange(len(self.zero_simplest_first))
+        return rank[np.asarray(zero_stage)]
 
     def uses_fsdp(self, zero_stage: int) -> bool:
         """Whether a layout at this ZeRO stage runs on Megatron-FSDP (``fsdp_zero_stage``)."""

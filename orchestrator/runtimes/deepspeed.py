@@ -154,6 +154,8 @@ DEEPSPEED = DeepSpeedRuntime(
     launch_per_node=False,
     stop_handler="orchestrator/train/stop.py: USR2 and TERM",
     fsdp_zero_stage=None,
+    # Plain data parallelism first, then each stage shards more (DeepSpeed's own default is ZeRO-0).
+    zero_simplest_first=(0, 1, 2, 3),
     # DeepSpeed's pipeline engine runs plain 1F1B; the entrypoint has no ring attention, no
     # Transformer Engine, and checkpoints every decoder layer under full recomputation
     # (PipelineModule activation_checkpoint_interval); it accumulates in fp32 from ZeRO-1 on.

@@ -206,6 +206,12 @@ MEGATRON = MegatronRuntime(
     launch_per_node=True,
     stop_handler="Megatron-LM's --exit-signal-handler with --exit-signal SIGUSR2; job.sbatch turns TERM into USR2",
     fsdp_zero_stage=MEGATRON_FSDP_ZERO,
+    # The distributed optimizer (zero_stage 1) before plain DDP: it is how Megatron-LM recipes run
+    # (Megatron-Bridge recipes/utils/optimizer_utils.py and NeMo's recipes/optim/adam.py:
+    # distributed_fused_adam_with_cosine_annealing sets use_distributed_optimizer=True), and it only
+    # shards the optimizer states, so ZeRO-0 is never the simpler of two near-equal layouts (issue 37:
+    # ZeRO-0 chosen for a pinned recipe cost 22.6 GiB per GPU). Megatron-FSDP (2) last.
+    zero_simplest_first=(1, 0, MEGATRON_FSDP_ZERO),
     interleaved_schedule=True,
     context_parallel=True,
     partial_recompute=True,  # --recompute-method block --recompute-num-layers N

@@ -8,7 +8,8 @@ import pytest
 
 from orchestrator.costmodel.memory import GIB
 from orchestrator.plan.layout import AXIS, PINNABLE, TIEBREAK, Pins
-from orchestrator.plan.solver import _simplest_first, candidates_of, search
+from orchestrator.plan.solver import _simplest_first, _simplicity, candidates_of, search
+from orchestrator.runtimes import runtime_named
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import TrainingSpec, load_spec
 
@@ -19,11 +20,15 @@ from .test_partial_recompute import _profile, _spec
 
 def test_mtp_and_dense_leading_layers_split_the_pipeline():
     # 61 layers + 1 MTP module + embedding + loss = 64 slots, 8 per stage at pp 8.
-    res = search(DSV3, TrainingSpec(seq_length=4096, global_batch_size=4096, steps=100,
-                                    optimizer=dict(warmup_steps=10)),
-                 load_profile("dgx16").profile.resized(nodes=32), "megatron",
-                 Pins(tp=1, pp=8, vpp=4, ep=32, micro_batch_size=1, recompute="none", zero_stage=1, cp=1),
-                 memory_margin_gib=-1e6, keep=1)
+    res = search(
+        DSV3,
+        TrainingSpec(seq_length=4096, global_batch_size=4096, steps=100, optimizer=dict(warmup_steps=10)),
+        load_profile("dgx16").profile.resized(nodes=32),
+        "megatron",
+        Pins(tp=1, pp=8, vpp=4, ep=32, micro_batch_size=1, recompute="none", zero_stage=1, cp=1),
+        memory_margin_gib=-1e6,
+        keep=1,
+    )
     assert res.best is not None and res.best.layout.short().startswith("tp1 ep32 pp8 vpp4")
     assert np.isfinite(res.best.step_time_s) and res.best.memory_gib["total"] * GIB > 0
 
@@ -49,13 +54,32 @@ def test_near_tie_resolved_toward_a_simpler_layout(name, runtime, nodes):
     fastest, chosen = nt.fastest, res.best
     assert fastest.step_time_s == min(s.step_time_s for s in res.ranked)
     assert chosen.step_time_s <= fastest.step_time_s * (1 + nt.band)
-    # at least as simple on every axis as the fastest
+
+    # at least as simple on every axis as the fastest (the ZeRO stage in the runtime's order)
+    def simplicity(layout, n):
+        code = AXIS[n].code(getattr(layout, n))
+        return int(runtime_named(runtime).zero_simplicity(code)) if n == "zero_stage" else code
+
     for n in TIEBREAK:
-        assert AXIS[n].code(getattr(chosen.layout, n)) <= AXIS[n].code(getattr(fastest.layout, n)), n
+        assert simplicity(chosen.layout, n) <= simplicity(fastest.layout, n), n
     # every layout within the band is listed, the chosen one apart
     within = [s.layout for s in res.ranked if s.step_time_s <= fastest.step_time_s * (1 + nt.band)]
     assert nt.count == len(within)
     assert {s.layout for s in nt.others} == set(within) - {chosen.layout}
+
+
+def test_megatron_prefers_the_distributed_optimizer_to_zero0():
+    """Issue 37: with a recipe pinned on a GPU where ZeRO-0 fits, Megatron-LM's near-tie went to
+    ZeRO-0 as 'simplest' (+33.7 GiB per GPU here); the distributed optimizer is the runtime's
+    default, so it is simpler. The deepspeed runtime keeps ZeRO-0 first."""
+    spec, _ = load_spec(EXAMPLES / "llama3-8b.yaml")
+    profile = load_profile("dgx-b200", PROFILES).profile.resized(1, None)
+    pins = Pins(tp=2, pp=1, cp=1, vpp=1, recompute="none", micro_batch_size=1, sequence_parallel=True)
+    res = search(spec.model, spec.training, profile, "megatron", pins, keep=10)
+    assert {s.layout.zero_stage for s in res.ranked} == {0, 1}  # both fit
+    assert res.best is not None and res.best.layout.zero_stage == 1
+    assert list(runtime_named("megatron").zero_simplicity([0, 1, 2])) == [1, 0, 2]
+    assert list(runtime_named("deepspeed").zero_simplicity([0, 1, 2, 3])) == [0, 1, 2, 3]
 
 
 def test_zero_band_keeps_the_fastest_first():
@@ -63,10 +87,11 @@ def test_zero_band_keeps_the_fastest_first():
     layouts = [s.layout for s in search(spec.model, spec.training, profile, "deepspeed", keep=6).ranked]
     cand = candidates_of(spec.model, layouts)
     step = np.array([1.0, 1.001, 1.002, 1.5, 1.6, 1.7])
-    order, within = _simplest_first(cand, step, np.arange(6), 0.0)
+    keys = _simplicity(cand, runtime_named("deepspeed"))
+    order, within = _simplest_first(keys, step, np.arange(6), 0.0)
     assert list(order) == list(range(6)) and len(within) == 0
     # a band covering all: the chosen is no more complex on any axis than the fastest
-    order, within = _simplest_first(cand, step, np.arange(6), 1.0)
+    order, within = _simplest_first(keys, step, np.arange(6), 1.0)
     first = layouts[int(order[0])]
     assert all(AXIS[n].code(getattr(first, n)) <= AXIS[n].code(getattr(layouts[0], n)) for n in TIEBREAK)
     assert len(within) == 5
