@@ -222,7 +222,8 @@ AXES: tuple[Axis, ...] = (
         flag="--recompute",
         neutral="none",
         short="rc={}",
-        help="Pin activation recomputation.",
+        help="Pin activation recomputation: none, selective (the attention core) or full (every decoder "
+        "layer, as Megatron-LM's --recompute-granularity full; --recompute-layers N recomputes only some).",
     ),
     Axis(
         name="sequence_parallel",
@@ -285,8 +286,9 @@ AXES: tuple[Axis, ...] = (
         since_0_1=False,
         short="/{}",
         omit_neutral=True,
-        help="Pin the decoder layers full recomputation reruns in each (virtual) pipeline stage "
-        "(Megatron-LM --recompute-method block; megatron runtime only); 0 recomputes every layer.",
+        help="Pin partial recomputation: the decoder layers full recomputation reruns in each (virtual) "
+        "pipeline stage (Megatron-LM --recompute-method block; megatron runtime only); 0 recomputes every "
+        "layer. A value above 0 implies full recomputation; searched only where --recompute is not pinned.",
     ),
 )
 AXIS: dict[str, Axis] = {a.name: a for a in AXES}

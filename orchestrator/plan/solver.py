@@ -207,10 +207,13 @@ def _layouts_at(degrees, split, model, training, runtime: Runtime, pins, reject)
     rc_codes = [AXIS["recompute"].code(rc) for rc in rcs]
     full_code = AXIS["recompute"].code("full")
     # recompute_layers: searched under full recomputation (rules.recompute_layer_options), 0 elsewhere.
-    rc_none = [0] if pins.recompute_layers in (None, 0) else []
+    # A pinned --recompute full is Megatron-LM's full, every layer (--recompute-granularity full
+    # --recompute-method uniform); recomputing only some layers is its own pin, --recompute-layers N.
+    layers = 0 if pins.recompute == "full" and pins.recompute_layers is None else pins.recompute_layers
+    rc_none = [0] if layers in (None, 0) else []
 
     def rc_layers(vpp: int) -> list[int]:
-        return recompute_layer_options(model, runtime, split, vpp, pins.recompute_layers)
+        return recompute_layer_options(model, runtime, split, vpp, layers)
 
     for mbs in _options(pins, "micro_batch_size", divisors(gbs // dp)):
         gas = gbs // (dp * mbs)

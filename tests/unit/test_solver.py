@@ -82,6 +82,20 @@ def test_megatron_prefers_the_distributed_optimizer_to_zero0():
     assert list(runtime_named("deepspeed").zero_simplicity([0, 1, 2, 3])) == [0, 1, 2, 3]
 
 
+def test_pinned_full_recomputation_is_every_layer():
+    """Issue 37: ``--recompute full`` also searched partial recomputation (rc=full/N), which is not
+    Megatron-LM's full; partial recomputation is its own pin, ``--recompute-layers N``."""
+    model, training = _spec()
+    profile = _profile()
+    pins = dict(tp=8, pp=16, cp=1, vpp=1, micro_batch_size=1, zero_stage=1, sequence_parallel=True)
+    full = search(model, training, profile, "megatron", Pins(**pins, recompute="full"), keep=100)
+    assert full.ranked and {s.layout.recompute_layers for s in full.ranked} == {0}
+    partial = search(
+        model, training, profile, "megatron", Pins(**pins, recompute_layers=2), keep=100, memory_margin_gib=-1e6
+    )
+    assert partial.ranked and {(s.layout.recompute, s.layout.recompute_layers) for s in partial.ranked} == {("full", 2)}
+
+
 def test_zero_band_keeps_the_fastest_first():
     spec, _, profile = _inputs("llama3-8b")
     layouts = [s.layout for s in search(spec.model, spec.training, profile, "deepspeed", keep=6).ranked]
