@@ -1,9 +1,9 @@
 """Legality rules of a layout for a model, a cluster and a runtime.
 
 Each rule returns a reason that names the conflict and the fix. The solver enumerates only what
-``tp_degrees``, ``stage_split`` and the runtime's ``zero_stages`` allow, and counts what they rule out
-(``orchestrator.plan.solver``); ``check_layout`` explains a pinned layout that breaks a rule, from
-the same helpers, so the two cannot disagree.
+``tp_degrees``, ``stage_split``, ``dispatcher_problem`` and the runtime's ``zero_stages`` allow, and
+counts what they rule out (``orchestrator.plan.solver``); ``check_layout`` explains a pinned layout
+that breaks a rule, from the same helpers, so the two cannot disagree.
 """
 
 from __future__ import annotations
@@ -240,6 +240,23 @@ def etp_degrees(
     return [t for t in sorted(searched) if (tp * cp * dp) % (ep * t) == 0 and (t == 1 or not model.bias)]
 
 
+def dispatcher_problem(training: TrainingSpec, runtime: Runtime, ep: int, etp: int) -> str | None:
+    """Why the spec's token dispatcher cannot run at expert-TP x EP = ``etp`` x ``ep``, None where it
+    can. Megatron-Core's flex dispatcher (DeepEP) sends tokens over that group and refuses one rank
+    (core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher.__init__: "DeepEP dispatcher
+    requires TPxEP > 1"; validate/megatron_moe.py _dispatcher_checks). The dispatcher is a flag of
+    the runtime whose program reads megatron_args.txt (render/megatron.py _moe_flags); a spec that
+    leaves it unset gets alltoall there (costmodel/comm_ep.py token_dispatcher). The search and
+    ``check_layout`` both ask this, so the search never chooses a layout the rules refuse."""
+    if training.moe_dispatcher != "flex" or not runtime.reads_megatron_args or ep * etp > 1:
+        return None
+    return (
+        f"ep={ep} etp={etp}: training.moe_dispatcher flex (DeepEP) sends tokens over the expert-TP x EP "
+        f'group, here {ep * etp} rank, and Megatron-Core refuses that ("DeepEP dispatcher requires TPxEP > 1"); '
+        f"use ep or etp above 1, or training.moe_dispatcher alltoall"
+    )
+
+
 def check_layout(
     layout: Layout, model: ModelSpec, training: TrainingSpec, profile: ClusterProfile, runtime: Runtime | str
 ) -> list[str]:
@@ -250,7 +267,7 @@ def check_layout(
         *_world_rules(layout, profile),
         *_cp_rules(layout, model, training, runtime, profile.nvlink_domain),
         *_tp_rules(layout, model, profile),
-        *_ep_rules(layout, model, runtime),
+        *_ep_rules(layout, model, training, runtime),
         *_pipeline_rules(layout, model, training, runtime),
         *_recompute_rules(layout, model, runtime),
         *_batch_rules(layout, training),
@@ -322,9 +339,9 @@ def _tp_rules(L: Layout, model: ModelSpec, profile: ClusterProfile) -> list[str]
     return r
 
 
-def _ep_rules(L: Layout, model: ModelSpec, runtime: Runtime) -> list[str]:
+def _ep_rules(L: Layout, model: ModelSpec, training: TrainingSpec, runtime: Runtime) -> list[str]:
     """Expert parallelism: MoE models only; ep divides the experts; the expert mesh (etp x ep) fits in
-    the ranks it is carved from; what each runtime builds."""
+    the ranks it is carved from; what each runtime builds; the token dispatcher's group."""
     if model.moe is None:
         if L.ep > 1 or L.etp > 1:
             return [
@@ -333,7 +350,8 @@ def _ep_rules(L: Layout, model: ModelSpec, runtime: Runtime) -> list[str]:
             ]
         return []
     E = model.moe.num_experts
-    r: list[str] = []
+    dispatch = dispatcher_problem(training, runtime, L.ep, L.etp)
+    r: list[str] = [dispatch] if dispatch else []
     if model.bias and L.etp > 1:
         # TransformerConfig.__post_init__: "Bias in Moe is only supported when ETP==1".
         fix = "use tp=1 (the entrypoint splits experts over tp)" if runtime.experts_like_mlp else "use --etp 1"

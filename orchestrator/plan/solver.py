@@ -33,6 +33,7 @@ from orchestrator.plan.request import KEEP
 from orchestrator.plan.rules import (
     check_layout,
     cp_degrees,
+    dispatcher_problem,
     ep_degrees,
     etp_degrees,
     interleaving_fits,
@@ -151,6 +152,7 @@ RULE_VPP = "interleaving needs micro-batches a multiple of pp"
 RULE_ZERO_PP = "ZeRO-2/3 with pipeline parallelism (DeepSpeed)"
 RULE_ZERO_MOE = "ZeRO-0 or ZeRO-3 with expert parallelism (DeepSpeed)"
 RULE_ZERO_BF16 = "bf16 ZeRO-0 with gradient accumulation (DeepSpeed accumulates in fp32 from ZeRO-1)"
+RULE_DISPATCH = "the flex dispatcher needs expert-TP x EP above 1"
 
 
 def enumerate_layouts(
@@ -185,6 +187,9 @@ def enumerate_layouts(
                     continue
                 for ep in _options(pins, "ep", ep_degrees(model, runtime, tp, cp, dp)):
                     for etp in _options(pins, "etp", etp_degrees(model, runtime, tp, cp, dp, ep, pins.etp)):
+                        if dispatcher_problem(training, runtime, ep, etp):
+                            reject(RULE_DISPATCH)
+                            continue
                         degrees = dict(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp)
                         rows += _layouts_at(degrees, split, model, training, runtime, pins, reject)
     return _candidates(rows), rejected

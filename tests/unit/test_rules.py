@@ -12,7 +12,9 @@ from orchestrator.plan.rules import check_layout, recompute_layer_options, stage
 from orchestrator.plan.solver import search
 from orchestrator.runtimes import DEEPSPEED, MEGATRON
 from orchestrator.spec.cluster import load_profile
+from orchestrator.spec.model import load_spec
 
+from ..conftest import EXAMPLES
 from .test_moe_costmodel import MIXTRAL, TRAIN, _layout
 from .test_partial_recompute import META, _profile, _spec
 
@@ -71,3 +73,27 @@ def test_refused_where_it_cannot_run(change, runtime, words):
         L = dataclasses.replace(L, vpp=1)
     msgs = check_layout(L, model, training, _profile(), runtime)
     assert any(words in m for m in msgs), msgs
+
+
+def test_the_flex_dispatcher_never_leads_the_search_into_a_refused_layout():
+    """Issue 37: with training.moe_dispatcher flex the search chose ep 1 etp 1 (here on one dgx-b200
+    node: tp1 pp1 dp8 ep1), which Megatron-Core's DeepEP refuses and the plan's own validation then
+    rejected. The rule that refuses it is the one the enumeration skips by."""
+    from orchestrator.plan.solver import RULE_DISPATCH
+
+    spec, _ = load_spec(EXAMPLES / "qwen3-30b-a3b.yaml")
+    flex = spec.training.model_copy(update={"moe_dispatcher": "flex"})
+    profile = load_profile("dgx-b200").profile.resized(nodes=1)
+    res = search(spec.model, flex, profile, "megatron", keep=1000)
+    assert res.best is not None and res.rejected_rules.get(RULE_DISPATCH, 0) > 0
+    assert all(s.layout.ep * s.layout.etp > 1 for s in res.ranked + res.closest)
+    ep1 = _layout(tp=1, dp=8, ep=1, etp=1)
+    assert any(
+        "DeepEP dispatcher requires TPxEP > 1" in r for r in check_layout(ep1, spec.model, flex, profile, MEGATRON)
+    )
+    # unset, the dispatcher at ep 1 is alltoall; the deepspeed runtime has no token dispatcher
+    assert not any("flex" in r for r in check_layout(ep1, spec.model, spec.training, profile, MEGATRON))
+    assert not any("flex" in r for r in check_layout(ep1, spec.model, flex, profile, DEEPSPEED))
+    # pinned, ep 1 etp 1 is refused (make_plan explains it with check_layout); ep 1 etp 2 is legal
+    assert search(spec.model, flex, profile, "megatron", Pins(ep=1, etp=1)).evaluated == 0
+    assert search(spec.model, flex, profile, "megatron", Pins(ep=1, etp=2)).best is not None
