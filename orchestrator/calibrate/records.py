@@ -25,7 +25,7 @@ from orchestrator.plan.layout import (
 )
 from orchestrator.plan.rules import check_model, check_training, stage_split
 from orchestrator.plandir.rundir import METRICS_FILE, RunDir
-from orchestrator.runtimes import RUNTIME_NAMES, runtime_named
+from orchestrator.runtimes import DEFAULT, RUNTIME_NAMES, runtime_named
 from orchestrator.spec.cluster import ClusterProfile
 from orchestrator.spec.model import ModelSpec, TrainingSpec, load_spec
 
@@ -173,7 +173,7 @@ class CalibrationRecord(BaseModel):
     id: str | None = None
     model: str | ModelSpec
     training: dict[str, Any] | TrainingSpec | None = None
-    runtime: Literal[RUNTIME_NAMES] = "deepspeed"  # type: ignore[valid-type]
+    runtime: Literal[RUNTIME_NAMES] = DEFAULT.name  # type: ignore[valid-type]
     layout: RecordLayout
     step_time_s: float = Field(gt=0, allow_inf_nan=False)
     peak_mem_gib: float | None = Field(default=None, gt=0, allow_inf_nan=False)
