@@ -2,6 +2,7 @@
 
     python scripts/fit_calibration.py            # fit, write orchestrator/costmodel/calibration.yaml, print the tables
     python scripts/fit_calibration.py --check    # only print the per-engine tables of the shipped calibration.yaml
+    python scripts/fit_calibration.py --runs     # only write orchestrator/costmodel/published_mfu.yaml (no fit)
 
 Each entry is one engine on one kind of hardware (GPU + fabric), fitted only to the runs of that
 engine measured on it: Megatron-LM (published_runs.yaml as calibration_sets.yaml says),
@@ -35,6 +36,24 @@ from orchestrator.costmodel.calibration import FIELDS, MODEL_FEATURES, model_fea
 from orchestrator.costmodel.evaluate import runtime_engine
 
 OUT = ROOT / "orchestrator" / "costmodel" / "calibration.yaml"
+RUNS_OUT = ROOT / "orchestrator" / "costmodel" / "published_mfu.yaml"
+RUNS_HEADER = """\
+# Each published run of the calibration files as a plan reads it: its calibration entry, GPU,
+# precision (fp8 where it ran FP8 GEMMs), kind (moe) and measured MFU (model FLOPs of
+# costmodel/flops.py over step time x GPUs x the dense peak of the training precision, as a plan's
+# MFU). Written by
+#     python scripts/fit_calibration.py --runs
+# from orchestrator/calibrate/__init__.py measured_runs; nothing in it is fitted. Read by
+# orchestrator/costmodel/calibration.py (best_measured_mfu, Resolved.transfer). Do not edit by hand.
+"""
+
+
+def write_runs() -> None:
+    from orchestrator.calibrate import measured_runs
+
+    doc = {"runs": measured_runs()}
+    RUNS_OUT.write_text(RUNS_HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110))
+    print(f"wrote {RUNS_OUT.relative_to(ROOT)}")
 
 # Entries in fitting order; `borrow` names the entry whose values fill what this one does not fit.
 # `stages` fits an entry in steps, each on the rows `rows` selects ("dense": models without experts,
@@ -368,9 +387,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="print the per-engine error tables of the shipped calibration")
     ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--runs", action="store_true", help="only write published_mfu.yaml (each run's measured MFU)")
     args = ap.parse_args()
     if args.check:
         print_check()
+        return
+    if args.runs:
+        write_runs()
         return
 
     rows = expressible(all_published_rows())
@@ -396,7 +419,9 @@ def main() -> None:
     from orchestrator.costmodel.calibration import calibration_table
 
     calibration_table.cache_clear()
-    print(f"wrote {OUT.relative_to(ROOT)}\n")
+    print(f"wrote {OUT.relative_to(ROOT)}")
+    write_runs()
+    print()
     print_check()
 
 

@@ -5,7 +5,10 @@ Two uses, one fitter:
 * ``published_rows`` turns the published Megatron-LM runs (``costmodel/published_runs.yaml``,
   evaluated as ``costmodel/calibration_sets.yaml`` says) into rows with a measured step time;
   ``scripts/fit_calibration.py`` fits each hardware entry's efficiencies to them and writes
-  ``costmodel/calibration.yaml``; ``published_errors`` is the table the tests assert on.
+  ``costmodel/calibration.yaml``; ``published_errors`` is the table the tests assert on;
+  ``measured_runs`` is what each run measured (its GPU, precision, kind and MFU), which
+  ``scripts/fit_calibration.py --runs`` writes to ``costmodel/published_mfu.yaml`` for the plans
+  (costmodel/calibration.py best_measured_mfu, Resolved.transfer; nothing in it is fitted).
 * ``calibrate`` reads a user's measured step times (the step records of the training
   entrypoint's run directory, plandir/rundir.py RunDir.metrics, next to its plan directory, or a
   records file, format below), fits the profile's efficiencies
@@ -26,6 +29,7 @@ Records file (YAML with a top-level ``records:`` list, or JSONL with one record 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +37,12 @@ from pathlib import Path
 import yaml
 
 from orchestrator.calibrate.fit import FitResult, fit
-from orchestrator.calibrate.published import published_errors, published_rows, step_time_from_tflops
+from orchestrator.calibrate.published import (
+    all_published_rows,
+    published_errors,
+    published_rows,
+    step_time_from_tflops,
+)
 from orchestrator.calibrate.records import CalibrationRecord, load_records, record_rows
 from orchestrator.calibrate.rows import (
     BOUNDS,
@@ -49,6 +58,8 @@ from orchestrator.calibrate.rows import (
 )
 from orchestrator.costmodel import evaluate
 from orchestrator.costmodel.calibration import FIELDS, Resolved, resolve_efficiency
+from orchestrator.costmodel.compute import _peak_flops
+from orchestrator.costmodel.flops import model_flops_per_step
 from orchestrator.plan.solver import GIB
 from orchestrator.spec.cluster import ClusterProfile, Efficiency
 
@@ -268,3 +279,31 @@ __all__ = [
     "BOUNDS",
     "CPU_BOUNDS",
 ]
+
+
+def measured_mfu(row: Row) -> float:
+    """A row's measured MFU as a plan states its predicted one (costmodel/evaluate.py): the model's
+    FLOPs per step (costmodel/flops.py, Megatron-LM's count) over the measured step time, the GPUs
+    and the dense peak of the training precision (FP8 GEMMs too: the model is bf16)."""
+    flops = model_flops_per_step(row.model, row.training.seq_length, row.training.global_batch_size)
+    return flops / (row.measured_step_s * row.profile.world_size * _peak_flops(row.profile, row.training.precision))
+
+
+def measured_runs(rows: list[Row] | None = None) -> dict[str, dict]:
+    """costmodel/published_mfu.yaml's ``runs``: each published row's calibration entry, GPU, precision
+    ("fp8" where it ran FP8 GEMMs), kind and measured MFU, in the files' order. What a plan reads of
+    the calibration data without the rows (costmodel/calibration.py best_measured_mfu and
+    Resolved.transfer); scripts/fit_calibration.py --runs writes it."""
+    out = {}
+    for row in all_published_rows() if rows is None else rows:
+        if math.isnan(row.measured_step_s):
+            continue
+        t = row.training
+        out[row.id] = {
+            "entry": row.hardware,
+            "gpu": row.profile.gpu.name,
+            "precision": "fp8" if t.fp8 is not None else t.precision,
+            "moe": row.model.moe is not None,
+            "mfu": round(measured_mfu(row), 4),
+        }
+    return out

@@ -23,6 +23,12 @@ Resolution, field by field, first hit wins:
    then outside the fitted domain and says so;
 4. the table's ``default`` entry (outside the fitted domain too).
 
+What the calibration data measured, run by run (``published_mfu.yaml``: each published run's GPU,
+precision, kind and measured MFU, written from calibrate/__init__.py ``measured_runs``), says two
+more things of a plan: whether its GEMM rate comes from runs of another precision or another GPU
+(``Resolved.transfer``), and the best MFU any run measured on its hardware in its precision
+(``best_measured_mfu``).
+
 Nothing here reads the environment or writes anything.
 """
 
@@ -55,6 +61,9 @@ FIELDS = (
     "fp8_gemm",
 )
 TABLE_FILE = "calibration.yaml"
+# One line per published run of the calibration files (written by scripts/fit_calibration.py --runs
+# from calibrate/__init__.py measured_runs; tests/unit/test_measured_runs.py keeps it in step).
+RUNS_FILE = "published_mfu.yaml"
 # The calibration engines: the runtimes' ``calibration_engines``, in the order the runtimes list them.
 ENGINE_NAMES = tuple(dict.fromkeys(e for rt in RUNTIMES.values() for e in rt.calibration_engines))
 # Where an engine without data of its own takes its kernel efficiencies from: DeepSpeed below
@@ -99,6 +108,72 @@ def engine_of(runtime, zero_stage, pp=1) -> np.ndarray:
     return runtime_named(runtime).calibration_engine(zero_stage, pp)
 
 
+PRECISION_WORDS = {"bf16": "BF16", "fp16": "FP16", "fp8": "FP8", "fp32": "FP32"}
+
+
+def precision_class(precision: str, fp8: bool = False) -> str:
+    """The precision a GEMM rate belongs to: "fp8" for FP8 GEMMs, "bf16" for BF16 and FP16 alike (one
+    tensor-core rate: every shipped profile's peak_tflops states the same figure for both; the SC21
+    A100 runs are FP16), else the precision itself."""
+    if fp8 or precision == "fp8":
+        return "fp8"
+    return "bf16" if precision in ("bf16", "fp16") else precision
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run of the calibration files as published_mfu.yaml records it."""
+
+    id: str
+    entry: str | None  # the calibration entry its hardware and engine belong to
+    gpu: str
+    precision: str  # "fp8" where it ran FP8 GEMMs, else training.precision
+    moe: bool
+    mfu: float  # measured: model FLOPs (costmodel/flops.py) / (step time x GPUs x dense peak)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A GEMM rate carried to a plan from runs of another precision or GPU (``Resolved.transfer``)."""
+
+    entry: str  # the entry whose runs vouch for the rate
+    own: bool  # they are the plan's entry's own runs (else those that fitted the entry's gemm value)
+    gemm: float  # the rate, a fraction of the dense peak
+    precision: str  # the plan's precision class ("bf16" | "fp8")
+    gpu: str  # the plan's GPU
+    runs: tuple[Run, ...]
+    other_precision: bool  # none of the runs ran the plan's precision
+    other_gpu: bool  # none ran on the plan's GPU
+
+    def runs_text(self) -> str:
+        """The runs in words: how many, which kind, their precision and GPUs."""
+        n = len(self.runs)
+        kinds = {r.moe for r in self.runs}
+        kind = "" if len(kinds) > 1 else ("MoE " if self.runs[0].moe else "dense ")
+        # The runs' own precisions (SC21's FP16 runs read FP16), not their class.
+        classes = [r.precision for r in self.runs]
+        counts = {c: classes.count(c) for c in sorted(set(classes))}
+        if len(counts) == 1:
+            what = PRECISION_WORDS.get(classes[0], classes[0])
+            precision = f"all {what}" if n > 1 else what
+        else:
+            precision = ", ".join(f"{k} {PRECISION_WORDS.get(c, c)}" for c, k in counts.items())
+        gpus = ", ".join(sorted({r.gpu for r in self.runs}))
+        return f"{n} {kind}run{'s' if n > 1 else ''} ({precision}, on {gpus})"
+
+    @property
+    def target(self) -> str:
+        """What the rate is carried to, in words: "BF16 on GB200", "GB200" or "BF16"."""
+        words = PRECISION_WORDS[self.precision]
+        if self.other_precision and self.other_gpu:
+            return f"{words} on {self.gpu}"
+        return words if self.other_precision else self.gpu
+
+    def clause(self) -> str:
+        """The transfer as a clause of ``Resolved.beyond``."""
+        return f"its GEMM rate {self.gemm:.2f} carried to {self.target} from {self.entry}'s {self.runs_text()}"
+
+
 @dataclass(frozen=True)
 class Resolved:
     """Efficiencies the cost model uses for one profile and engine, and where each came from."""
@@ -139,6 +214,12 @@ class Resolved:
     # Runs of the entry's GPU that it scores but was not fitted on (calibration.yaml
     # scored_not_fitted): (id, relative step-time error, MODEL_FEATURES keys of its model).
     scored: tuple[tuple[str, float, tuple[str, ...]], ...] = ()
+    # The profile's GPU, and the runs that vouch for the GEMM rate (``_gemm_evidence``): the entry's
+    # own fitted runs, and those that fitted its ``gemm`` value where another entry's value is used.
+    gpu: str = ""
+    own_runs: tuple[Run, ...] = ()
+    gemm_from: str | None = None
+    gemm_runs: tuple[Run, ...] = ()
 
     def values(self) -> dict[str, float]:
         return {f: getattr(self, f) for f in FIELDS}
@@ -207,12 +288,51 @@ class Resolved:
         ):
             if used and not c.get(key):
                 out.append(f"{what} (none of its runs)")
+        moved = self.transfer(fp8, moe)
+        if moved is not None and not (fp8 and moved.other_precision and not c.get("fp8") and not moved.other_gpu):
+            # (an FP8 plan on an entry without FP8 runs already reads "FP8 GEMMs (none of its runs)")
+            out.append(moved.clause())
         missing = [key for key in features if not c.get(key)]
         if missing:
             seen = [f"{rid}, {100 * err:+.0f} %" for rid, err, fs in self.scored if set(missing) & set(fs)]
             evidence = f"; scored, not fitted: {'; '.join(seen)}" if seen else ""
             out.append(f"{', '.join(MODEL_FEATURES[k] for k in missing)} (none of its fitted runs{evidence})")
         return ", ".join(out) or None
+
+    def transfer(self, fp8: bool, moe: bool) -> Transfer | None:
+        """Whether the GEMM rate a plan of this precision and kind (dense or MoE) runs at comes only
+        from runs of another precision (BF16 vs FP8) or on another GPU; None where a run like the plan
+        vouches for it, or where no run does (the profile states the rate, or the default entry).
+
+        The runs that vouch: the entry's own fitted runs of the plan's kind (they were predicted with
+        every value the entry uses, borrowed ones included, so their held-out errors cover them); where
+        it has none of that kind, the runs that fitted its ``gemm`` value (of the plan's kind, where
+        there are any). A dense BF16 plan on GB200 has neither kind of own run: its rate is
+        megatron/gb300-nvl72's, whose dense runs were all FP8 (issue 37 point 3)."""
+        if self.domain in ("default", "profile") or dict(self.sources).get("gemm") == "profile":
+            return None
+        own = [r for r in self.own_runs if r.moe == moe]
+        if own:
+            entry, runs = self.entry, own
+        else:
+            entry, runs = self.gemm_from, [r for r in self.gemm_runs if r.moe == moe] or list(self.gemm_runs)
+        if entry is None or not runs:
+            return None
+        precision = "fp8" if fp8 else "bf16"
+        other_precision = all(precision_class(r.precision) != precision for r in runs)
+        other_gpu = all(r.gpu.lower() != self.gpu.lower() for r in runs)
+        if not (other_precision or other_gpu):
+            return None
+        return Transfer(
+            entry=entry,
+            own=bool(own),
+            gemm=self.gemm,
+            precision=precision,
+            gpu=self.gpu,
+            runs=tuple(runs),
+            other_precision=other_precision,
+            other_gpu=other_gpu,
+        )
 
     def describe(self) -> str:
         """How sure a prediction made with these efficiencies is, in words."""
@@ -226,6 +346,61 @@ def calibration_table() -> dict:
     """The parsed calibration.yaml (cached; it is package data and never changes at run time)."""
     text = resources.files(__package__).joinpath(TABLE_FILE).read_text(encoding="utf-8")
     return yaml.safe_load(text)
+
+
+@functools.lru_cache(maxsize=1)
+def published_runs() -> dict[str, Run]:
+    """The parsed published_mfu.yaml, by run id (cached package data)."""
+    text = resources.files(__package__).joinpath(RUNS_FILE).read_text(encoding="utf-8")
+    return {rid: Run(id=rid, **fields) for rid, fields in (yaml.safe_load(text)["runs"] or {}).items()}
+
+
+def hardware_gpus(gpu: str, table: dict | None = None) -> set[str]:
+    """The GPU names (lower case) of the hardware ``gpu`` belongs to: every entry's ``gpus`` list that
+    names it (H200 is H100's hardware: the same Hopper compute and dense peak, calibrate/published.py
+    HARDWARE), or the name alone."""
+    table = calibration_table() if table is None else table
+    names = {gpu.lower()}
+    for entry in table.get("entries", []):
+        group = {n.lower() for n in entry.get("gpus", [])}
+        if gpu.lower() in group:
+            names |= group
+    return names
+
+
+def best_measured_mfu(gpu: str, precision: str, fp8: bool = False) -> Run | None:
+    """The published run of the calibration files with the highest measured MFU on ``gpu``'s hardware
+    (``hardware_gpus``) in the precision class of ``precision`` / ``fp8`` (``precision_class``); None
+    where no run measured that. MFU as the plan states it (model FLOPs over the dense peak of the
+    training precision, FP8 GEMMs included), so the figures compare."""
+    names, want = hardware_gpus(gpu), precision_class(precision, fp8)
+    runs = [r for r in published_runs().values() if r.gpu.lower() in names and precision_class(r.precision) == want]
+    return max(runs, key=lambda r: (r.mfu, r.id), default=None)
+
+
+def _fitted_runs(entry: dict) -> tuple[Run, ...]:
+    """The runs an entry was fitted on (its held_out_errors: one per fitted run), as published_mfu.yaml
+    records them."""
+    runs = published_runs()
+    return tuple(runs[rid] for rid in (entry.get("held_out_errors") or {}) if rid in runs)
+
+
+def _gemm_evidence(entry: dict | None, table: dict) -> tuple[str | None, tuple[Run, ...]]:
+    """The entry whose runs fitted ``entry``'s gemm value (itself, or one it borrows from, following
+    ``borrowed_from``) and those runs: the rows of the stages that fitted it (scripts/fit_calibration.py
+    ``stages``: "dense", "moe" or "all"). (None, ()) where no run fitted it (the default entry)."""
+    by_id = {e["id"]: e for e in table.get("entries", [])}
+    seen: set[str] = set()
+    while entry is not None and entry["id"] not in seen:
+        seen.add(entry["id"])
+        if "gemm" in (entry.get("fitted") or ()):
+            runs = _fitted_runs(entry)
+            kinds = {st["rows"] for st in entry.get("stages") or () if "gemm" in st.get("fitted", ())}
+            if kinds and "all" not in kinds:
+                runs = tuple(r for r in runs if ("moe" if r.moe else "dense") in kinds)
+            return entry["id"], runs
+        entry = by_id.get(entry.get("borrowed_from") or "")
+    return None, ()
 
 
 def memory_error() -> dict:
@@ -338,6 +513,7 @@ def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table:
         (rid, float(run["error"]), tuple(run.get("features") or ()))
         for rid, run in ((entry or {}).get("scored_not_fitted") or {}).items()
     )
+    gemm_from, gemm_runs = _gemm_evidence(entry, table)
     return Resolved(
         **values,
         sources=tuple(sources),
@@ -352,6 +528,10 @@ def resolve_efficiency(profile: ClusterProfile, engine: str = "megatron", table:
         held_out_max=err.get("held_out_max"),
         held_out_mean=err.get("held_out_mean"),
         scored=scored,
+        gpu=profile.gpu.name,
+        own_runs=() if entry is None else _fitted_runs(entry),
+        gemm_from=gemm_from,
+        gemm_runs=gemm_runs,
     )
 
 

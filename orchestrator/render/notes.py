@@ -1,6 +1,7 @@
 """What a plan says beside its numbers: the near-ties it resolved, the memory margin it kept and
-why, the MFU convention, how sure it is, with the one command that would measure it, and a SLURM
-warning that leaves too little of each allocation for training.
+why, the MFU convention, how sure it is (a GEMM rate only runs of another precision or GPU measured;
+a predicted MFU above the best the calibration data measured), with the one command that would
+measure it, and a SLURM warning that leaves too little of each allocation for training.
 
 ``notes_doc`` is plan.yaml's (and --json's) ``explain.notes`` section; ``notes_text`` the same as
 sentences, which `dsorch plan` prints under the chosen layout and plan.md lists under "How sure".
@@ -9,7 +10,12 @@ Pure functions of a ``Plan``: nothing is evaluated again but the FLOP count of t
 
 from __future__ import annotations
 
-from orchestrator.costmodel.calibration import engine_of, resolve_efficiency
+from orchestrator.costmodel.calibration import (
+    PRECISION_WORDS,
+    best_measured_mfu,
+    engine_of,
+    resolve_efficiency,
+)
 from orchestrator.plan.make import Plan
 from orchestrator.plan.request import TRIAL_STEPS
 from orchestrator.render.overrides import leaf_paths
@@ -91,6 +97,71 @@ def _unmeasured_runtime(plan: Plan) -> str | None:
     )
 
 
+def _rate_transfer(plan: Plan) -> dict | None:
+    """Where the chosen layout's GEMM rate comes only from runs of another precision or another GPU
+    (costmodel/calibration.py Resolved.transfer), what it rests on; None where a run like the plan
+    vouches for it. Issue 37: Llama 3 70B in BF16 on GB200 was predicted at 71.7 % MFU with a GEMM
+    rate of 0.95 borrowed from GB300 runs that were all FP8, under the GB200 entry's +-2 % (its two
+    MoE runs). No allowed run measures how far a rate carries across precisions or GPUs (that would be
+    a fit of one set's values scored on another's runs), so no widening is derived: the layout is
+    outside the fitted domain (plan/solver.py takes ``beyond``'s clause) and states no interval."""
+    eff, t = plan.decisions.efficiency, plan.spec.training
+    moved = eff.transfer(t.fp8 is not None, plan.spec.model.moe is not None)
+    if moved is None:
+        return None
+    held = eff.held_out_max if eff.held_out_max is not None else eff.max_rel_error
+    return {
+        "entry": moved.entry,
+        "borrowed": not moved.own,
+        "gemm": _r(moved.gemm),
+        "precision": "fp8" if t.fp8 is not None else t.precision,
+        "gpu": moved.gpu,
+        "runs": [r.id for r in moved.runs],
+        "runs_text": moved.runs_text(),
+        "other_precision": moved.other_precision,
+        "other_gpu": moved.other_gpu,
+        "target": moved.target,
+        "entry_interval": None if eff.entry is None or held is None else _r(held),
+        "plan_entry": eff.entry,
+    }
+
+
+def _rate_transfer_text(plan: Plan, m: dict) -> str:
+    how = "borrowed from" if m["borrowed"] else "from"
+    interval = (
+        f"{m['plan_entry']}'s ±{100 * m['entry_interval']:.1f} % was measured on other runs and does not cover it"
+        if m["entry_interval"] is not None
+        else "none was measured"
+    )
+    # The solver leaves such a layout without an interval (Resolved.beyond names the transfer); a
+    # profile that states its own values has none either way.
+    stated = "states no interval" if plan.chosen.interval is None else "has no interval that covers it"
+    return (
+        f"{plan.spec.name} in {PRECISION_WORDS[m['precision']]} on {m['gpu']} is predicted at "
+        f"{100 * plan.chosen.mfu:.1f} % MFU with a GEMM efficiency, {m['gemm']:.2f}, {how} {m['entry']}, whose "
+        f"{m['runs_text']} are the only runs behind it: no published run measures that rate carried to "
+        f"{m['target']}, so this plan {stated} ({interval})"
+    )
+
+
+def _mfu_above_measured(plan: Plan) -> dict | None:
+    """The chosen layout's predicted MFU against the best any published run of the calibration files
+    measured on the plan's hardware in its precision (costmodel/calibration.py best_measured_mfu, the
+    same MFU convention); the figures where the prediction is above it (issue 37, "Plausibility"),
+    else None."""
+    t = plan.spec.training
+    best = best_measured_mfu(plan.profile.gpu.name, t.precision, t.fp8 is not None)
+    if best is None or plan.chosen.mfu <= best.mfu:
+        return None
+    return {
+        "predicted": _r(plan.chosen.mfu),
+        "best_measured": _r(best.mfu),
+        "run": best.id,
+        "gpu": best.gpu,
+        "precision": best.precision,
+    }
+
+
 def _checkpoint(plan: Plan) -> dict:
     """How often the run checkpoints, and why (costmodel/checkpoint.py)."""
     ck = plan.checkpoint
@@ -160,6 +231,8 @@ def notes_doc(plan: Plan) -> dict:
         "mfu": _mfu(plan),
         "outside_fitted_domain": c.interval is None,
         "unmeasured_runtime": _unmeasured_runtime(plan),
+        "rate_transfer": _rate_transfer(plan),
+        "mfu_above_measured": _mfu_above_measured(plan),
         "measure": _trial(plan) if (c.interval is None or _unmeasured_runtime(plan)) else None,
         "checkpoint": _checkpoint(plan),
         "signal_delay": _signal_delay(plan),
@@ -192,6 +265,16 @@ def notes_text(plan: Plan) -> list[str]:
     )
     if doc["unmeasured_runtime"]:
         out.append(doc["unmeasured_runtime"])
+    if doc["rate_transfer"] is not None:
+        out.append(_rate_transfer_text(plan, doc["rate_transfer"]))
+    above = doc["mfu_above_measured"]
+    if above is not None:
+        out.append(
+            f"the predicted MFU, {100 * above['predicted']:.1f} %, is above the best any published run of the "
+            f"calibration data measured on this hardware in {PRECISION_WORDS[above['precision']]}, "
+            f"{100 * above['best_measured']:.1f} % ({above['run']}, {above['gpu']}): treat it as optimistic until "
+            "a run on your cluster confirms it"
+        )
     if doc["signal_delay"]:
         out.append(doc["signal_delay"])
     if doc["outside_fitted_domain"]:

@@ -199,9 +199,50 @@ def test_model_features_no_fitted_run_had_put_a_plan_outside_the_domain():
     res = search(oss.model, oss.training, gb300.resized(nodes=16), "megatron", Pins())
     assert res.best.interval is None
     assert "outside the fitted domain of megatron/gb300-nvl72" in res.best.basis and rid in res.best.basis
+    # A dense Llama plan there keeps the entry's interval, which that run no longer widens, where its
+    # precision is that of the entry's dense runs (all FP8); in BF16 its GEMM rate is carried across
+    # precisions and it is outside the domain too (test_gemm_rate_from_other_runs_is_named).
     llama, _ = load_spec(EXAMPLES / "llama3-8b.yaml")
-    best = search(llama.model, llama.training, gb300.resized(nodes=2), "megatron").best
+    fp8 = llama.training.model_copy(update={"fp8": "hybrid", "fp8_recipe": "tensorwise"})
+    best = search(llama.model, fp8, gb300.resized(nodes=2), "megatron").best
     assert best.interval == r.interval, best.basis
+    bf16 = search(llama.model, llama.training, gb300.resized(nodes=2), "megatron").best
+    assert bf16.interval is None and "carried to BF16" in bf16.basis
+
+
+def test_gemm_rate_from_other_runs_is_named():
+    """Issue 37: a BF16 plan whose GEMM rate only FP8 runs (or runs on another GPU) measured says so. The
+    GB200 entry's own runs are two MoE runs; a dense plan there runs at GB300's GEMM rate, whose dense
+    runs were all FP8 on GB300. A run of the plan's kind and precision on its GPU vouches for the rate."""
+    gb200 = resolve_efficiency(load_profile("gb200-nvl72").profile)
+    assert gb200.domain == "fitted" and gb200.interval is not None
+    t = gb200.transfer(fp8=False, moe=False)
+    assert t is not None and t.entry == "megatron/gb300-nvl72" and not t.own and t.gemm == gb200.gemm
+    assert t.other_precision and t.other_gpu and t.target == "BF16 on GB200"
+    assert {r.precision for r in t.runs} == {"fp8"} and {r.gpu for r in t.runs} == {"GB300"}
+    assert not any(r.moe for r in t.runs) and len(t.runs) == 3
+    assert t.runs_text() == "3 dense runs (all FP8, on GB300)"
+    assert "its GEMM rate 0.95 carried to BF16 on GB200 from megatron/gb300-nvl72's 3 dense runs" in gb200.beyond(
+        1, 1, 1, False
+    )
+    fp8 = gb200.transfer(fp8=True, moe=False)
+    assert fp8 is not None and fp8.target == "GB200" and not fp8.other_precision
+    assert gb200.transfer(fp8=False, moe=True) is None  # its own MoE runs: one BF16, one FP8, on GB200
+    assert gb200.beyond(1, 8, 1, False, ep=8, moe=True) is None
+    gb300 = resolve_efficiency(load_profile("gb300-nvl72").profile)
+    own = gb300.transfer(fp8=False, moe=False)
+    assert own is not None and own.own and own.other_precision and not own.other_gpu and own.target == "BF16"
+    assert gb300.transfer(fp8=True, moe=False) is None
+    h100 = resolve_efficiency(load_profile("dgx16").profile)
+    assert h100.transfer(fp8=False, moe=False) is None and h100.transfer(fp8=False, moe=True) is None
+    # The reverse: an FP8 dense plan on H100, whose dense runs were all BF16, named once in beyond.
+    rev = h100.transfer(fp8=True, moe=False)
+    assert rev is not None and rev.own and rev.other_precision and rev.target == "FP8"
+    assert h100.beyond(1, 1, 1, True) == "FP8 GEMMs (none of its runs)"
+    # A GPU the entry has no runs on (already outside the domain): named with the runs' precision.
+    h200 = resolve_efficiency(load_profile("hgx-h200-ndr").profile).transfer(fp8=False, moe=False)
+    assert h200 is not None and h200.own and h200.other_gpu and not h200.other_precision
+    assert "all BF16, on H100-SXM5-80GB" in h200.runs_text()
 
 
 def test_memory_near_capacity_is_flagged_with_the_models_error():

@@ -89,3 +89,40 @@ def test_megatron_in_domain_plan_has_nothing_to_measure():
     doc = notes_doc(p)
     assert p.chosen.interval is not None
     assert doc["measure"] is None and doc["unmeasured_runtime"] is None
+
+
+def test_bf16_plan_on_a_rate_only_fp8_runs_measured_says_so():
+    """Issue 37: Llama 3 70B in BF16 on GB200 ran at a GEMM rate borrowed from GB300 runs that were all
+    FP8, with the GB200 entry's +-2 % interval; the plan names the entry and its runs' precision, and
+    states no interval. Its predicted MFU is above the best any BF16 run measured on GB200: flagged."""
+    from orchestrator.spec.cluster import load_profile
+
+    from ..conftest import PROFILES
+
+    spec, _, _ = _inputs("llama3-70b")
+    loaded = load_profile("gb200-nvl72", PROFILES)
+    p = make_plan(PlanRequest(spec=spec, spec_path="llama3-70b.yaml", spec_sha256="0" * 64, profile=loaded,
+                              runtime="megatron", pins=_pins(), nodes=8))
+    doc = notes_doc(p)
+    moved = doc["rate_transfer"]
+    assert moved is not None and moved["entry"] == "megatron/gb300-nvl72" and moved["borrowed"]
+    assert moved["precision"] == "bf16" and moved["gpu"] == "GB200" and moved["gemm"] == pytest.approx(0.9494)
+    assert len(moved["runs"]) == 3 and moved["plan_entry"] == "megatron/gb200-nvl72"
+    assert p.chosen.interval is None and doc["outside_fitted_domain"]
+    text = notes_text(p)
+    sentence = next(n for n in text if n.startswith("llama3-70b in BF16 on GB200 is predicted at"))
+    assert "0.95, borrowed from megatron/gb300-nvl72, whose 3 dense runs (all FP8, on GB300)" in sentence
+    assert "states no interval" in sentence and "does not cover it" in sentence
+    above = doc["mfu_above_measured"]
+    assert above is not None and above["predicted"] == pytest.approx(p.chosen.mfu, abs=1e-4)
+    assert above["run"] == "mb2511-gb200-qwen3-235b-a22b-bf16-256g-tp1pp8vp3ep32-mbs1"
+    assert above["best_measured"] == pytest.approx(0.3289) and above["best_measured"] < above["predicted"]
+    assert any(f"{100 * above['best_measured']:.1f} % ({above['run']}, GB200)" in n for n in text)
+    assert notes_doc(p) == doc  # deterministic
+
+
+def test_plan_within_what_its_runs_measured_has_no_transfer_note():
+    p = _plan("llama3-70b", "megatron", nodes=16, memory_margin_gib=0.0)
+    doc = notes_doc(p)
+    assert doc["rate_transfer"] is None
+    assert doc["mfu_above_measured"] is None or doc["mfu_above_measured"]["predicted"] > 0.4943
