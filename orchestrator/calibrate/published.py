@@ -28,7 +28,8 @@ from orchestrator.errors import SpecError
 from orchestrator.plan.layout import Pins
 from orchestrator.runtimes import DEEPSPEED, MEGATRON, Engine, runtime_named
 from orchestrator.spec.cluster import ClusterProfile, Features, load_profile
-from orchestrator.spec.model import MLASpec, ModelSpec, MoESpec, TrainingSpec
+from orchestrator.spec.model import MLASpec, ModelSpec, MoESpec
+from orchestrator.spec.training import TrainingSpec
 from orchestrator.spec.yamlio import deep_merge
 
 # Which GPUs and fabric each hardware id of the calibration entries describes (written into

@@ -27,7 +27,8 @@ from orchestrator.plan.rules import check_model, check_training, stage_split
 from orchestrator.plandir.rundir import METRICS_FILE, RunDir
 from orchestrator.runtimes import DEFAULT, RUNTIME_NAMES, runtime_named
 from orchestrator.spec.cluster import ClusterProfile
-from orchestrator.spec.model import ModelSpec, TrainingSpec, load_spec
+from orchestrator.spec.model import ModelSpec, load_spec
+from orchestrator.spec.training import TrainingSpec
 
 
 def _read_records(path: Path) -> list[dict]:

@@ -18,7 +18,8 @@ from orchestrator.plan.layout import AXES, AXIS, Pins, short_text
 from orchestrator.plan.solver import GIB, enumerate_layouts
 from orchestrator.runtimes import Engine, Runtime
 from orchestrator.spec.cluster import ClusterProfile
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.model import ModelSpec
+from orchestrator.spec.training import TrainingSpec
 
 # Physical bounds of the fitted fractions: no kernel reaches 100% of peak or of a link, and
 # an overlap fraction is a fraction.

@@ -10,7 +10,8 @@ from orchestrator.costmodel.compute import _Compute
 from orchestrator.costmodel.inputs import RECOMPUTE_CODES, _Inputs
 from orchestrator.costmodel.links import _hierarchical_time, _Links, _ring_time
 from orchestrator.spec.cluster import ClusterProfile
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.model import ModelSpec
+from orchestrator.spec.training import TrainingSpec
 
 
 def token_dispatcher(training: TrainingSpec, profile: ClusterProfile, ep, etp):

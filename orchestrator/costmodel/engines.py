@@ -6,7 +6,7 @@ DeepSpeed's ZERO_BUCKET_ELEMENTS in orchestrator/runtimes/deepspeed.py)."""
 from __future__ import annotations
 
 from orchestrator.runtimes import RUNTIMES, Engine, runtime_named
-from orchestrator.spec.model import TrainingSpec
+from orchestrator.spec.training import TrainingSpec
 
 # The engines' overlap settings are each runtime's ``engine`` (orchestrator.runtimes); calibration
 # rows pass the settings of the published run.

@@ -77,7 +77,8 @@ from orchestrator.costmodel.stacks import MEMORY_PARTS, TIME_PARTS, MemoryStack,
 from orchestrator.runtimes import Engine, Runtime, runtime_named
 from orchestrator.runtimes.deepspeed import ZERO_BUCKET_ELEMENTS
 from orchestrator.spec.cluster import ClusterProfile
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.model import ModelSpec
+from orchestrator.spec.training import TrainingSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -17,7 +17,8 @@ from orchestrator.costmodel.calibration import FIELDS
 from orchestrator.costmodel.memory import DTYPE_BYTES, state_bytes
 from orchestrator.runtimes import Engine, Runtime, runtime_named
 from orchestrator.spec.cluster import ClusterProfile, bytes_per_s
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.model import ModelSpec
+from orchestrator.spec.training import TrainingSpec
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 # Not a level dsorch plans: torchtitan's per-op selective checkpointing, which published FSDP runs

@@ -14,7 +14,8 @@ from orchestrator.costmodel.evaluate import cp_a2a_size
 from orchestrator.plan.layout import Layout
 from orchestrator.runtimes import Runtime, runtime_named
 from orchestrator.spec.cluster import ClusterProfile
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.model import ModelSpec
+from orchestrator.spec.training import TrainingSpec
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ from orchestrator.plan.rules import (
 )
 from orchestrator.runtimes import Runtime, runtime_named
 from orchestrator.spec.cluster import ClusterProfile
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.model import ModelSpec
+from orchestrator.spec.training import TrainingSpec
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.model import ModelSpec
+from orchestrator.spec.training import TrainingSpec
 
 # The generated files a runtime's program reads its settings from (render/ renders them,
 # plandir/reader.py requires them, validate/plan_dir.py checks them).

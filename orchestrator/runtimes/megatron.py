@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from orchestrator.runtimes.base import COMMON_FILES, MEGATRON_ARGS, Engine, Runtime
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.model import ModelSpec
+from orchestrator.spec.training import TrainingSpec
 
 # Megatron-LM: bf16 reduces and accumulates gradients in fp32 (validate_args sets
 # accumulate_allreduce_grads_in_fp32 for bf16); fp16 keeps fp16 grads, and fp32 master + Adam

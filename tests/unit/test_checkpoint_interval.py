@@ -97,8 +97,11 @@ def test_checkpoint_size_is_weights_plus_master_plus_adam_moments():
 def _plan_405b(nodes: int = 32, runtime: str = "megatron"):
     spec, _ = load_spec(EXAMPLES / "llama3-405b.yaml")
     loaded = load_profile("hgx-h200-ndr", PROFILES)
-    return make_plan(PlanRequest(spec=spec, spec_path="llama3-405b.yaml", spec_sha256="0" * 64, profile=loaded,
-                                 runtime=runtime, nodes=nodes))
+    return make_plan(
+        PlanRequest(
+            spec=spec, spec_path="llama3-405b.yaml", spec_sha256="0" * 64, profile=loaded, runtime=runtime, nodes=nodes
+        )
+    )
 
 
 def test_the_405b_plan_checkpoints_well_inside_its_allocation_and_scripts_use_it():
@@ -164,7 +167,7 @@ def test_a_time_limit_of_zero_is_no_limit_to_cap_by():
 def test_a_bad_interval_is_refused_with_one_message(bad):
     from pydantic import ValidationError
 
-    from orchestrator.spec.model import CheckpointSpec
+    from orchestrator.spec.training import CheckpointSpec
 
     with pytest.raises(ValidationError, match="a number of steps from 1 to 1000000000, or auto") as e:
         CheckpointSpec(interval=bad)

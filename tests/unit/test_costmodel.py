@@ -20,16 +20,18 @@ from orchestrator.costmodel.stacks import (
     TIME_PARTS,
 )
 from orchestrator.plan.solver import enumerate_layouts, search
-from orchestrator.spec.model import ModelSpec, TrainingSpec, load_spec
 from orchestrator.spec.cluster import load_profile
+from orchestrator.spec.model import ModelSpec, load_spec
+from orchestrator.spec.training import TrainingSpec
 
 from ..conftest import EXAMPLES
 
 
 # ---- ZeRO paper, Fig. 1: 7.5B parameters, N_d = 64, K = 12 -> 120 / 31.4 / 16.6 / 1.9 GB per device.
 # The paper prints one decimal; the formula's exact values are 120, 31.406, 16.641 and 1.875 GB.
-@pytest.mark.parametrize("stage, printed, exact", [(0, 120.0, 120.0), (1, 31.4, 31.40625), (2, 16.6, 16.640625),
-                                                    (3, 1.9, 1.875)])
+@pytest.mark.parametrize(
+    "stage, printed, exact", [(0, 120.0, 120.0), (1, 31.4, 31.40625), (2, 16.6, 16.640625), (3, 1.9, 1.875)]
+)
 def test_zero_paper_model_states(stage, printed, exact):
     w, g, o = model_state_bytes(7.5e9, 64, stage, 2, 2, 12)
     gb = float(w + g + o) / 1e9
@@ -42,19 +44,32 @@ def test_zero_paper_model_states(stage, printed, exact):
 GPT3 = dict(s=2048, b=1, h=12288, f=4 * 12288, a=96, kv=96)
 KORTHIKANTI = [
     # (t, sp, recompute, bytes per layer)
-    (1, False, 0, 2_868_903_936),   # no parallelism: sbh(34 + 5as/h)
-    (8, False, 0, 578_813_952),     # TP: sbh(10 + 24/t + 5as/(ht))
-    (8, True, 0, 358_612_992),      # TP + SP: sbh/t (34 + 5as/h)
-    (8, False, 1, 327_155_712),     # TP + selective: sbh(10 + 24/t)
-    (8, True, 1, 106_954_752),      # TP + SP + selective: 34 sbh/t
-    (8, False, 2, 50_331_648),      # full recompute: 2sbh
+    (1, False, 0, 2_868_903_936),  # no parallelism: sbh(34 + 5as/h)
+    (8, False, 0, 578_813_952),  # TP: sbh(10 + 24/t + 5as/(ht))
+    (8, True, 0, 358_612_992),  # TP + SP: sbh/t (34 + 5as/h)
+    (8, False, 1, 327_155_712),  # TP + selective: sbh(10 + 24/t)
+    (8, True, 1, 106_954_752),  # TP + SP + selective: 34 sbh/t
+    (8, False, 2, 50_331_648),  # full recompute: 2sbh
 ]
 
 
 @pytest.mark.parametrize("t, sp, rc, expected", KORTHIKANTI, ids=["none", "tp", "tp+sp", "tp+sel", "tp+sp+sel", "full"])
 def test_korthikanti_activation_table(t, sp, rc, expected):
-    got = activation_bytes_per_layer(GPT3["s"], GPT3["b"], GPT3["h"], GPT3["f"], GPT3["a"], GPT3["kv"], t, sp, rc,
-                                     swiglu=False, flash=False, hidden_dropout=True, attention_dropout=True)
+    got = activation_bytes_per_layer(
+        GPT3["s"],
+        GPT3["b"],
+        GPT3["h"],
+        GPT3["f"],
+        GPT3["a"],
+        GPT3["kv"],
+        t,
+        sp,
+        rc,
+        swiglu=False,
+        flash=False,
+        hidden_dropout=True,
+        attention_dropout=True,
+    )
     assert float(got) == expected
 
 
@@ -73,11 +88,15 @@ def test_moe_activation_terms_vectorize_and_scale_with_the_routed_copies():
     (2 x the hidden vector, the expert GEMM outputs, an index and a probability per copy); full
     recomputation keeps none. The terms themselves are checked to the byte against the entrypoint's
     layer by tests/system/test_activation_census.py."""
-    kw = dict(num_experts=64, top_k=6, expert_ffn=1408, shared_ffn=2816, router="sigmoid", load_balancing="seq_aux_loss")
+    kw = dict(
+        num_experts=64, top_k=6, expert_ffn=1408, shared_ffn=2816, router="sigmoid", load_balancing="seq_aux_loss"
+    )
     t, sp, rc = np.array([1, 2, 8, 8]), np.array([False, True, False, True]), np.array([0, 1, 0, 2])
     got = moe_activation_bytes_per_layer(4096, 1, 2048, t, sp, rc, **kw)
-    each = [float(moe_activation_bytes_per_layer(4096, 1, 2048, int(a), bool(b), int(c), **kw)) for a, b, c in
-            zip(t, sp, rc)]
+    each = [
+        float(moe_activation_bytes_per_layer(4096, 1, 2048, int(a), bool(b), int(c), **kw))
+        for a, b, c in zip(t, sp, rc)
+    ]
     assert got.tolist() == each and each[3] == 0.0
     more = moe_activation_bytes_per_layer(4096, 1, 2048, 1, False, 0, **{**kw, "top_k": 7})
     # a routed copy: expert input and output (2 x 2h), gate/up and down-projection input (2 x 3f), the
@@ -93,12 +112,20 @@ def model_and_training(draw):
     kv = draw(st.sampled_from([h for h in (1, 2, 4, 8, heads) if heads % h == 0]))
     head_dim = draw(st.sampled_from([64, 128]))
     layers = draw(st.sampled_from([8, 12, 16, 24, 32, 40, 80]))
-    model = ModelSpec(num_layers=layers, hidden_size=heads * head_dim, ffn_hidden_size=draw(st.sampled_from([2, 3, 4])) * heads * head_dim,
-                      num_attention_heads=heads, num_kv_heads=kv, vocab_size=draw(st.sampled_from([32000, 50257, 128256])),
-                      activation=draw(st.sampled_from(["swiglu", "gelu"])))
-    training = TrainingSpec(seq_length=draw(st.sampled_from([1024, 2048, 4096])),
-                            global_batch_size=draw(st.sampled_from([64, 128, 256])),
-                            flash_attention=draw(st.booleans()))
+    model = ModelSpec(
+        num_layers=layers,
+        hidden_size=heads * head_dim,
+        ffn_hidden_size=draw(st.sampled_from([2, 3, 4])) * heads * head_dim,
+        num_attention_heads=heads,
+        num_kv_heads=kv,
+        vocab_size=draw(st.sampled_from([32000, 50257, 128256])),
+        activation=draw(st.sampled_from(["swiglu", "gelu"])),
+    )
+    training = TrainingSpec(
+        seq_length=draw(st.sampled_from([1024, 2048, 4096])),
+        global_batch_size=draw(st.sampled_from([64, 128, 256])),
+        flash_attention=draw(st.booleans()),
+    )
     return model, training
 
 
@@ -175,7 +202,8 @@ def test_activation_memory_monotone_in_micro_batch(mt, runtime):
     ev = evaluate(model, training, profile, runtime, c)
     # Group by everything except the micro-batch size; activations must not decrease as it grows.
     key = np.stack(
-        [c.tp, c.cp, c.pp, c.vpp, c.zero_stage, c.recompute, c.recompute_layers, c.sequence_parallel.astype(int)], axis=1
+        [c.tp, c.cp, c.pp, c.vpp, c.zero_stage, c.recompute, c.recompute_layers, c.sequence_parallel.astype(int)],
+        axis=1,
     )
     for k in np.unique(key, axis=0):
         idx = np.flatnonzero((key == k).all(axis=1))
@@ -216,8 +244,11 @@ def test_invariant_checker_catches_a_broken_evaluation():
     c, _ = enumerate_layouts(spec.model, spec.training, profile, "deepspeed")
     ev = evaluate(spec.model, spec.training, profile, "deepspeed", c)
     assert invariant_violations(c, ev) == []
-    broken = dataclasses.replace(ev, time=dataclasses.replace(ev.time, tp_comm=ev.time.tp_comm + 1.0),
-                                 memory=dataclasses.replace(ev.memory, total=ev.memory.params * 0.5))
+    broken = dataclasses.replace(
+        ev,
+        time=dataclasses.replace(ev.time, tp_comm=ev.time.tp_comm + 1.0),
+        memory=dataclasses.replace(ev.memory, total=ev.memory.params * 0.5),
+    )
     found = invariant_violations(c, broken)
     assert "tensor-parallel traffic with tp = 1" in found
     assert "total memory below the local parameter shard" in found
@@ -240,8 +271,9 @@ def test_small_gemms_run_below_peak():
     profile = _profile(1)
     rates = []
     for h in (512, 2048, 8192):
-        m = ModelSpec(num_layers=8, hidden_size=h, ffn_hidden_size=4 * h, num_attention_heads=h // 128,
-                      vocab_size=32000)
+        m = ModelSpec(
+            num_layers=8, hidden_size=h, ffn_hidden_size=4 * h, num_attention_heads=h // 128, vocab_size=32000
+        )
         t = TrainingSpec(seq_length=1024, global_batch_size=64)
         c, ev = _one(m, t, profile, "megatron", tp=1, pp=1, dp=8, micro_batch_size=1, **ALL_PINNED)
         rates.append(float(ev.compute_at_peak[0] / ev.time.compute[0]))
@@ -266,8 +298,17 @@ def test_engine_overlaps_follow_the_runtime():
 
     spec, _ = load_spec(EXAMPLES / "llama3-70b.yaml")
     profile = _profile(4)
-    pins = dict(tp=8, pp=2, dp=2, micro_batch_size=1, vpp=1, zero_stage=1, recompute="full", recompute_layers=0,
-                sequence_parallel=True)
+    pins = dict(
+        tp=8,
+        pp=2,
+        dp=2,
+        micro_batch_size=1,
+        vpp=1,
+        zero_stage=1,
+        recompute="full",
+        recompute_layers=0,
+        sequence_parallel=True,
+    )
     c, ds = _one(spec.model, spec.training, profile, "deepspeed", **pins)
     # DeepSpeed's pipeline engine reduces after the flush: nothing of the reduction is hidden.
     assert float(ds.time.dp_comm[0]) == pytest.approx(float(ds.dp_comm_total[0]))
@@ -275,7 +316,9 @@ def test_engine_overlaps_follow_the_runtime():
     assert float(mg.time.dp_comm[0]) < float(mg.dp_comm_total[0])
     overlapped = dataclasses.replace(ENGINES["megatron"], tp_overlap=True)
     tpo = evaluate(spec.model, spec.training, profile, "megatron", c, engine=overlapped)
-    assert float(tpo.time.tp_comm[0]) < float(mg.time.tp_comm[0]) and float(tpo.tp_comm_total[0]) == float(mg.tp_comm_total[0])
+    assert float(tpo.time.tp_comm[0]) < float(mg.time.tp_comm[0]) and float(tpo.tp_comm_total[0]) == float(
+        mg.tp_comm_total[0]
+    )
     assert float(tpo.time.step[0]) >= float(tpo.compute_at_peak[0])
 
 
@@ -286,4 +329,6 @@ def test_buffers_and_framework():
     ev = evaluate(spec.model, spec.training, profile, "deepspeed", c)
     assert np.all(ev.memory.framework == profile.memory_overhead_gib * 2**30)
     # bf16: ZeRO-1 runs in DeepSpeed's BF16_Optimizer (fp32 accumulation), which keeps no reduce buckets.
-    assert np.all(ev.memory.comm_buffers[c.zero_stage <= 1] == 0) and np.all(ev.memory.comm_buffers[c.zero_stage >= 2] > 0)
+    assert np.all(ev.memory.comm_buffers[c.zero_stage <= 1] == 0) and np.all(
+        ev.memory.comm_buffers[c.zero_stage >= 2] > 0
+    )

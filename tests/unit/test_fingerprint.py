@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.spec.model import DataSpec
+from orchestrator.spec.training import DataSpec
 from orchestrator.train.data import fingerprint as fpm
 from orchestrator.train.data.token_file import tokenize_bytes, write_token_file
 
@@ -27,8 +27,7 @@ def _fp(datasets, base: Path, **kw) -> dict:
 
 def test_synthetic_data_has_a_fingerprint(tmp_path):
     assert _fp([], tmp_path) == {"kind": "synthetic", "vocab_size": 256, "seed": 7}
-    other = fpm.fingerprint([], split="969,30,1", tokenizer=DataSpec().tokenizer, base=tmp_path, vocab_size=256,
-                            seed=8)
+    other = fpm.fingerprint([], split="969,30,1", tokenizer=DataSpec().tokenizer, base=tmp_path, vocab_size=256, seed=8)
     assert fpm.differences(_fp([], tmp_path), other) == ["seed 7 -> 8"]
 
 
@@ -70,9 +69,12 @@ def test_weights_split_and_tokenizer_are_part_of_the_data(tmp_path):
     fp = _fp([(30.0, str(a)), (70.0, str(b))], tmp_path, **base)
     assert fp["tokenizer"]["sha256"] is not None
     assert fpm.differences(fp, _fp([(50.0, str(a)), (50.0, str(b))], tmp_path, **base)) == [
-        f"dataset 1 ({a} -> {a}): weight differ", f"dataset 2 ({b} -> {b}): weight differ"]
+        f"dataset 1 ({a} -> {a}): weight differ",
+        f"dataset 2 ({b} -> {b}): weight differ",
+    ]
     assert fpm.differences(fp, _fp([(30.0, str(a)), (70.0, str(b))], tmp_path, split="90,10,0", **base)) == [
-        "split 969,30,1 -> 90,10,0"]
+        "split 969,30,1 -> 90,10,0"
+    ]
     (tok / "tokenizer.json").write_text('{"model": 2}')
     changed = fpm.differences(fp, _fp([(30.0, str(a)), (70.0, str(b))], tmp_path, **base))
     assert len(changed) == 1 and changed[0].startswith("tokenizer HuggingFaceTokenizer tok (sha256 ")
@@ -88,8 +90,10 @@ def test_a_resume_on_other_data_is_refused_in_one_paragraph_unless_switched(tmp_
 
     error, switched, note = fpm.resume_check(tag, manifest, synthetic, switch=False)
     assert switched is None and note == "" and "\n" not in error
-    assert error.startswith(f"{tag} was trained on {corpus}; split 969,30,1; tokenizer NullTokenizer; this start "
-                            "would train on synthetic tokens (vocab 256, seed 7)")
+    assert error.startswith(
+        f"{tag} was trained on {corpus}; split 969,30,1; tokenizer NullTokenizer; this start "
+        "would train on synthetic tokens (vocab 256, seed 7)"
+    )
     assert "(dataset files -> synthetic tokens)" in error
     assert "pass --switch-data to continue on this data on purpose" in error
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from orchestrator.errors import InvalidFile
-from orchestrator.spec.model import DataSpec
+from orchestrator.spec.training import DataSpec
 from orchestrator.train.data.datasets import open_dataset
 from orchestrator.train.data.indexed import IndexedDataset, IndexedWriter, token_dtype
 
@@ -80,7 +80,9 @@ def test_megatrons_reader_reads_dsorch_output(tmp_path, monkeypatch):
         shutil.copy(Path(checkout) / "megatron" / "core" / name, pkg / name)
     for init in (pkg.parent, pkg, pkg / "datasets"):
         (init / "__init__.py").write_text("")
-    (pkg / "utils.py").write_text("def log_single_rank(logger, *args, rank=0, **kwargs):\n    logger.log(*args, **kwargs)\n")
+    (pkg / "utils.py").write_text(
+        "def log_single_rank(logger, *args, rank=0, **kwargs):\n    logger.log(*args, **kwargs)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path / "mlm"))
     for name in [m for m in sys.modules if m == "megatron" or m.startswith("megatron.")]:
         monkeypatch.delitem(sys.modules, name)
@@ -128,7 +130,9 @@ def test_bin_does_not_match_index(tmp_path, change):
     data = bin_path.read_bytes()
     bin_path.write_bytes(data[:change] if change < 0 else data + b"\0" * change)
     state = "truncated" if change < 0 else "longer than its index says"
-    with pytest.raises(InvalidFile, match=rf"d\.bin: {len(data) + change} bytes, but d\.idx describes {len(data)} bytes.*{state}"):
+    with pytest.raises(
+        InvalidFile, match=rf"d\.bin: {len(data) + change} bytes, but d\.idx describes {len(data)} bytes.*{state}"
+    ):
         IndexedDataset(tmp_path / "d")
 
 

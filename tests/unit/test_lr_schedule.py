@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from orchestrator.errors import SpecError
-from orchestrator.spec.model import OptimizerSpec, TrainingSpec
+from orchestrator.spec.training import OptimizerSpec, TrainingSpec
 from orchestrator.train.loop.lr_schedule import MegatronLR, Schedule
 
 GBS = 48  # samples per step: Megatron's counts are in samples; the ratios must not care

@@ -48,8 +48,9 @@ def test_deepspeed_zero3_estimator_agrees_term_by_term():
     ev = evaluate(spec.model, spec.training, profile, "deepspeed", c)
     psi, n = spec.model.num_params, profile.world_size
     layer = spec.model.params_per_layer
-    _, gpu, largest = estimate_zero3_model_states_mem_needs(psi, layer, num_gpus_per_node=8, num_nodes=2,
-                                                            cpu_offload=False, cpu_offload_params=False)
+    _, gpu, largest = estimate_zero3_model_states_mem_needs(
+        psi, layer, num_gpus_per_node=8, num_nodes=2, cpu_offload=False, cpu_offload_params=False
+    )
     # DeepSpeed's 18 bytes/param/N are dsorch's 2 + 4 + 12 with fp32 accumulation (the fp32 gradient
     # partition in stage3.py's grad_partitions_flat_buffer is what the optimizer steps on); its
     # 4 x largest layer is dsorch's two gathered 16-bit layers (the one in use and the prefetched one).
@@ -83,10 +84,20 @@ def test_known_to_run_megatron_layout_fits():
     """Nemotron-4 340B at the layout issue 11 lists as known to run (TP8 PP8 vpp12, selective
     recomputation, 80 GB H100s; 6144 GPUs, sequence 4096, batch 2304 as in its technical report)
     fits. Its squared-ReLU MLP has GeLU's two matrices and the same saved tensors."""
-    from orchestrator.spec.model import ModelSpec, TrainingSpec
+    from orchestrator.spec.model import ModelSpec
+    from orchestrator.spec.training import TrainingSpec
 
-    model = ModelSpec(num_layers=96, hidden_size=18432, ffn_hidden_size=73728, num_attention_heads=96, num_kv_heads=8,
-                      vocab_size=256000, activation="gelu", tied_embeddings=False, bias=False)
+    model = ModelSpec(
+        num_layers=96,
+        hidden_size=18432,
+        ffn_hidden_size=73728,
+        num_attention_heads=96,
+        num_kv_heads=8,
+        vocab_size=256000,
+        activation="gelu",
+        tied_embeddings=False,
+        bias=False,
+    )
     training = TrainingSpec(seq_length=4096, global_batch_size=2304, precision="bf16", train_tokens=9e12)
     profile = load_profile("dgx16").profile.resized(nodes=768)
     pins = Pins(tp=8, pp=8, vpp=12, micro_batch_size=1, recompute="selective", sequence_parallel=True, zero_stage=1)

@@ -10,22 +10,56 @@ from orchestrator.costmodel.flops import model_flops_per_step
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.solver import candidates_of
 from orchestrator.spec.cluster import load_profile
-from orchestrator.spec.model import ModelSpec, TrainingSpec
+from orchestrator.spec.model import ModelSpec
+from orchestrator.spec.training import TrainingSpec
 
-MIXTRAL = ModelSpec(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32, num_kv_heads=8,
-                    vocab_size=32000, moe=dict(num_experts=8, top_k=2, ffn_hidden_size=14336))
-DSV3 = ModelSpec(num_layers=61, hidden_size=7168, ffn_hidden_size=18432, num_attention_heads=128, vocab_size=129280,
-                 mla=dict(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-                          v_head_dim=128),
-                 moe=dict(num_experts=256, top_k=8, ffn_hidden_size=2048, shared_experts=1, dense_leading_layers=3,
-                          router="sigmoid", groups=8, group_top_k=4, expert_bias=True),
-                 mtp_layers=1)
+MIXTRAL = ModelSpec(
+    num_layers=32,
+    hidden_size=4096,
+    ffn_hidden_size=14336,
+    num_attention_heads=32,
+    num_kv_heads=8,
+    vocab_size=32000,
+    moe=dict(num_experts=8, top_k=2, ffn_hidden_size=14336),
+)
+DSV3 = ModelSpec(
+    num_layers=61,
+    hidden_size=7168,
+    ffn_hidden_size=18432,
+    num_attention_heads=128,
+    vocab_size=129280,
+    mla=dict(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    moe=dict(
+        num_experts=256,
+        top_k=8,
+        ffn_hidden_size=2048,
+        shared_experts=1,
+        dense_leading_layers=3,
+        router="sigmoid",
+        groups=8,
+        group_top_k=4,
+        expert_bias=True,
+    ),
+    mtp_layers=1,
+)
 TRAIN = TrainingSpec(seq_length=4096, global_batch_size=256, steps=100, optimizer=dict(warmup_steps=10))
 
 
 def _layout(**kw) -> Layout:
-    base = dict(tp=1, pp=1, dp=64, vpp=1, zero_stage=1, micro_batch_size=1, grad_accum_steps=4, recompute="none",
-                sequence_parallel=False, cp=1, ep=1, etp=1)
+    base = dict(
+        tp=1,
+        pp=1,
+        dp=64,
+        vpp=1,
+        zero_stage=1,
+        micro_batch_size=1,
+        grad_accum_steps=4,
+        recompute="none",
+        sequence_parallel=False,
+        cp=1,
+        ep=1,
+        etp=1,
+    )
     return Layout(**{**base, **kw})
 
 
@@ -58,8 +92,9 @@ def test_all_to_all_is_zero_without_ep_and_cheaper_inside_an_nvlink_domain():
     # DeepSeek-V3 at ep 64: across eight 8-GPU nodes the all-to-all goes over InfiniBand; inside one
     # 72-GPU NVLink domain over NVLink.
     dgx = load_profile("dgx16").profile.resized(nodes=16)
-    nvl = dgx.model_copy(update={"gpus_per_node": 4, "nodes": 32,
-                                 "intra_node": dgx.intra_node.model_copy(update={"domain_gpus": 64})})
+    nvl = dgx.model_copy(
+        update={"gpus_per_node": 4, "nodes": 32, "intra_node": dgx.intra_node.model_copy(update={"domain_gpus": 64})}
+    )
     L = _layout(ep=64, pp=2, dp=64, grad_accum_steps=2, micro_batch_size=2)
     t = TrainingSpec(seq_length=4096, global_batch_size=256, steps=100, optimizer=dict(warmup_steps=10))
     across = _eval(DSV3, [L], dgx, t).time.ep_comm[0]

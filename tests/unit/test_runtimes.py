@@ -21,7 +21,8 @@ from orchestrator.runtimes import (
     Runtime,
     runtime_named,
 )
-from orchestrator.spec.model import ModelSpec, MoESpec, TrainingSpec
+from orchestrator.spec.model import ModelSpec, MoESpec
+from orchestrator.spec.training import TrainingSpec
 
 ALL = list(RUNTIMES.values())
 MODEL = ModelSpec(num_layers=4, hidden_size=256, ffn_hidden_size=1024, num_attention_heads=4, vocab_size=1000)

@@ -11,7 +11,8 @@ from orchestrator.plan.layout import AXIS, PINNABLE, TIEBREAK, Pins
 from orchestrator.plan.solver import _simplest_first, _simplicity, candidates_of, search
 from orchestrator.runtimes import runtime_named
 from orchestrator.spec.cluster import load_profile
-from orchestrator.spec.model import TrainingSpec, load_spec
+from orchestrator.spec.model import load_spec
+from orchestrator.spec.training import TrainingSpec
 
 from ..conftest import EXAMPLES, PROFILES
 from .test_moe_costmodel import DSV3
@@ -20,11 +21,15 @@ from .test_partial_recompute import _profile, _spec
 
 def test_mtp_and_dense_leading_layers_split_the_pipeline():
     # 61 layers + 1 MTP module + embedding + loss = 64 slots, 8 per stage at pp 8.
-    res = search(DSV3, TrainingSpec(seq_length=4096, global_batch_size=4096, steps=100,
-                                    optimizer=dict(warmup_steps=10)),
-                 load_profile("dgx16").profile.resized(nodes=32), "megatron",
-                 Pins(tp=1, pp=8, vpp=4, ep=32, micro_batch_size=1, recompute="none", zero_stage=1, cp=1),
-                 memory_margin_gib=-1e6, keep=1)
+    res = search(
+        DSV3,
+        TrainingSpec(seq_length=4096, global_batch_size=4096, steps=100, optimizer=dict(warmup_steps=10)),
+        load_profile("dgx16").profile.resized(nodes=32),
+        "megatron",
+        Pins(tp=1, pp=8, vpp=4, ep=32, micro_batch_size=1, recompute="none", zero_stage=1, cp=1),
+        memory_margin_gib=-1e6,
+        keep=1,
+    )
     assert res.best is not None and res.best.layout.short().startswith("tp1 ep32 pp8 vpp4")
     assert np.isfinite(res.best.step_time_s) and res.best.memory_gib["total"] * GIB > 0
 

@@ -7,7 +7,8 @@ import textwrap
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.spec.model import DataSpec, load_spec
+from orchestrator.spec.model import load_spec
+from orchestrator.spec.training import DataSpec
 
 from ..conftest import EXAMPLES, spec_paths
 
@@ -41,16 +42,19 @@ def test_every_shipped_spec_loads_and_names_its_source(path):
     assert spec.model.num_params > 0
 
 
-@pytest.mark.parametrize("name, expected", [
-    # Llama 3 paper / HF safetensors totals; 405B: 405,853,388,800 (reference/models.yaml).
-    ("llama3-8b", 8_030_261_248),
-    ("llama3-70b", 70_553_706_496),
-    ("llama3-405b", 405_853_388_800),
-    ("llama2-7b", 6_738_415_616),
-    ("llama2-13b", 13_015_864_320),
-    ("llama2-70b", 68_976_648_192),
-    ("mistral-7b", 7_241_732_096),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        # Llama 3 paper / HF safetensors totals; 405B: 405,853,388,800 (reference/models.yaml).
+        ("llama3-8b", 8_030_261_248),
+        ("llama3-70b", 70_553_706_496),
+        ("llama3-405b", 405_853_388_800),
+        ("llama2-7b", 6_738_415_616),
+        ("llama2-13b", 13_015_864_320),
+        ("llama2-70b", 68_976_648_192),
+        ("mistral-7b", 7_241_732_096),
+    ],
+)
 def test_parameter_counts_match_published_checkpoints(name, expected):
     spec, _ = load_spec(EXAMPLES / f"{name}.yaml")
     assert spec.model.num_params == expected
@@ -80,8 +84,11 @@ def test_unknown_key_names_file_line_and_valid_keys(tmp_path):
 
 
 def test_wrong_type_and_range_errors(tmp_path):
-    p = write(tmp_path, "m.yaml", GOOD.replace("num_layers: 4", "num_layers: four").replace("vocab_size: 256",
-                                                                                              "vocab_size: 0"))
+    p = write(
+        tmp_path,
+        "m.yaml",
+        GOOD.replace("num_layers: 4", "num_layers: four").replace("vocab_size: 256", "vocab_size: 0"),
+    )
     with pytest.raises(SpecError) as e:
         load_spec(p)
     msg = str(e.value)
@@ -112,12 +119,15 @@ def test_missing_file(tmp_path):
         load_spec(tmp_path / "nope.yaml")
 
 
-@pytest.mark.parametrize("path, blend", [
-    (None, []),
-    (("a",), [(None, "a")]),
-    (("a", "b"), [(None, "a"), (None, "b")]),  # even, but "a" is no weight: prefixes alone
-    (("30", "a", "70", "b"), [(30.0, "a"), (70.0, "b")]),
-])
+@pytest.mark.parametrize(
+    "path, blend",
+    [
+        (None, []),
+        (("a",), [(None, "a")]),
+        (("a", "b"), [(None, "a"), (None, "b")]),  # even, but "a" is no weight: prefixes alone
+        (("30", "a", "70", "b"), [(30.0, "a"), (70.0, "b")]),
+    ],
+)
 def test_blend_reads_data_path_as_megatron_does(path, blend):
     assert DataSpec(path=path).blend() == blend
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from orchestrator.errors import InvalidFile
-from orchestrator.spec.model import DataSpec
+from orchestrator.spec.training import DataSpec
 from orchestrator.train.data.datasets import Blend, BlendedData, blend_from_list, open_dataset, split_bounds
 
 from .test_indexed import write

@@ -14,7 +14,8 @@ from orchestrator.plan.layout import Layout
 from orchestrator.render.megatron import megatron_flags, render_megatron_args
 from orchestrator.runtimes import runtime_named
 from orchestrator.spec.cluster import load_profile
-from orchestrator.spec.model import LoggingSpec, SpecFile, WandbSpec
+from orchestrator.spec.model import SpecFile
+from orchestrator.spec.training import LoggingSpec, WandbSpec
 from orchestrator.train.loop import sinks
 from orchestrator.validate.megatron import check_megatron_args, parse_args_lines
 
@@ -34,8 +35,13 @@ def _plan(training: dict, runtime: str = "megatron"):
     doc["training"] = doc["training"] | training
     spec = SpecFile.model_validate(doc)
     # checkpoint: a stand-in for Plan.checkpoint (tested in test_checkpoint_interval.py), fixed here.
-    return SimpleNamespace(spec=spec, layout=LAYOUT, runtime=runtime_named(runtime), profile=load_profile("local").profile,
-                           checkpoint=SimpleNamespace(steps=1000))
+    return SimpleNamespace(
+        spec=spec,
+        layout=LAYOUT,
+        runtime=runtime_named(runtime),
+        profile=load_profile("local").profile,
+        checkpoint=SimpleNamespace(steps=1000),
+    )
 
 
 def _checked(plan) -> dict[str, str | None]:

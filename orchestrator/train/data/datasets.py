@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from orchestrator.errors import InvalidFile
-from orchestrator.spec.model import parse_blend
+from orchestrator.spec.training import parse_blend
 from orchestrator.train.data.indexed import IndexedDataset, dataset_paths, is_indexed
 
 TOKEN_FORMAT = "dsorch-tokens-v1"
@@ -125,7 +125,7 @@ class TokenFile:
 
 def blend_from_list(items: list[str], where: str = "training.data.path") -> tuple[list[str], list[float] | None]:
     """Megatron-LM's --data-path list as prefixes and normalized weights (None: unweighted):
-    spec.model.parse_blend, then megatron/core/datasets/utils.py normalize (weights / their sum)."""
+    spec.training.parse_blend, then megatron/core/datasets/utils.py normalize (weights / their sum)."""
     try:
         pairs = parse_blend(items, where)
     except ValueError as e:
@@ -309,7 +309,7 @@ def open_dataset(source, vocab_size: int, seq_length: int, seed: int, split: str
 
     Relative paths are relative to the current directory, as Megatron-LM opens them.
     """
-    from orchestrator.spec.model import DataSpec
+    from orchestrator.spec.training import DataSpec
 
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: one of {', '.join(SPLITS)}")
