@@ -16,7 +16,7 @@ from orchestrator.plan.decisions import Decisions, decide
 from orchestrator.plan.layout import Layout, Pins
 from orchestrator.plan.request import KEEP, PlanRequest
 from orchestrator.plan.rules import check_model, check_training
-from orchestrator.plan.solver import Scored, SearchResult, explain_pins, minimum_nodes, search
+from orchestrator.plan.solver import NODE_SCAN_FACTOR, Scored, SearchResult, explain_pins, minimum_nodes, search
 from orchestrator.runtimes import Runtime, runtime_named
 from orchestrator.spec.cluster import ClusterProfile, check_local_nodes
 from orchestrator.spec.model import SpecFile
@@ -184,7 +184,7 @@ def _nothing_fits(
     lines = [
         f"{spec.name} does not fit on {_nodes(profile.nodes)} of {profile.name}{_pins_text(pins)}: "
         f"all {result.evaluated} legal layouts exceed the {cap:g} GiB per GPU. "
-        f"The smallest, {L.short()}, needs {closest.memory_gib['total']:.1f} GiB "
+        f"The closest to fitting, {L.short()}, needs {closest.memory_gib['total']:.1f} GiB "
         f"({closest.over_gib:.1f} GiB more)."
     ]
     if pins.all_pinned():
@@ -214,15 +214,33 @@ def _nothing_fits(
         return " ".join(lines)
     more = minimum_nodes(spec.model, spec.training, profile, runtime, pins, memory_margin_gib=margin)
     if more is not None:
-        n, best = more
-        B = best.layout
-        lines.append(
-            f"It needs at least {_nodes(n)} of {profile.name} (rerun with --nodes {n}): there {B.short()} takes "
-            f"{best.memory_gib['total']:.1f} GiB per GPU."
-        )
+        n, B = more.nodes, more.best.layout
+        there = f"there {B.short()} takes {more.best.memory_gib['total']:.1f} GiB per GPU"
+        if more.least:
+            lines.append(f"It needs at least {_nodes(n)} of {profile.name} (rerun with --nodes {n}): {there}.")
+        else:
+            # The scan doubled past its first 32 counts: n fits, but a count between was not searched.
+            lines.append(
+                f"It fits on {_nodes(n)} of {profile.name} (rerun with --nodes {n}): {there}; "
+                f"{_counts(more.searched)} do not, and the counts between were not searched."
+            )
     else:
         lines.append(
-            "No node count up to 64x the profile's makes it fit; use GPUs with more memory, a shorter "
-            "seq_length or a smaller global batch."
+            f"No node count up to {_nodes(profile.nodes * NODE_SCAN_FACTOR)} of {profile.name} makes it fit"
+            f"{_pins_text(pins)}: "
+            + ("drop some pins, or " if pins.pinned() else "")
+            + "use GPUs with more memory, a shorter seq_length or a smaller global batch."
         )
     return " ".join(lines)
+
+
+def _counts(counts: tuple[int, ...]) -> str:
+    """Node counts in words, runs of consecutive counts as ranges: "33 to 64, 128 and 256 nodes"."""
+    runs: list[list[int]] = []
+    for c in counts:
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    words = [f"{r[0]} to {r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs]
+    return (", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else words[0]) + " nodes"

@@ -396,12 +396,38 @@ def search(
         )
     ranked = [_scored(cand, ev, int(i), capacity, confidence, fits) for i in feasible_order[:keep]]
     infeasible = np.flatnonzero(~fits)
-    closest_idx = infeasible[np.lexsort((ev.time.step[infeasible], ev.memory.total[infeasible]))][:keep]
+    # The closest are layouts a user would run (``runnable``), unless no layout that does not fit is.
+    sensible = infeasible[runnable(cand, training, pins)[infeasible]]
+    pool = sensible if len(sensible) else infeasible
+    closest_idx = pool[np.lexsort((ev.time.step[pool], ev.memory.total[pool]))][:keep]
     closest = [_scored(cand, ev, int(i), capacity, confidence, fits) for i in closest_idx]
     families = _family_bests(cand, ev, feasible_order, fits, capacity, confidence)
     return SearchResult(
         ranked, n, int(fits.sum()), int((~fits).sum()), closest, capacity, rejected, families, near_ties
     )
+
+
+# The fewest tokens of a sequence a context-parallel rank holds in a layout the does-not-fit
+# explanation names: the smallest share among the published runs with cp > 1 that dsorch's
+# calibration files hold (8,192-token sequences at cp 2: Llama 3.1 405B and Grok-1 in the MoE sets).
+# Below it cp buys memory with a step's time (issue 37: "tp4+sp cp32 ..." named for a 4,096-token
+# sequence).
+SUGGESTED_MIN_CP_TOKENS = 4096
+
+
+def runnable(layouts, training: TrainingSpec, pins: Pins = Pins()) -> np.ndarray:
+    """Which layouts (Candidates, or one Layout) a user would run, beyond being legal: what the
+    does-not-fit explanation may name (the closest layout, the layout at a node minimum). Each rank of
+    context parallelism keeps at least ``SUGGESTED_MIN_CP_TOKENS`` of the sequence, and a pipeline gets
+    at least one micro-batch per stage from the global batch (fewer never fills it: Narayanan et al.
+    2021, Sec. 2.2, the bubble (p - 1) / m). An axis the user pinned is theirs: not judged here."""
+    cp, pp, gas = (np.asarray(getattr(layouts, n)) for n in ("cp", "pp", "grad_accum_steps"))
+    ok = np.ones(np.shape(cp), dtype=bool)
+    if pins.cp is None:
+        ok &= (cp == 1) | (training.seq_length // cp >= SUGGESTED_MIN_CP_TOKENS)
+    if pins.micro_batch_size is None:
+        ok &= (pp == 1) | (gas >= pp)
+    return ok
 
 
 def _simplicity(cand: Candidates, runtime: Runtime) -> dict[str, np.ndarray]:
@@ -461,6 +487,22 @@ def explain_pins(
     return check_layout(layout, model, training, profile, runtime)
 
 
+# How far above the profile's node count ``minimum_nodes`` looks: 64 times.
+NODE_SCAN_FACTOR = 64
+
+
+@dataclass(frozen=True)
+class NodeCount:
+    """The smallest node count found at which a layout a user would run fits (``minimum_nodes``)."""
+
+    nodes: int
+    best: Scored  # the fastest layout a user would run that fits there
+    # Every count between the profile's and ``nodes`` was searched or ruled out by the states' bound,
+    # so no fewer nodes will do; else ``searched`` lists the counts below it that were tried.
+    least: bool
+    searched: tuple[int, ...]
+
+
 def minimum_nodes(
     model: ModelSpec,
     training: TrainingSpec,
@@ -469,13 +511,15 @@ def minimum_nodes(
     pins: Pins = Pins(),
     *,
     memory_margin_gib: float = 0.0,
-    max_factor: int = 64,
-) -> tuple[int, Scored] | None:
-    """The smallest node count (above the profile's) at which some layout fits, with that layout.
+    max_factor: int = NODE_SCAN_FACTOR,
+) -> NodeCount | None:
+    """The smallest node count (above the profile's) at which a layout a user would run (``runnable``)
+    fits, with that layout; None when no count up to ``max_factor`` times the profile's has one.
 
     Node counts whose GPUs together cannot hold one copy of the weights, gradients and optimizer
     states (the bytes per parameter of the runtime's most sharded stage) are skipped unsearched: no
-    layout fits there, and a search of a 671B-parameter MoE model costs a second."""
+    layout fits there, and a search of a 671B-parameter MoE model costs a second. Past 32 counts the
+    scan doubles, so a count found there is one that fits, not always the least (``NodeCount.least``)."""
     w, g, o = state_bytes(runtime, training.precision, 3, training.grad_reduce_in_fp32)
     states = float(model.num_params + model.mtp_params) * (float(w) + float(g) + float(o))
     per_node = profile.gpus_per_node * max(profile.gpu.memory_gib - memory_margin_gib, 1e-9) * GIB
@@ -487,10 +531,11 @@ def minimum_nodes(
     # scan of every count up to 64x would not.
     doublings = (n for k in range(1, 7) if (n := profile.nodes * 2**k) >= start)
     counts = sorted({*range(start, start + 32), *doublings})
+    searched: list[int] = []
     for nodes in [n for n in counts if n <= profile.nodes * max_factor]:
-        res = search(
-            model, training, profile.resized(nodes=nodes), runtime, pins, memory_margin_gib=memory_margin_gib, keep=1
-        )
-        if res.best is not None:
-            return nodes, res.best
+        res = search(model, training, profile.resized(nodes=nodes), runtime, pins, memory_margin_gib=memory_margin_gib)
+        fitting = [s for s in res.ranked if runnable(s.layout, training, pins)]
+        if fitting:
+            return NodeCount(nodes, fitting[0], searched == list(range(start, nodes)), tuple(searched))
+        searched.append(nodes)
     return None
