@@ -51,6 +51,17 @@ def in_tmp(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def exp(in_tmp, runner, monkeypatch):
+    """An experiment directory made with `dsorch init --cluster dgx16`."""
+    from orchestrator.cli.main import main
+
+    monkeypatch.delenv("DSORCH_CLUSTER", raising=False)
+    r = runner.invoke(main, ["init", "--cluster", "dgx16"])
+    assert r.exit_code == 0, r.output
+    return in_tmp
+
+
 def pytest_collection_modifyitems(config, items):
     """Every SLURM test is a `jobs` test too (scripts/test.sh runs those beside the rest)."""
     for item in items:

@@ -1,4 +1,5 @@
-"""`dsorch submit` refuses bad input with one paragraph, exit code 2 and nothing submitted.
+"""`dsorch submit` (orchestrator/cli/submit.py, run/submission.py) refuses bad input, a damaged or
+changed plan directory too, with one paragraph, exit code 2 and nothing submitted.
 (The jobs themselves run in tests/system/test_slurm.py and, for --cluster local, there too.)"""
 
 from __future__ import annotations
@@ -62,6 +63,25 @@ def test_tampered_plan_is_not_submitted(runner, planned):
     f.write_text(f.read_text().replace('"train_batch_size": 512', '"train_batch_size": 511'))
     r = submit(runner, "plans/l8", "--dry-run")
     assert r.exit_code == 2 and "ds_config.json was changed after dsorch wrote it" in r.output
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "plan.yaml").write_bytes(b"\xff\xfe runtime"), "plan.yaml: not UTF-8 text"),
+    (lambda d: ((d / "plan.yaml").unlink(), (d / "plan.yaml").mkdir()), "plan.yaml: not a regular file"),
+    (lambda d: (d / "plan.yaml").write_text((d / "plan.yaml").read_text().replace(
+        "\ncluster:\n  name: dgx16\n  nodes: 2\n", "\ncluster:\n  name: dgx16\n", 1)),
+     "cluster.nodes: Field required"),
+    (lambda d: (d / "launch.sh").write_text("#!/bin/bash\ntouch PWNED\n"), "launch.sh was changed after dsorch"),
+    (lambda d: (d / "job.sbatch").unlink(), "job.sbatch is missing"),
+])
+def test_submit_of_a_broken_plan_is_one_paragraph(exp, runner, damage, message):
+    assert runner.invoke(main, ["plan", "examples/llama3-8b.yaml", "--nodes", "2", "--out", "plans/p"]).exit_code == 0
+    damage(exp / "plans" / "p")
+    r = runner.invoke(main, ["submit", "plans/p", "--dry-run"])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+    (exp / "afile").write_text("x")
+    r = runner.invoke(main, ["submit", "afile", "--dry-run"])
+    assert r.exit_code == 2 and "is a file, not a plan directory" in r.output
 
 
 @pytest.fixture
