@@ -46,6 +46,10 @@ STOP_REQUEST_FILE = "stop.request"
 # failure: torchrun reports any non-zero rank exit as its own exit code 1 (torch.distributed.elastic
 # ChildFailedError), so the entrypoint's EXIT_STOPPED does not get through.
 STOPPED_FILE = "stopped.json"
+# In a container, rank 0 asks the host for the requeue with this file: the image need not have
+# SLURM's scontrol, and the batch script (on the host) runs it when it finds the file
+# (run/jobs.py _requeue_from_host, run/backends/slurm.py _container_parameters).
+REQUEUE_REQUEST_FILE = "requeue.request"
 # Rank 0 notes each start of a run here (run/jobs.py _record_start; `dsorch status`: elapsed, requeues).
 STARTS_FILE = "starts.jsonl"
 
@@ -81,6 +85,10 @@ class RunDir:
     @property
     def stopped(self) -> Path:
         return self.path / STOPPED_FILE
+
+    @property
+    def requeue_request(self) -> Path:
+        return self.path / REQUEUE_REQUEST_FILE
 
     @property
     def starts(self) -> Path:

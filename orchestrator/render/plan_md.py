@@ -20,6 +20,7 @@ from orchestrator.costmodel.stacks import (
 )
 from orchestrator.plan.make import Plan
 from orchestrator.plan.solver import Scored
+from orchestrator.plandir.rundir import REQUEUE_REQUEST_FILE
 from orchestrator.render.ds_config import ds_config
 from orchestrator.render.explain import explain_doc, ranked_layouts, stacks
 from orchestrator.render.megatron import megatron_flags
@@ -286,7 +287,7 @@ def _container(plan: Plan) -> list[str]:
         f"(job.sbatch); submitit's task and its rank (`dsorch submit`).",
         "- On the host: the batch script: its USR2/TERM traps, the stop file it touches, `scontrol requeue`, "
         "and the first node's address (`scontrol show node`); under `dsorch submit`, rank 0 asks for the "
-        "requeue with `requeue.request` in the run directory and the batch script runs it.",
+        f"requeue with `{REQUEUE_REQUEST_FILE}` in the run directory and the batch script runs it.",
         "- Bound at the same path: the plan and run directories (and `dsorch submit`'s job folder), "
         f"besides the profile's mounts ({', '.join(f'`{m}`' for m in c.mounts) or 'none'}).",
     ]

@@ -34,15 +34,16 @@ import submitit
 from submitit.core.utils import JobPaths
 from submitit.helpers import TorchDistributedEnvironment
 
-from orchestrator.plandir.rundir import RunDir
+from orchestrator.plandir.rundir import REQUEUE_REQUEST_FILE, RunDir
 from orchestrator.train.loop.hosts import node_address
 from orchestrator.train.stop import EXIT_STOPPED
 
-# In a container, rank 0 asks the host for the requeue with this file in the run directory: the
-# image need not have SLURM's scontrol, and the batch script (on the host) runs it
-# (run/backends/slurm.py _container_parameters).
-REQUEUE_REQUEST = "requeue.request"
-# ... and the first node's NodeAddr in this variable (templates/master_addr.sh.j2, on the host).
+# tests/unit/test_container.py imports the requeue request's file name from here; the name's home
+# is RunDir (plandir/rundir.py), and this alias goes when that test asks RunDir.requeue_request.
+REQUEUE_REQUEST = REQUEUE_REQUEST_FILE
+# In a container, the ranks find the first node's NodeAddr in this variable: the batch script sets it
+# on the host (templates/master_addr.sh.j2), as it runs the requeue rank 0 asks for with
+# RunDir.requeue_request.
 HOST_MASTER_ADDR = "DSORCH_MASTER_ADDR"
 # What rank 0 of the doctor job writes into its folder (run/collectives.py); run/doctor.py reads it.
 DOCTOR_RESULT = "doctor.json"
@@ -78,7 +79,7 @@ class TrainingJob:
     switch_data: bool = False
     extend_schedule: bool = False  # --steps past the plan's: stretch the LR decay (train/loop/lr_schedule.py)
     # In a container (the profile's `container`): the batch script on the host requeues the job when
-    # rank 0 leaves REQUEUE_REQUEST (run/backends/slurm.py), instead of submitit running scontrol here.
+    # rank 0 leaves RunDir.requeue_request (run/backends/slurm.py), instead of submitit running scontrol here.
     host_requeue: bool = False
 
     def command(self) -> list[str]:
@@ -265,12 +266,12 @@ def _run_rank_child(
 
 def _requeue_from_host(handler, run_dir: Path) -> None:
     """Make submitit's USR2 handler (``SignalHandler.checkpoint_and_try_requeue``, bound method,
-    submitit/core/job_environment.py) leave REQUEUE_REQUEST instead of running ``scontrol requeue``
+    submitit/core/job_environment.py) leave RunDir.requeue_request instead of running ``scontrol requeue``
     (``SlurmJobEnvironment._requeue``): the rest of it (the checkpoint pickle, the exit) stays submitit's."""
     owner = getattr(handler, "__self__", None)
     if owner is None or not hasattr(owner, "env"):
         return
-    owner.env._requeue = lambda countdown: (run_dir / REQUEUE_REQUEST).touch()
+    owner.env._requeue = lambda countdown: RunDir(run_dir).requeue_request.touch()
 
 
 def _record_start(env, run_dir: Path, job_id: str) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from orchestrator.plandir.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +25,8 @@ def test_paths_inside_the_run_directory(tmp_path):
     # job.sbatch spells these too (templates/job.sbatch.j2): they are one protocol with the entrypoint.
     assert run.stop_request == tmp_path / "stop.request"
     assert run.stopped == tmp_path / "stopped.json"
+    # A container's batch script (run/backends/slurm.py _container_parameters) requeues on this one.
+    assert run.requeue_request == tmp_path / "requeue.request"
     assert {run.metrics.parent, run.starts.parent} == {tmp_path}
     assert not run.has_metrics()
     run.metrics.write_text("{}\n")
@@ -38,9 +42,10 @@ def test_job_sbatch_names_the_same_files():
         assert f'"$DSORCH_RUN_DIR/{path.name}' in text or f'"$DSORCH_RUN_DIR"/{path.name}' in text, path.name
 
 
-def test_the_metrics_file_is_named_in_one_module():
-    """The step records' file name is spelt in rundir.py only (issue 36): every other module asks RunDir."""
-    name = RunDir(Path("R")).metrics.name
+@pytest.mark.parametrize("name", [RunDir(Path("R")).metrics.name, RunDir(Path("R")).requeue_request.name])
+def test_the_file_is_named_in_one_module(name):
+    """The step records' and the requeue request's file names are spelt in rundir.py only (issue 36):
+    every other module asks RunDir."""
     spelt = sorted(
         str(p.relative_to(ROOT))
         for p in (ROOT / "orchestrator").rglob("*.py")

@@ -14,10 +14,11 @@ from pathlib import Path
 import submitit
 
 from orchestrator.errors import JobError
+from orchestrator.plandir.rundir import RunDir
 from orchestrator.ports import slurm_master_port_lines
 from orchestrator.resources import templates_dir
 from orchestrator.run.backends.base import SubmititBackend, refused
-from orchestrator.run.jobs import HOST_MASTER_ADDR, REQUEUE_REQUEST, DoctorJob, TrainingJob, state_from_result
+from orchestrator.run.jobs import HOST_MASTER_ADDR, DoctorJob, TrainingJob, state_from_result
 from orchestrator.run.scheduler import JobSpec, NodeJob
 from orchestrator.spec.container import bind_list, container_argv, env_exports, python_command
 from orchestrator.spec.sbatch import sbatch_parameters
@@ -171,7 +172,7 @@ def _container_dirs(folder: Path, jobs: Sequence[object]) -> list[str]:
 def _container_parameters(spec: JobSpec, folder: Path, jobs: Sequence[object]) -> tuple[str | None, dict]:
     """(submitit's ``python``, executor parameters) that run each task in the profile's container.
     The batch script stays on the host (spec/container.py): it makes the bound directories, passes
-    env in, and requeues when rank 0 left REQUEUE_REQUEST (TrainingJob.host_requeue)."""
+    env in, and requeues when rank 0 left RunDir.requeue_request (TrainingJob.host_requeue)."""
     c = spec.container
     if c is None:
         return None, {}
@@ -190,7 +191,7 @@ def _container_parameters(spec: JobSpec, folder: Path, jobs: Sequence[object]) -
     teardown: list[str] = []
     job = jobs[0] if len(jobs) == 1 else None  # a job array (trials) saves nothing and is not requeued
     if isinstance(job, TrainingJob) and job.save:
-        marker = shlex.quote(str(Path(job.run_dir) / REQUEUE_REQUEST))
+        marker = shlex.quote(str(RunDir(Path(job.run_dir)).requeue_request))
         setup.append(f"rm -f {marker}")
         teardown = [f'if [[ -f {marker} ]]; then rm -f {marker}; scontrol requeue "$SLURM_JOB_ID"; fi']
     srun, _ = container_argv(c, spec.use_gpus, binds, lambda w: w)  # submitit quotes srun_args
