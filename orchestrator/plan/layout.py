@@ -3,7 +3,8 @@ and the table of its axes.
 
 ``Layout`` is the one field list. ``AXES`` says, for each field, what the rest of dsorch needs to
 know to carry it without naming it: its CLI pin flag, range and help (the click options of
-`dsorch plan`/`trial`/`replan` and the regenerate line in plan.yaml), how ``short()`` writes it,
+`dsorch plan`/`trial`/`replan` and the regenerate line in plan.yaml), its description in files
+(the schemas' field descriptions, shown by the plan.yaml reference page), how ``short()`` writes it,
 what a file written before the axis existed means by its absence, whether it splits the world,
 and how it is coded in the solver's arrays. ``Pins`` (every field optional), plan.yaml's and the
 calibration records' layout schemas (``layout_schema``) and the arrays' columns are made from it.
@@ -102,7 +103,11 @@ class Axis:
     """One field of ``Layout``: what every reader and writer of layouts needs to know of it."""
 
     name: str  # the Layout field, the key in plan.yaml and in calibration records
-    help: str
+    help: str  # the CLI pin's help (`dsorch plan --tp`): what pinning it does
+    # What the value is, for readers of files: the description of the key in plan.yaml's and the
+    # calibration records' schemas (``layout_schema``), which the reference page shows
+    # (scripts/gen_docs.py). Names the Megatron-LM / DeepSpeed setting it becomes where one does.
+    doc: str
     label: str  # in prose (`dsorch diff`: "ZeRO stage 1 -> 3")
     column: str  # its column in `dsorch plan`'s table
     kind: type = int  # int, bool or str
@@ -151,6 +156,8 @@ AXES: tuple[Axis, ...] = (
         short="tp{}",
         splits_world=True,
         help="Pin the tensor-parallel degree.",
+        doc="Tensor-parallel degree: each layer's matrices split over this many ranks (Megatron-LM "
+        "`--tensor-model-parallel-size`).",
     ),
     Axis(
         name="pp",
@@ -162,6 +169,8 @@ AXES: tuple[Axis, ...] = (
         short="pp{}",
         splits_world=True,
         help="Pin the pipeline-parallel degree.",
+        doc="Pipeline-parallel degree: the decoder layers split into this many stages (Megatron-LM "
+        "`--pipeline-model-parallel-size`; DeepSpeed's pipeline engine under the deepspeed runtime).",
     ),
     Axis(
         name="dp",
@@ -172,6 +181,8 @@ AXES: tuple[Axis, ...] = (
         short="dp{}",
         splits_world=True,
         help="Pin the data-parallel degree.",
+        doc="Data-parallel degree: model replicas, the world size over tp x cp x pp (no flag: Megatron-LM and "
+        "DeepSpeed derive it from the world size).",
     ),
     Axis(
         name="vpp",
@@ -182,6 +193,8 @@ AXES: tuple[Axis, ...] = (
         short="vpp{}",
         omit_neutral=True,
         help="Pin virtual pipeline stages per rank (interleaved schedule; megatron runtime only).",
+        doc="Virtual pipeline stages per pipeline rank, 1 without the interleaved schedule (megatron runtime: "
+        "Megatron-LM `--num-layers-per-virtual-pipeline-stage` or `--pipeline-model-parallel-layout`).",
     ),
     Axis(
         name="zero_stage",
@@ -194,6 +207,9 @@ AXES: tuple[Axis, ...] = (
         short="zero{}",
         help="Pin the ZeRO stage (megatron runtime: 1 = distributed optimizer, 2 = Megatron-FSDP "
         "optim_grads, gradients sharded too; 2 is searched only when pinned).",
+        doc="ZeRO stage, 0 to 3 (DeepSpeed `zero_optimization.stage`; megatron runtime: 1 is "
+        "`--use-distributed-optimizer`, 2 is Megatron-FSDP, `--use-megatron-fsdp "
+        "--data-parallel-sharding-strategy optim_grads`).",
     ),
     Axis(
         name="micro_batch_size",
@@ -204,6 +220,8 @@ AXES: tuple[Axis, ...] = (
         high=100_000_000,
         short="mbs{}",
         help="Pin the micro-batch size (sequences).",
+        doc="Sequences per micro-batch on each data-parallel rank (Megatron-LM `--micro-batch-size`, DeepSpeed "
+        "`train_micro_batch_size_per_gpu`).",
     ),
     Axis(
         name="grad_accum_steps",
@@ -212,6 +230,8 @@ AXES: tuple[Axis, ...] = (
         high=100_000_000,
         short="gas{}",
         help="Micro-batches per optimizer step: the global batch over micro-batch size x dp.",
+        doc="Micro-batches per optimizer step, the global batch over micro-batch size x dp (DeepSpeed "
+        "`gradient_accumulation_steps`; Megatron-LM derives it from `--global-batch-size`).",
     ),
     Axis(
         name="recompute",
@@ -224,6 +244,8 @@ AXES: tuple[Axis, ...] = (
         short="rc={}",
         help="Pin activation recomputation: none, selective (the attention core) or full (every decoder "
         "layer, as Megatron-LM's --recompute-granularity full; --recompute-layers N recomputes only some).",
+        doc="Activation recomputation, Megatron-LM `--recompute-granularity`: none, selective (the attention "
+        "core) or full (every decoder layer).",
     ),
     Axis(
         name="sequence_parallel",
@@ -236,6 +258,8 @@ AXES: tuple[Axis, ...] = (
         short="+sp",
         omit_neutral=True,
         help="Pin sequence parallelism on or off.",
+        doc="Sequence parallelism: the tensor-parallel ranks split the sequence outside the tensor-parallel "
+        "regions (Megatron-LM `--sequence-parallel`).",
     ),
     Axis(
         name="cp",
@@ -249,6 +273,8 @@ AXES: tuple[Axis, ...] = (
         omit_neutral=True,
         splits_world=True,
         help="Pin the context-parallel degree (ring attention; megatron runtime only).",
+        doc="Context-parallel degree: each sequence split over this many ranks, ring attention between them "
+        "(Megatron-LM `--context-parallel-size`).",
     ),
     Axis(
         name="ep",
@@ -262,6 +288,8 @@ AXES: tuple[Axis, ...] = (
         omit_neutral=True,
         help="Pin the expert-parallel degree (mixture-of-experts models): routed experts split over "
         "this many ranks of tp x cp x dp.",
+        doc="Expert-parallel degree: the routed experts of each MoE layer split over this many ranks, 1 for a "
+        "dense model (Megatron-LM `--expert-model-parallel-size`).",
     ),
     Axis(
         name="etp",
@@ -275,6 +303,8 @@ AXES: tuple[Axis, ...] = (
         omit_neutral=True,
         help="Pin the expert tensor-parallel degree (mixture-of-experts models): each expert's "
         "matrices split over this many ranks, apart from tp.",
+        doc="Expert tensor-parallel degree: each expert's matrices split over this many ranks, 1 for a dense model "
+        "(Megatron-LM `--expert-tensor-parallel-size`).",
     ),
     Axis(
         name="recompute_layers",
@@ -289,6 +319,8 @@ AXES: tuple[Axis, ...] = (
         help="Pin partial recomputation: the decoder layers full recomputation reruns in each (virtual) "
         "pipeline stage (Megatron-LM --recompute-method block; megatron runtime only); 0 recomputes every "
         "layer. A value above 0 implies full recomputation; searched only where --recompute is not pinned.",
+        doc="Under full recomputation, the decoder layers recomputed in each (virtual) pipeline stage, 0 for every "
+        "layer (Megatron-LM `--recompute-method block --recompute-num-layers`).",
     ),
 )
 AXIS: dict[str, Axis] = {a.name: a for a in AXES}
@@ -427,11 +459,12 @@ def layout_schema(name: str, *, record: bool) -> type[LayoutDoc]:
     for a in AXES:
         t = _field_type(a)
         if record and a.neutral is None and a.flag is None:
-            fields[a.name] = (t | None, None)
+            t, default = t | None, None
         elif (record and a.neutral is not None) or not a.since_0_1:
-            fields[a.name] = (t, a.neutral)
+            default = a.neutral
         else:
-            fields[a.name] = (t, ...)
+            default = ...
+        fields[a.name] = (t, pydantic.Field(default, description=a.doc))
     config = pydantic.ConfigDict(extra="forbid", frozen=True)
     return pydantic.create_model(name, __config__=config, __module__=__name__, **fields)
 

@@ -66,6 +66,10 @@ def test_schemas_and_columns_are_the_table():
     assert list(RecordLayout.model_fields) == names
     assert [f.name for f in dataclasses.fields(Pins)] == [a.name for a in PINNABLE]
     assert set(names) <= {f.name for f in dataclasses.fields(Candidates)}
+    # The keys' descriptions in files (docs/reference/plan-yaml.md) are the axes' docs, not the CLI help.
+    for schema in (PlanLayout, RecordLayout):
+        assert [f.description for f in schema.model_fields.values()] == [a.doc for a in AXES]
+    assert all(a.doc and a.doc != a.help for a in AXES)
 
 
 def test_a_layout_round_trips_through_pins_plan_regenerate_line_records_and_trial_pins(in_tmp, runner, SPEC):
