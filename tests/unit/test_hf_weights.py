@@ -4,7 +4,6 @@ values). The multi-rank logits against transformers are tests/system/test_hf_wei
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -104,15 +103,6 @@ def test_scaled_rope_is_refused_not_loaded_into_plain_rope(tmp_path):
     spec = spec_for(tmp_path)
     with pytest.raises(InvalidFile, match=r"rope_scaling llama3"):
         hf_weights.check_config(tmp_path, spec)
-
-
-def test_import_hf_carries_the_norm_epsilon(tmp_path):
-    save_model(tmp_path, "llama", rms_norm_eps=1e-5)
-    assert import_config(tmp_path / "config.json").model["norm_epsilon"] == 1e-5
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    del cfg["rms_norm_eps"]  # LlamaConfig's default when a config leaves it out
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert import_config(tmp_path / "config.json").model["norm_epsilon"] == 1e-6
 
 
 def test_zero3_export_at_tp2_is_refused_with_the_reason(tmp_path):
