@@ -34,13 +34,10 @@ import submitit
 from submitit.core.utils import JobPaths
 from submitit.helpers import TorchDistributedEnvironment
 
-from orchestrator.plandir.rundir import REQUEUE_REQUEST_FILE, RunDir
+from orchestrator.plandir.rundir import RunDir
 from orchestrator.train.loop.hosts import node_address
 from orchestrator.train.stop import EXIT_STOPPED
 
-# tests/unit/test_container.py imports the requeue request's file name from here; the name's home
-# is RunDir (plandir/rundir.py), and this alias goes when that test asks RunDir.requeue_request.
-REQUEUE_REQUEST = REQUEUE_REQUEST_FILE
 # In a container, the ranks find the first node's NodeAddr in this variable: the batch script sets it
 # on the host (templates/master_addr.sh.j2), as it runs the requeue rank 0 asks for with
 # RunDir.requeue_request.

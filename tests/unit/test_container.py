@@ -159,11 +159,12 @@ def test_in_a_container_rank_0_asks_the_host_for_the_requeue(tmp_path, monkeypat
     from submitit.core.job_environment import SignalHandler
     from submitit.slurm.slurm import SlurmJobEnvironment
 
-    from orchestrator.run.jobs import REQUEUE_REQUEST, _requeue_from_host
+    from orchestrator.plandir.rundir import RunDir
+    from orchestrator.run.jobs import _requeue_from_host
 
     ran = []
     monkeypatch.setattr("subprocess.check_call", lambda *a, **k: ran.append(a))  # scontrol, were it called
     handler = SignalHandler(SlurmJobEnvironment(), None, None)
     _requeue_from_host(handler.checkpoint_and_try_requeue, tmp_path)
     handler.env._requeue(2)
-    assert (tmp_path / REQUEUE_REQUEST).exists() and ran == []
+    assert RunDir(tmp_path).requeue_request.exists() and ran == []
