@@ -71,13 +71,12 @@ def predicted_peak_gib(row: Row) -> float:
     PyTorch FSDP run (``note == "fsdp"``) has neither DeepSpeed's ZeRO-3 reduce bucket, which the
     prediction for DeepSpeed holds whole, nor what dsorch's own entrypoint layer keeps beyond
     Megatron's (costmodel/evaluate.py: Evaluation.entrypoint_activations)."""
-    from orchestrator.costmodel.memory import state_bytes
     from orchestrator.runtimes.deepspeed import ZERO_BUCKET_ELEMENTS
 
     ev = evaluate(row.model, row.training, row.profile, row.runtime, prepare_row(row).cand)
     total = float(ev.memory.total[0])
     if row.note == "fsdp":
-        total -= ZERO_BUCKET_ELEMENTS * state_bytes(row.runtime, row.training.precision, 3)[0]
+        total -= ZERO_BUCKET_ELEMENTS * row.runtime.state_bytes(row.training.precision, 3)[0]
         total -= float(ev.entrypoint_activations[0])
     return float(total / GIB)
 

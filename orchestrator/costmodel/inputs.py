@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from orchestrator.costmodel.calibration import FIELDS
-from orchestrator.costmodel.memory import DTYPE_BYTES, state_bytes
+from orchestrator.costmodel.memory import DTYPE_BYTES
 from orchestrator.runtimes import Engine, Runtime, runtime_named
 from orchestrator.spec.cluster import ClusterProfile, bytes_per_s
 from orchestrator.spec.model import ModelSpec
@@ -257,7 +257,7 @@ def _inputs(
     runtime = runtime_named(runtime)
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
     tp, pp, zero = f64(c.tp), f64(c.pp), np.asarray(c.zero_stage)
-    weight_b, grad_b, opt_b = state_bytes(runtime, training.precision, zero, training.grad_reduce_in_fp32)
+    weight_b, grad_b, opt_b = runtime.state_bytes(training.precision, zero, training.grad_reduce_in_fp32)
     # Bytes per gradient element on the wire and in the reduce buckets (the runtime's
     # ``grads_reduced_in_weight_dtype``: DeepSpeed reduces in the 16-bit type even where it accumulates
     # in fp32, Megatron-LM its fp32 main grads as they are).

@@ -17,23 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.runtimes import runtime_named
-
 GIB = float(1 << 30)
 # Bytes of one element (a weight, an activation) of each training precision (TrainingSpec.precision).
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-
-
-def step_transient_bytes(runtime, precision: str, grad_reduce_in_fp32: bool = True) -> float:
-    """Bytes per parameter, sharded like the optimizer states, that exist only in the optimizer step
-    (the runtime's ``step_transient_bytes``: Megatron-LM's fp32 main-grad copy)."""
-    return runtime_named(runtime).step_transient_bytes(precision, grad_reduce_in_fp32)
-
-
-def state_bytes(runtime, precision: str, zero_stage, grad_reduce_in_fp32: bool = True):
-    """(weights, gradients, optimizer) bytes per parameter before sharding; arrays over layouts.
-    Each runtime's table and its sources: ``orchestrator.runtimes``."""
-    return runtime_named(runtime).state_bytes(precision, zero_stage, grad_reduce_in_fp32)
 
 
 def model_state_bytes(params, dp, zero_stage, weight_b, grad_b, opt_b):

@@ -18,7 +18,6 @@ from orchestrator.costmodel.memory import (
     model_state_bytes,
     moe_activation_bytes_per_layer,
     moe_mlp_activation_bytes,
-    step_transient_bytes,
 )
 from orchestrator.costmodel.stacks import MemoryStack
 from orchestrator.runtimes.deepspeed import ZERO3_MAX_LIVE_PARAMETERS
@@ -243,7 +242,7 @@ def _memory(x: _Inputs) -> _Memory:
     # With --fp8-param-gather that FP8 weight and its transpose are the only copy (the weight_b bytes
     # already counted): nothing on top.
     fp8_weights = 2.0 * x.layer_params_local if training.fp8 is not None and not training.fp8_param_gather else 0.0
-    step_b = step_transient_bytes(x.runtime, training.precision, training.grad_reduce_in_fp32)
+    step_b = x.runtime.step_transient_bytes(training.precision, training.grad_reduce_in_fp32)
 
     def stage_memory(layers, moe_layers, params_local, experts_local, stage_index, extra_act, outputs=True):
         # The routed experts' states shard over the expert data-parallel group (Megatron's distributed

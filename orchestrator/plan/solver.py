@@ -14,7 +14,7 @@ import numpy as np
 from orchestrator.costmodel import Candidates, Evaluation, evaluate
 from orchestrator.costmodel.calibration import engine_of, model_features, per_layout
 from orchestrator.costmodel.evaluate import invariant_violations, runtime_engine
-from orchestrator.costmodel.memory import GIB, state_bytes
+from orchestrator.costmodel.memory import GIB
 from orchestrator.costmodel.stacks import MEMORY_KEYS, TIME_PARTS
 from orchestrator.plan.layout import (
     AXES,
@@ -520,7 +520,7 @@ def minimum_nodes(
     states (the bytes per parameter of the runtime's most sharded stage) are skipped unsearched: no
     layout fits there, and a search of a 671B-parameter MoE model costs a second. Past 32 counts the
     scan doubles, so a count found there is one that fits, not always the least (``NodeCount.least``)."""
-    w, g, o = state_bytes(runtime, training.precision, 3, training.grad_reduce_in_fp32)
+    w, g, o = runtime_named(runtime).state_bytes(training.precision, 3, training.grad_reduce_in_fp32)
     states = float(model.num_params + model.mtp_params) * (float(w) + float(g) + float(o))
     per_node = profile.gpus_per_node * max(profile.gpu.memory_gib - memory_margin_gib, 1e-9) * GIB
     bound = math.ceil(states / per_node)

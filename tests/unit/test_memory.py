@@ -8,10 +8,11 @@ import dataclasses
 import pytest
 
 from orchestrator.costmodel import evaluate
-from orchestrator.costmodel.memory import model_state_bytes, state_bytes, step_transient_bytes
+from orchestrator.costmodel.memory import model_state_bytes
 from orchestrator.plan.layout import Layout, Pins
 from orchestrator.plan.rules import check_training
 from orchestrator.plan.solver import candidates_of, enumerate_layouts, search
+from orchestrator.runtimes import DEEPSPEED, MEGATRON
 from orchestrator.spec.cluster import load_profile
 from orchestrator.spec.model import load_spec
 
@@ -111,10 +112,10 @@ def test_megatron_bf16_gradient_buffer():
     counts the optimizer step's fp32 main-grad copy, which lives only while the activations do not
     (zero_grad frees it before the next forward): 4 + 12/d across steps, 4/d in the step."""
     for fp32, (fixed, sharded, step) in ((True, (6, 12, 0)), (False, (4, 12, 4))):
-        w, g, o = model_state_bytes(1.0, 8, 1, *state_bytes("megatron", "bf16", 1, fp32))
+        w, g, o = model_state_bytes(1.0, 8, 1, *MEGATRON.state_bytes("bf16", 1, fp32))
         assert w + g == fixed and o == pytest.approx(sharded / 8)
-        assert step_transient_bytes("megatron", "bf16", fp32) == step
-    assert step_transient_bytes("deepspeed", "bf16", False) == 0
+        assert MEGATRON.step_transient_bytes("bf16", fp32) == step
+    assert DEEPSPEED.step_transient_bytes("bf16", False) == 0
     spec, _, profile = _inputs("llama3-8b")
     t = spec.training.model_copy(update={"grad_reduce_in_fp32": False})
     assert not any("grad_reduce" in p for p in check_training(t, profile, "megatron"))
